@@ -1,0 +1,226 @@
+//! The executor listener: one long-lived connection per executor.
+//!
+//! Hello (version, cluster secret), then RetrieveConfig and RegisterExecutor; after that,
+//! frames in (StatusUpdate, Heartbeat) become state changes and the executor's outbox is
+//! written out, batched. A closed connection is an executor lost.
+
+use std::sync::Arc;
+
+use flint_protocol::codec::FrameCodec;
+use flint_protocol::{
+    DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION,
+};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::Framed;
+
+use crate::service::Driver;
+
+type Connection = Framed<TcpStream, FrameCodec<ExecutorMessage, DriverMessage>>;
+
+pub async fn serve(listener: TcpListener, driver: Arc<Driver>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let driver = driver.clone();
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        if let Err(reason) = handle(stream, driver, stop).await {
+                            tracing::info!(%peer, reason, "executor connection ended");
+                        }
+                    });
+                }
+                // Out of file descriptors and the like: keep serving the ones we have.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an executor connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            () = stopped(&mut stop) => return,
+        }
+    }
+}
+
+async fn handle(
+    stream: TcpStream,
+    driver: Arc<Driver>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let host = stream
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
+    let mut hello = Framed::new(stream, FrameCodec::<Hello, HelloReply>::default());
+    let greeting = match hello.next().await {
+        Some(Ok(h)) => h,
+        Some(Err(e)) => return Err(format!("bad hello: {e}")),
+        None => return Err("closed before hello".into()),
+    };
+    let verdict = check_hello(&greeting, driver.config.cluster_secret.as_deref());
+    let refused = verdict.clone().err();
+    hello
+        .send(HelloReply {
+            version: PROTOCOL_VERSION,
+            accepted: verdict,
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(reason) = refused {
+        return Err(reason);
+    }
+    let mut conn: Connection = hello.map_codec(|c| c.retype());
+
+    let (id, generation, outbox) = loop {
+        match conn.next().await {
+            Some(Ok(ExecutorMessage::RetrieveConfig)) => {
+                send(
+                    &mut conn,
+                    DriverMessage::ExecutorConfig(driver.executor_config()),
+                )
+                .await?;
+            }
+            Some(Ok(ExecutorMessage::RegisterExecutor {
+                executor_id,
+                hostname,
+                cores,
+                pid,
+                ..
+            })) => {
+                let host = if hostname.is_empty() { host } else { hostname };
+                match driver.register_executor(executor_id.clone(), host, cores, pid) {
+                    Ok((generation, outbox)) => {
+                        tracing::info!(executor = %executor_id, cores, generation, "executor registered");
+                        break (executor_id, generation, outbox);
+                    }
+                    Err(reason) => {
+                        tracing::warn!(executor = %executor_id, reason, "registration refused");
+                        send(
+                            &mut conn,
+                            DriverMessage::RegisterExecutorFailed {
+                                reason: reason.clone(),
+                            },
+                        )
+                        .await?;
+                        return Err(reason);
+                    }
+                }
+            }
+            Some(Ok(other)) => return Err(format!("unexpected before registration: {other:?}")),
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("closed before registering".into()),
+        }
+    };
+
+    let (sink, mut frames) = conn.split();
+    let mut writer = tokio::spawn(write_loop(sink, outbox));
+    let reason = loop {
+        tokio::select! {
+            frame = frames.next() => match frame {
+                Some(Ok(message)) => on_message(&driver, &id, generation, message),
+                Some(Err(e)) => break format!("reading: {e}"),
+                None => break "connection closed".to_owned(),
+            },
+            _ = &mut writer => break "writing failed".to_owned(),
+            () = stopped(&mut stop) => {
+                // Let the Shutdown already queued go out before the socket is dropped.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
+                break "driver stopped".to_owned();
+            }
+        }
+    };
+    writer.abort();
+    driver.executor_lost(&id, generation, &reason);
+    Ok(())
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+fn on_message(driver: &Driver, id: &ExecutorId, generation: u64, message: ExecutorMessage) {
+    match message {
+        ExecutorMessage::StatusUpdate(status) => driver.status_update(id, generation, status),
+        ExecutorMessage::Heartbeat(_) => driver.heartbeat(id, generation),
+        other => tracing::warn!(executor = %id, ?other, "unexpected message after registration"),
+    }
+}
+
+fn check_hello(hello: &Hello, secret: Option<&str>) -> Result<(), String> {
+    if hello.magic != Hello::MAGIC {
+        return Err("not a Flint executor (bad magic)".into());
+    }
+    if hello.version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version mismatch: executor speaks {}, driver speaks {PROTOCOL_VERSION}",
+            hello.version
+        ));
+    }
+    match (secret, hello.secret.as_deref()) {
+        (Some(expected), Some(given))
+            if constant_time_eq(expected.as_bytes(), given.as_bytes()) =>
+        {
+            Ok(())
+        }
+        (Some(_), Some(_)) => Err("wrong cluster secret".into()),
+        (Some(_), None) => Err("this driver requires a cluster secret".into()),
+        (None, _) => Ok(()),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn send(conn: &mut Connection, message: DriverMessage) -> Result<(), String> {
+    conn.send(message).await.map_err(|e| e.to_string())
+}
+
+/// Writes the outbox, many frames per flush while more are waiting.
+async fn write_loop(
+    mut sink: futures_util::stream::SplitSink<Connection, DriverMessage>,
+    mut outbox: mpsc::UnboundedReceiver<DriverMessage>,
+) {
+    const BATCH: usize = 64;
+    while let Some(first) = outbox.recv().await {
+        if sink.feed(first).await.is_err() {
+            return;
+        }
+        for _ in 1..BATCH {
+            let Ok(next) = outbox.try_recv() else { break };
+            if sink.feed(next).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_checks_magic_version_and_secret() {
+        assert!(check_hello(&Hello::new(None), None).is_ok());
+        assert!(check_hello(&Hello::new(Some("s".into())), Some("s")).is_ok());
+        let wrong = check_hello(&Hello::new(Some("x".into())), Some("s")).unwrap_err();
+        assert!(wrong.contains("wrong cluster secret"));
+        let missing = check_hello(&Hello::new(None), Some("s")).unwrap_err();
+        assert!(missing.contains("requires a cluster secret"));
+        let mut old = Hello::new(None);
+        old.version = PROTOCOL_VERSION + 1;
+        assert!(
+            check_hello(&old, None)
+                .unwrap_err()
+                .contains("version mismatch")
+        );
+        let mut alien = Hello::new(None);
+        alien.magic = *b"HTTP/";
+        assert!(check_hello(&alien, None).unwrap_err().contains("magic"));
+    }
+}

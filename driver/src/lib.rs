@@ -1,0 +1,25 @@
+//! Flint's driver: the HTTP API, the executor registry and the free-core scheduler
+//! (Spark's CoarseGrainedSchedulerBackend with its TaskScheduler, rebuilt for wasm).
+//!
+//! Layout, top down:
+//! - [`api`]: HTTP routes, request -> state change, one error type mapped to statuses.
+//! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
+//!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
+//! - [`state`]: the pure state machine: executors, jobs, tasks.
+//! - [`policy`]: pure placement of pending tasks onto free cores.
+//! - [`executors`]: the executor listener: hello, registration, frames in and out.
+//! - [`modules`]: the content-addressed module store.
+//!
+//! Invariants: an executor's free cores are its cores minus the cores of the tasks it
+//! runs, and a task is only launched where that leaves it non-negative; every status is
+//! checked against the attempt and executor generation it belongs to; the driver never
+//! imports the executor.
+
+pub mod api;
+pub mod executors;
+pub mod modules;
+pub mod policy;
+pub mod service;
+pub mod state;
+
+pub use service::{Driver, DriverConfig, run};

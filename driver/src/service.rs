@@ -1,0 +1,262 @@
+//! The driver as a service: listeners, the state behind its lock, and action dispatch.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use flint_protocol::messages::ExecutorConfig;
+use flint_protocol::{DriverMessage, ExecutorId, defaults};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::modules::ModuleStore;
+use crate::state::{Action, ClusterState};
+
+/// Settings of one driver, validated by whoever parsed them.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub data_dir: PathBuf,
+    pub app_id: String,
+    /// Required in every executor's hello when set.
+    pub cluster_secret: Option<String>,
+    pub heartbeat_interval: Duration,
+    /// How often offers are made even when nothing happened (Spark's revive interval).
+    pub revive_interval: Duration,
+}
+
+impl DriverConfig {
+    pub fn new(data_dir: PathBuf) -> Self {
+        DriverConfig {
+            data_dir,
+            app_id: "flint".into(),
+            cluster_secret: None,
+            heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),
+            revive_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A live connection's outbox, tagged with the registration it belongs to.
+struct Link {
+    generation: u64,
+    outbox: mpsc::UnboundedSender<DriverMessage>,
+}
+
+struct Inner {
+    state: ClusterState,
+    links: HashMap<ExecutorId, Link>,
+}
+
+pub struct Driver {
+    pub config: DriverConfig,
+    pub modules: ModuleStore,
+    /// `http://HOST:PORT` of the API, from which executors fetch modules.
+    pub http_base: String,
+    inner: Mutex<Inner>,
+    /// Bumped whenever a job reaches a final state, for `?wait=` callers.
+    jobs_finished: watch::Sender<u64>,
+}
+
+impl Driver {
+    pub fn new(config: DriverConfig, http_addr: SocketAddr) -> anyhow::Result<Arc<Self>> {
+        let modules = ModuleStore::open(config.data_dir.join("modules"))?;
+        Ok(Arc::new(Driver {
+            config,
+            modules,
+            http_base: format!("http://{http_addr}"),
+            inner: Mutex::new(Inner {
+                state: ClusterState::default(),
+                links: HashMap::new(),
+            }),
+            jobs_finished: watch::Sender::new(0),
+        }))
+    }
+
+    pub fn executor_config(&self) -> ExecutorConfig {
+        ExecutorConfig {
+            app_id: self.config.app_id.clone(),
+            heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
+            max_log_bytes: defaults::TASK_MAX_LOG_BYTES,
+        }
+    }
+
+    /// Reads the state. Keep the closure short: the scheduler waits on this lock.
+    pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        f(&self.lock().state)
+    }
+
+    /// Changes the state and carries out what the change asks for, under one lock, so
+    /// that messages to an executor leave in the order the state decided them.
+    pub fn apply<R>(&self, f: impl FnOnce(&mut ClusterState) -> (R, Vec<Action>)) -> R {
+        let mut inner = self.lock();
+        let (result, actions) = f(&mut inner.state);
+        let mut finished = false;
+        for action in actions {
+            match action {
+                Action::Launch { executor, task } => {
+                    inner.send(&executor, DriverMessage::LaunchTask(*task));
+                }
+                Action::Kill {
+                    executor,
+                    task,
+                    attempt,
+                } => inner.send(
+                    &executor,
+                    DriverMessage::KillTask {
+                        task,
+                        attempt,
+                        reason: "job ended".into(),
+                    },
+                ),
+                Action::JobFinished(_) => finished = true,
+            }
+        }
+        drop(inner);
+        if finished {
+            self.jobs_finished.send_modify(|n| *n += 1);
+        }
+        result
+    }
+
+    /// Registers an executor and returns the outbox its connection must drain. The
+    /// outbox starts with RegisteredExecutor, so launches can only follow it.
+    pub fn register_executor(
+        &self,
+        id: ExecutorId,
+        host: String,
+        cores: u32,
+        pid: u32,
+    ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
+        let mut inner = self.lock();
+        let generation =
+            inner
+                .state
+                .register_executor(id.clone(), host, cores, pid, Instant::now())?;
+        let (outbox, rx) = mpsc::unbounded_channel();
+        let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
+        inner.links.insert(id, Link { generation, outbox });
+        drop(inner);
+        self.apply(|s| ((), s.make_offers()));
+        Ok((generation, rx))
+    }
+
+    pub fn executor_lost(&self, id: &ExecutorId, generation: u64, reason: &str) {
+        tracing::warn!(executor = %id, generation, reason, "executor lost");
+        self.apply(|s| {
+            let actions = s.executor_lost(id, generation);
+            ((), actions)
+        });
+        let mut inner = self.lock();
+        if inner
+            .links
+            .get(id)
+            .is_some_and(|l| l.generation == generation)
+        {
+            inner.links.remove(id);
+        }
+    }
+
+    pub fn executor_exited(&self, id: &ExecutorId, exit_code: Option<i32>) {
+        self.lock()
+            .state
+            .executor_exited(id, exit_code, Instant::now());
+    }
+
+    pub fn heartbeat(&self, id: &ExecutorId, generation: u64) {
+        self.lock().state.heartbeat(id, generation, Instant::now());
+    }
+
+    pub fn status_update(
+        &self,
+        id: &ExecutorId,
+        generation: u64,
+        status: flint_protocol::TaskStatus,
+    ) {
+        self.apply(|s| {
+            (
+                (),
+                s.status_update(id, generation, status, SystemTime::now()),
+            )
+        });
+    }
+
+    /// A receiver that changes whenever a job ends.
+    pub fn job_endings(&self) -> watch::Receiver<u64> {
+        self.jobs_finished.subscribe()
+    }
+
+    /// Tells every executor the driver is going away.
+    pub fn shutdown_executors(&self) {
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link.outbox.send(DriverMessage::Shutdown);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().expect("driver state lock poisoned")
+    }
+}
+
+impl Inner {
+    fn send(&self, executor: &ExecutorId, message: DriverMessage) {
+        match self.links.get(executor) {
+            // A closed outbox means the connection is ending; its loss re-queues the task.
+            Some(link) => {
+                let _ = link.outbox.send(message);
+            }
+            None => tracing::warn!(executor = %executor, "no connection for a message"),
+        }
+    }
+}
+
+/// Both listeners of a driver, bound before it runs so callers learn the ports.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub executors: TcpListener,
+}
+
+/// Serves the API and the executor port until `shutdown` resolves, then tells executors
+/// to stop.
+pub async fn run(
+    driver: Arc<Driver>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let executor_server = tokio::spawn(crate::executors::serve(
+        listeners.executors,
+        driver.clone(),
+        stop_rx.clone(),
+    ));
+    let reviver = tokio::spawn(revive_loop(driver.clone()));
+    let app = crate::api::router(driver.clone());
+    let mut http_stop = stop_rx.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listeners.http, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    shutdown.await;
+    tracing::info!("driver shutting down");
+    driver.shutdown_executors();
+    let _ = stop_tx.send(true);
+    reviver.abort();
+    // Give the Shutdown messages a moment to leave before connections are dropped.
+    let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
+    Ok(())
+}
+
+async fn revive_loop(driver: Arc<Driver>) {
+    let mut tick = tokio::time::interval(driver.config.revive_interval);
+    loop {
+        tick.tick().await;
+        driver.apply(|s| ((), s.make_offers()));
+    }
+}

@@ -1,0 +1,497 @@
+//! The scheduler's state machine: executors, jobs and tasks, changed only through the
+//! methods below, each of which returns the [`Action`]s the service layer must carry out.
+//! No sockets, no clock reads (time comes in as arguments), so it is tested directly.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Instant, SystemTime};
+
+use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
+use flint_protocol::{
+    Digest, ExecutorId, FailureKind, JobId, ModuleRef, Resources, TaskDescription, TaskFailure,
+    TaskId, TaskInput, TaskResult, TaskStatus,
+};
+
+use crate::policy::{self, Demand, Offer};
+
+/// What the service layer must do after a state change.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    Launch {
+        executor: ExecutorId,
+        task: Box<TaskDescription>,
+    },
+    Kill {
+        executor: ExecutorId,
+        task: TaskId,
+        attempt: u32,
+    },
+    JobFinished(JobId),
+}
+
+pub struct ExecutorData {
+    pub host: String,
+    pub cores: u32,
+    pub free_cores: u32,
+    pub generation: u64,
+    pub state: ExecutorState,
+    pub running: HashMap<TaskId, u32>,
+    pub last_heartbeat: Instant,
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub tasks_finished: u64,
+}
+
+/// A job as accepted: everything needed to launch its tasks.
+pub struct NewJob {
+    pub id: JobId,
+    pub name: String,
+    pub module: ModuleRef,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub resources: Resources,
+    pub max_failures: u32,
+    pub tasks: Vec<NewTask>,
+    pub created_at: SystemTime,
+}
+
+pub struct NewTask {
+    pub input: Vec<u8>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+pub struct Job {
+    pub id: JobId,
+    pub name: String,
+    pub module: ModuleRef,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub resources: Resources,
+    pub max_failures: u32,
+    pub tasks: Vec<Task>,
+    pending: VecDeque<u32>,
+    pub state: JobState,
+    pub created_at: SystemTime,
+    pub finished_at: Option<SystemTime>,
+    pub error: Option<(String, String)>,
+}
+
+pub struct Task {
+    pub input: Vec<u8>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub state: TaskState,
+    /// Attempts launched so far; the running one (if any) is the latest.
+    pub attempts: u32,
+    /// Attempts lost to host failures; these count towards `max_failures`.
+    pub host_failures: u32,
+    pub executor: Option<ExecutorId>,
+    pub result: Option<Vec<u8>>,
+    pub result_digest: Option<Digest>,
+    pub failure: Option<TaskFailure>,
+    pub started_at_us: Option<u64>,
+    pub finished_at_us: Option<u64>,
+    pub log: Vec<u8>,
+}
+
+#[derive(Default)]
+pub struct ClusterState {
+    pub executors: BTreeMap<ExecutorId, ExecutorData>,
+    pub jobs: HashMap<JobId, Job>,
+    /// Jobs in submission order, newest last.
+    pub job_order: Vec<JobId>,
+    /// Jobs that may still have pending tasks, oldest first.
+    queue: VecDeque<JobId>,
+    next_generation: u64,
+}
+
+impl Job {
+    pub fn counts(&self) -> TaskCounts {
+        let mut counts = TaskCounts::default();
+        for task in &self.tasks {
+            *match task.state {
+                TaskState::Pending => &mut counts.pending,
+                TaskState::Running => &mut counts.running,
+                TaskState::Succeeded => &mut counts.succeeded,
+                TaskState::Failed => &mut counts.failed,
+                TaskState::Killed => &mut counts.killed,
+            } += 1;
+        }
+        counts
+    }
+}
+
+impl ClusterState {
+    /// The largest executor, for refusing jobs that could never be placed.
+    pub fn max_executor_cores(&self) -> Option<u32> {
+        self.executors
+            .values()
+            .filter(|e| e.state == ExecutorState::Alive)
+            .map(|e| e.cores)
+            .max()
+    }
+
+    /// Registers an executor; a second live executor with the same id is refused.
+    pub fn register_executor(
+        &mut self,
+        id: ExecutorId,
+        host: String,
+        cores: u32,
+        pid: u32,
+        now: Instant,
+    ) -> Result<u64, String> {
+        if cores == 0 {
+            return Err("an executor needs at least one core".into());
+        }
+        if let Some(existing) = self.executors.get(&id)
+            && existing.state == ExecutorState::Alive
+        {
+            return Err(format!(
+                "executor id {id} is already registered (host {}, pid {})",
+                existing.host,
+                existing.pid.map_or("?".into(), |p| p.to_string())
+            ));
+        }
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.executors.insert(
+            id,
+            ExecutorData {
+                host,
+                cores,
+                free_cores: cores,
+                generation,
+                state: ExecutorState::Alive,
+                running: HashMap::new(),
+                last_heartbeat: now,
+                pid: Some(pid),
+                exit_code: None,
+                tasks_finished: 0,
+            },
+        );
+        Ok(generation)
+    }
+
+    pub fn heartbeat(&mut self, id: &ExecutorId, generation: u64, now: Instant) {
+        if let Some(e) = self.live_executor(id, generation) {
+            e.last_heartbeat = now;
+        }
+    }
+
+    /// The executor's connection is gone: its running tasks go back to pending without
+    /// counting as failures of the task.
+    pub fn executor_lost(&mut self, id: &ExecutorId, generation: u64) -> Vec<Action> {
+        let Some(executor) = self.live_executor(id, generation) else {
+            return Vec::new();
+        };
+        // The process may already have been seen exiting (flint dev's children).
+        executor.state = match executor.exit_code {
+            Some(_) => ExecutorState::Exited,
+            None => ExecutorState::Lost,
+        };
+        executor.free_cores = 0;
+        let running: Vec<(TaskId, u32)> = executor.running.drain().collect();
+        for (task_id, attempt) in running {
+            let Some(job) = self.jobs.get_mut(&task_id.job) else {
+                continue;
+            };
+            let task = &mut job.tasks[task_id.index as usize];
+            if task.state == TaskState::Running && task.attempts == attempt {
+                task.state = TaskState::Pending;
+                job.pending.push_front(task_id.index);
+                if !self.queue.contains(&task_id.job) {
+                    self.queue.push_front(task_id.job.clone());
+                }
+            }
+        }
+        self.make_offers()
+    }
+
+    /// A process that `flint dev` started has exited.
+    /// One that never registered is listed too, so its exit code is visible.
+    pub fn executor_exited(&mut self, id: &ExecutorId, exit_code: Option<i32>, now: Instant) {
+        let executor = self
+            .executors
+            .entry(id.clone())
+            .or_insert_with(|| ExecutorData {
+                host: String::new(),
+                cores: 0,
+                free_cores: 0,
+                generation: 0,
+                state: ExecutorState::Exited,
+                running: HashMap::new(),
+                last_heartbeat: now,
+                pid: None,
+                exit_code: None,
+                tasks_finished: 0,
+            });
+        executor.exit_code = exit_code;
+        if executor.state != ExecutorState::Alive {
+            executor.state = ExecutorState::Exited;
+        }
+    }
+
+    pub fn submit_job(&mut self, job: NewJob) -> Vec<Action> {
+        let tasks = job
+            .tasks
+            .into_iter()
+            .map(|t| Task {
+                input: t.input,
+                args: t.args,
+                env: t.env,
+                state: TaskState::Pending,
+                attempts: 0,
+                host_failures: 0,
+                executor: None,
+                result: None,
+                result_digest: None,
+                failure: None,
+                started_at_us: None,
+                finished_at_us: None,
+                log: Vec::new(),
+            })
+            .collect::<Vec<_>>();
+        let pending = (0..tasks.len() as u32).collect();
+        self.job_order.push(job.id.clone());
+        self.queue.push_back(job.id.clone());
+        self.jobs.insert(
+            job.id.clone(),
+            Job {
+                id: job.id,
+                name: job.name,
+                module: job.module,
+                args: job.args,
+                env: job.env,
+                resources: job.resources,
+                max_failures: job.max_failures,
+                tasks,
+                pending,
+                state: JobState::Queued,
+                created_at: job.created_at,
+                finished_at: None,
+                error: None,
+            },
+        );
+        self.make_offers()
+    }
+
+    /// A task attempt ended on an executor. Stale reports (an old attempt, another
+    /// executor, a lost generation) change nothing.
+    pub fn status_update(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        status: TaskStatus,
+        now: SystemTime,
+    ) -> Vec<Action> {
+        let Some(cores) = self.jobs.get(&status.task.job).map(|j| j.resources.cores) else {
+            return Vec::new();
+        };
+        let Some(executor) = self.live_executor(executor_id, generation) else {
+            return Vec::new();
+        };
+        if executor.running.get(&status.task) != Some(&status.attempt) {
+            return Vec::new();
+        }
+        executor.running.remove(&status.task);
+        executor.tasks_finished += 1;
+        executor.free_cores += cores;
+        let job = self
+            .jobs
+            .get_mut(&status.task.job)
+            .expect("job checked above");
+        let task = &mut job.tasks[status.task.index as usize];
+        task.started_at_us = Some(status.end.started_at_us);
+        task.finished_at_us = Some(status.end.finished_at_us);
+        task.log = status.end.log;
+        let mut actions = Vec::new();
+        match status.end.outcome {
+            Ok(TaskResult::Inline(bytes)) => {
+                task.state = TaskState::Succeeded;
+                task.result_digest = Some(Digest::of(&bytes));
+                task.result = Some(bytes);
+                task.failure = None;
+            }
+            Err(failure) if job.state.is_final() => {
+                task.state = TaskState::Killed;
+                task.failure = Some(failure);
+            }
+            Err(failure)
+                if failure.kind.is_retryable() && task.host_failures + 1 < job.max_failures =>
+            {
+                task.host_failures += 1;
+                task.state = TaskState::Pending;
+                task.failure = Some(failure);
+                job.pending.push_back(status.task.index);
+                if !self.queue.contains(&job.id) {
+                    self.queue.push_back(job.id.clone());
+                }
+            }
+            Err(failure) => {
+                task.state = TaskState::Failed;
+                let reason = format!(
+                    "task {} failed after {} attempt(s): {}: {}",
+                    status.task.index, task.attempts, failure.kind, failure.message
+                );
+                task.failure = Some(failure);
+                actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
+                self.clear_running(&status.task.job, &mut actions);
+            }
+        }
+        let job = self
+            .jobs
+            .get_mut(&status.task.job)
+            .expect("job checked above");
+        if !job.state.is_final() && job.tasks.iter().all(|t| t.state.is_final()) {
+            actions.extend(Self::end_job(job, JobState::Succeeded, None, now));
+        }
+        actions.extend(self.make_offers());
+        actions
+    }
+
+    /// Every live executor offers its free cores; pending tasks are placed by the policy.
+    pub fn make_offers(&mut self) -> Vec<Action> {
+        let live: Vec<&ExecutorId> = self
+            .executors
+            .iter()
+            .filter(|(_, e)| e.state == ExecutorState::Alive && e.free_cores > 0)
+            .map(|(id, _)| id)
+            .collect();
+        if live.is_empty() {
+            return Vec::new();
+        }
+        self.queue.retain(|id| {
+            self.jobs
+                .get(id)
+                .is_some_and(|j| !j.pending.is_empty() && !j.state.is_final())
+        });
+        let offers: Vec<Offer> = live
+            .iter()
+            .map(|id| Offer {
+                free_cores: self.executors[*id].free_cores,
+            })
+            .collect();
+        let demands: Vec<Demand> = self
+            .queue
+            .iter()
+            .map(|id| {
+                let job = &self.jobs[id];
+                Demand {
+                    cores: job.resources.cores,
+                    count: job.pending.len(),
+                }
+            })
+            .collect();
+        let live: Vec<ExecutorId> = live.into_iter().cloned().collect();
+        let placements = policy::place(&offers, &demands);
+        let mut actions = Vec::with_capacity(placements.len());
+        for placement in placements {
+            let job_id = &self.queue[placement.demand];
+            let executor_id = &live[placement.offer];
+            let job = self.jobs.get_mut(job_id).expect("queued jobs exist");
+            let index = job.pending.pop_front().expect("policy respects counts");
+            let executor = self
+                .executors
+                .get_mut(executor_id)
+                .expect("offers come from executors");
+            executor.free_cores -= job.resources.cores;
+            if job.state == JobState::Queued {
+                job.state = JobState::Running;
+            }
+            let task = &mut job.tasks[index as usize];
+            task.state = TaskState::Running;
+            task.attempts += 1;
+            task.executor = Some(executor_id.clone());
+            executor.running.insert(
+                TaskId {
+                    job: job_id.clone(),
+                    index,
+                },
+                task.attempts,
+            );
+            actions.push(Action::Launch {
+                executor: executor_id.clone(),
+                task: Box::new(describe(job, index)),
+            });
+        }
+        actions
+    }
+
+    fn live_executor(&mut self, id: &ExecutorId, generation: u64) -> Option<&mut ExecutorData> {
+        self.executors
+            .get_mut(id)
+            .filter(|e| e.generation == generation && e.state == ExecutorState::Alive)
+    }
+
+    /// Marks a job final; its pending tasks are killed without running.
+    fn end_job(
+        job: &mut Job,
+        state: JobState,
+        reason: Option<String>,
+        now: SystemTime,
+    ) -> Option<Action> {
+        job.state = state;
+        job.finished_at = Some(now);
+        job.error = reason.map(|r| ("task_failed".to_owned(), r));
+        for index in job.pending.drain(..) {
+            let task = &mut job.tasks[index as usize];
+            task.state = TaskState::Killed;
+            task.failure = Some(TaskFailure::new(
+                FailureKind::Killed,
+                "not run: the job ended before this task started",
+            ));
+        }
+        Some(Action::JobFinished(job.id.clone()))
+    }
+
+    /// Kills a final job's running attempts. Their cores come back at once; their late
+    /// reports are then stale and ignored.
+    fn clear_running(&mut self, job_id: &JobId, actions: &mut Vec<Action>) {
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return;
+        };
+        for (executor_id, executor) in self.executors.iter_mut() {
+            let attempts: Vec<(TaskId, u32)> = executor
+                .running
+                .iter()
+                .filter(|(t, _)| &t.job == job_id)
+                .map(|(t, a)| (t.clone(), *a))
+                .collect();
+            for (task_id, attempt) in attempts {
+                executor.running.remove(&task_id);
+                executor.free_cores += job.resources.cores;
+                let task = &mut job.tasks[task_id.index as usize];
+                task.state = TaskState::Killed;
+                task.failure = Some(TaskFailure::new(
+                    FailureKind::Killed,
+                    "killed: another task of the job failed",
+                ));
+                actions.push(Action::Kill {
+                    executor: executor_id.clone(),
+                    task: task_id,
+                    attempt,
+                });
+            }
+        }
+    }
+}
+
+fn describe(job: &Job, index: u32) -> TaskDescription {
+    let task = &job.tasks[index as usize];
+    let mut env = job.env.clone();
+    env.extend(task.env.iter().cloned());
+    TaskDescription {
+        task: TaskId {
+            job: job.id.clone(),
+            index,
+        },
+        attempt: task.attempts,
+        task_count: job.tasks.len() as u32,
+        name: job.name.clone(),
+        module: job.module.clone(),
+        args: job.args.iter().chain(&task.args).cloned().collect(),
+        env,
+        input: TaskInput::Inline(task.input.clone()),
+        resources: job.resources,
+    }
+}

@@ -1,0 +1,257 @@
+//! The executor's connection to the driver (Spark's CoarseGrainedExecutorBackend).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flint_fetch_cache::{FetchCache, FetchOptions};
+use flint_protocol::codec::FrameCodec;
+use flint_protocol::messages::ExecutorConfig;
+use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::codec::Framed;
+
+use crate::runner::TaskRunner;
+use crate::sandbox::Sandbox;
+
+/// How an executor is started: Spark's CoarseGrainedExecutorBackend arguments.
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    /// `HOST:PORT` of the driver's executor listener.
+    pub driver_addr: String,
+    pub executor_id: ExecutorId,
+    pub cores: u32,
+    pub hostname: String,
+    pub app_id: Option<String>,
+    pub work_dir: PathBuf,
+    pub cluster_secret: Option<String>,
+    /// How long to keep trying to reach the driver at start.
+    pub connect_timeout: Duration,
+}
+
+/// Why an executor stopped. Each has its own process exit code (see `exit_code`), which
+/// `flint dev` reports and the README documents.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// StopExecutor, Shutdown, or a signal: a clean stop.
+    Stopped,
+    /// The driver refused the registration (duplicate id, bad secret, version mismatch).
+    RegistrationRefused(String),
+    /// The driver could not be reached at start.
+    DriverUnreachable(String),
+    /// The connection to the driver broke after registering.
+    DriverLost(String),
+}
+
+impl ExitReason {
+    pub const CODE_REGISTRATION_REFUSED: i32 = 3;
+    pub const CODE_DRIVER_UNREACHABLE: i32 = 4;
+    pub const CODE_DRIVER_LOST: i32 = 5;
+
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ExitReason::Stopped => 0,
+            ExitReason::RegistrationRefused(_) => Self::CODE_REGISTRATION_REFUSED,
+            ExitReason::DriverUnreachable(_) => Self::CODE_DRIVER_UNREACHABLE,
+            ExitReason::DriverLost(_) => Self::CODE_DRIVER_LOST,
+        }
+    }
+}
+
+type Connection = Framed<TcpStream, FrameCodec<DriverMessage, ExecutorMessage>>;
+
+/// Runs an executor until the driver stops it, the connection breaks, or `shutdown`
+/// resolves. Infrastructure failures (cannot build the engine, the work dir) are errors.
+pub async fn run(
+    options: ExecutorOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<ExitReason> {
+    let sandbox = Arc::new(Sandbox::new()?);
+    let fetcher = FetchCache::open(options.work_dir.join("cache"), FetchOptions::default())?;
+
+    let mut conn = match connect(&options).await {
+        Ok(conn) => conn,
+        Err(reason) => return Ok(reason),
+    };
+    let config = match register(&mut conn, &options).await {
+        Ok(config) => config,
+        Err(reason) => return Ok(reason),
+    };
+
+    let (updates_tx, updates_rx) = mpsc::unbounded_channel();
+    let runner = TaskRunner::start(
+        sandbox,
+        fetcher,
+        options.cores as usize,
+        usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
+        updates_tx.clone(),
+    );
+    let (sink, mut stream) = conn.split();
+    let writer = tokio::spawn(write_loop(sink, updates_rx));
+    let heartbeats = tokio::spawn(heartbeat_loop(
+        runner.clone(),
+        updates_tx,
+        Duration::from_millis(config.heartbeat_interval_ms.max(10)),
+    ));
+
+    tokio::pin!(shutdown);
+    let reason = loop {
+        tokio::select! {
+            message = stream.next() => match message {
+                Some(Ok(DriverMessage::LaunchTask(desc))) => runner.launch(desc),
+                Some(Ok(DriverMessage::KillTask { task, attempt, reason })) => {
+                    tracing::info!(task = %task, attempt, reason, "killing task");
+                    runner.kill(&task, attempt);
+                }
+                Some(Ok(DriverMessage::StopExecutor)) => {
+                    tracing::info!("driver asked this executor to stop");
+                    break ExitReason::Stopped;
+                }
+                Some(Ok(DriverMessage::Shutdown)) => {
+                    tracing::info!("driver is shutting down");
+                    break ExitReason::Stopped;
+                }
+                Some(Ok(other)) => {
+                    tracing::warn!(?other, "unexpected message after registration");
+                }
+                Some(Err(e)) => break ExitReason::DriverLost(format!("reading from driver: {e}")),
+                None => break ExitReason::DriverLost("driver closed the connection".into()),
+            },
+            () = &mut shutdown => break ExitReason::Stopped,
+        }
+    };
+    runner.kill_all();
+    heartbeats.abort();
+    // Let the kills' statuses reach the driver if it is still there; a lost driver
+    // re-queues them anyway.
+    let drained = tokio::time::timeout(Duration::from_secs(2), async {
+        while runner.attempts_in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let _ = drained.await;
+    // The writer ends once the runner (the last holder of a sender) is gone and the
+    // queued statuses are written; a stuck socket does not hold the exit up.
+    drop(runner);
+    let _ = tokio::time::timeout(Duration::from_millis(500), writer).await;
+    Ok(reason)
+}
+
+async fn connect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
+    let deadline = tokio::time::Instant::now() + options.connect_timeout;
+    let mut backoff = Duration::from_millis(50);
+    let stream = loop {
+        match TcpStream::connect(&options.driver_addr).await {
+            Ok(stream) => break stream,
+            Err(e) if tokio::time::Instant::now() + backoff >= deadline => {
+                return Err(ExitReason::DriverUnreachable(format!(
+                    "cannot connect to the driver at {}: {e}",
+                    options.driver_addr
+                )));
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let mut hello = Framed::new(stream, FrameCodec::<HelloReply, Hello>::default());
+    let lost = |e: String| ExitReason::DriverUnreachable(format!("hello: {e}"));
+    hello
+        .send(Hello::new(options.cluster_secret.clone()))
+        .await
+        .map_err(|e| lost(e.to_string()))?;
+    match hello.next().await {
+        Some(Ok(HelloReply {
+            accepted: Ok(()), ..
+        })) => {}
+        Some(Ok(HelloReply {
+            accepted: Err(reason),
+            ..
+        })) => return Err(ExitReason::RegistrationRefused(reason)),
+        Some(Err(e)) => return Err(lost(e.to_string())),
+        None => return Err(lost("driver closed the connection".into())),
+    }
+    Ok(hello.map_codec(|c| c.retype()))
+}
+
+async fn register(
+    conn: &mut Connection,
+    options: &ExecutorOptions,
+) -> Result<ExecutorConfig, ExitReason> {
+    let lost = |e: String| ExitReason::DriverLost(format!("registering: {e}"));
+    conn.send(ExecutorMessage::RetrieveConfig)
+        .await
+        .map_err(|e| lost(e.to_string()))?;
+    let config = match conn.next().await {
+        Some(Ok(DriverMessage::ExecutorConfig(config))) => config,
+        other => return Err(lost(format!("expected ExecutorConfig, got {other:?}"))),
+    };
+    conn.send(ExecutorMessage::RegisterExecutor {
+        executor_id: options.executor_id.clone(),
+        hostname: options.hostname.clone(),
+        cores: options.cores,
+        app_id: options.app_id.clone(),
+        pid: std::process::id(),
+    })
+    .await
+    .map_err(|e| lost(e.to_string()))?;
+    match conn.next().await {
+        Some(Ok(DriverMessage::RegisteredExecutor { generation })) => {
+            tracing::info!(executor = %options.executor_id, generation, "registered with driver");
+            Ok(config)
+        }
+        Some(Ok(DriverMessage::RegisterExecutorFailed { reason })) => {
+            Err(ExitReason::RegistrationRefused(reason))
+        }
+        other => Err(lost(format!("expected RegisteredExecutor, got {other:?}"))),
+    }
+}
+
+/// Writes everything queued, batching frames into one flush while more are waiting.
+async fn write_loop(
+    mut sink: futures_util::stream::SplitSink<Connection, ExecutorMessage>,
+    mut updates: mpsc::UnboundedReceiver<ExecutorMessage>,
+) {
+    const BATCH: usize = 64;
+    while let Some(first) = updates.recv().await {
+        if sink.feed(first).await.is_err() {
+            return;
+        }
+        for _ in 1..BATCH {
+            match updates.try_recv() {
+                Ok(next) => {
+                    if sink.feed(next).await.is_err() {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn heartbeat_loop(
+    runner: Arc<TaskRunner>,
+    updates: mpsc::UnboundedSender<ExecutorMessage>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if updates
+            .send(ExecutorMessage::Heartbeat(runner.heartbeat()))
+            .is_err()
+        {
+            return;
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The task runner (Spark's Executor with its TaskRunner threads): resolves each task's
+//! module (fetch-cache, then compiled-module cache), queues it for a pool of task threads
+//! sized to the executor's cores, and reports every attempt's end exactly once.
+//!
+//! Guests run only on the pool's own threads, never on the async runtime: a guest that
+//! spins cannot delay heartbeats, launches or kills.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use flint_fetch_cache::{CacheKey, FetchCache};
+use flint_protocol::messages::Heartbeat;
+use flint_protocol::{
+    Digest, ExecutorMessage, FailureKind, TaskDescription, TaskEnd, TaskFailure, TaskId, TaskInput,
+    TaskStatus,
+};
+use lru::LruCache;
+use tokio::sync::{OnceCell, mpsc};
+
+use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskRun};
+
+/// Compiled modules kept in memory.
+const MODULE_CACHE_ENTRIES: usize = 64;
+
+type AttemptKey = (TaskId, u32);
+
+pub struct TaskRunner {
+    sandbox: Arc<Sandbox>,
+    fetcher: FetchCache,
+    modules: Mutex<LruCache<Digest, Arc<OnceCell<Arc<Compiled>>>>>,
+    queue: crossbeam_channel::Sender<Work>,
+    /// Kill flags of the attempts this executor holds, from launch to final status.
+    attempts: Mutex<HashMap<AttemptKey, Arc<AtomicBool>>>,
+    updates: mpsc::UnboundedSender<ExecutorMessage>,
+    max_log_bytes: usize,
+    modules_compiled: AtomicU64,
+    module_cache_hits: AtomicU64,
+}
+
+struct Work {
+    desc: TaskDescription,
+    compiled: Arc<Compiled>,
+    kill: Arc<AtomicBool>,
+}
+
+impl TaskRunner {
+    /// Starts `threads` task threads. Status updates go to `updates`.
+    pub fn start(
+        sandbox: Arc<Sandbox>,
+        fetcher: FetchCache,
+        threads: usize,
+        max_log_bytes: usize,
+        updates: mpsc::UnboundedSender<ExecutorMessage>,
+    ) -> Arc<Self> {
+        // Unbounded is safe here: the driver never launches more than our cores' worth.
+        let (queue, work) = crossbeam_channel::unbounded::<Work>();
+        let runner = Arc::new(TaskRunner {
+            sandbox,
+            fetcher,
+            modules: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
+            )),
+            queue,
+            attempts: Mutex::new(HashMap::new()),
+            updates,
+            max_log_bytes,
+            modules_compiled: AtomicU64::new(0),
+            module_cache_hits: AtomicU64::new(0),
+        });
+        for i in 0..threads {
+            let work = work.clone();
+            // Threads hold a weak handle so that dropping the runner ends them.
+            let runner = Arc::downgrade(&runner);
+            std::thread::Builder::new()
+                .name(format!("flint-task-{i}"))
+                .stack_size(TASK_THREAD_STACK)
+                .spawn(move || {
+                    while let Ok(item) = work.recv() {
+                        let Some(runner) = runner.upgrade() else {
+                            break;
+                        };
+                        runner.run(item);
+                    }
+                })
+                .expect("spawning a task thread");
+        }
+        runner
+    }
+
+    /// Accepts a task; its status will be reported when it ends, however it ends.
+    pub fn launch(self: &Arc<Self>, desc: TaskDescription) {
+        let kill = Arc::new(AtomicBool::new(false));
+        self.lock_attempts()
+            .insert((desc.task.clone(), desc.attempt), kill.clone());
+        let cell = {
+            let mut modules = self.modules.lock().expect("module cache lock poisoned");
+            modules
+                .get_or_insert(desc.module.digest, || Arc::new(OnceCell::new()))
+                .clone()
+        };
+        if let Some(compiled) = cell.get() {
+            self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
+            self.enqueue(desc, compiled.clone(), kill);
+            return;
+        }
+        let runner = self.clone();
+        tokio::spawn(async move {
+            match cell.get_or_try_init(|| runner.load_module(&desc)).await {
+                Ok(compiled) => {
+                    let compiled = compiled.clone();
+                    runner.enqueue(desc, compiled, kill);
+                }
+                Err(failure) => runner.report(&desc, 0, Err(failure), Vec::new(), false),
+            }
+        });
+    }
+
+    /// Interrupts an attempt. A queued one ends as killed when its turn comes; a running
+    /// one at the next epoch tick.
+    pub fn kill(&self, task: &TaskId, attempt: u32) {
+        if let Some(flag) = self.lock_attempts().get(&(task.clone(), attempt)) {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn kill_all(&self) {
+        for flag in self.lock_attempts().values() {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            running: self.lock_attempts().len() as u32,
+            modules_compiled: self.modules_compiled.load(Ordering::Relaxed),
+            module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn attempts_in_flight(&self) -> usize {
+        self.lock_attempts().len()
+    }
+
+    async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
+        let module = &desc.module;
+        let key = CacheKey {
+            url: module.url.clone(),
+            timestamp_ms: module.timestamp_ms,
+        };
+        let (fetched, _hit) = self
+            .fetcher
+            .fetch(&key, Some(module.digest))
+            .await
+            .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
+        let wasm = tokio::fs::read(&fetched.path).await.map_err(|e| {
+            TaskFailure::new(
+                FailureKind::HostError,
+                format!("reading cached module {}: {e}", fetched.path.display()),
+            )
+        })?;
+        let sandbox = self.sandbox.clone();
+        let compiled = tokio::task::spawn_blocking(move || sandbox.compile(&wasm))
+            .await
+            .map_err(|e| TaskFailure::new(FailureKind::HostError, format!("compiler: {e}")))??;
+        self.modules_compiled.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(module = %module.digest, "compiled module");
+        Ok(Arc::new(compiled))
+    }
+
+    fn enqueue(&self, desc: TaskDescription, compiled: Arc<Compiled>, kill: Arc<AtomicBool>) {
+        let work = Work {
+            desc,
+            compiled,
+            kill,
+        };
+        if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
+            let failure = TaskFailure::new(FailureKind::HostError, "executor is shutting down");
+            self.report(&work.desc, 0, Err(failure), Vec::new(), false);
+        }
+    }
+
+    fn run(&self, work: Work) {
+        let Work {
+            desc,
+            compiled,
+            kill,
+        } = work;
+        if kill.load(Ordering::Relaxed) {
+            let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
+            return self.report(&desc, 0, Err(failure), Vec::new(), false);
+        }
+        let started_at_us = now_us();
+        let env = task_env(&desc);
+        let mut args = Vec::with_capacity(desc.args.len() + 1);
+        args.push(desc.name.clone());
+        args.extend(desc.args.iter().cloned());
+        let TaskInput::Inline(stdin) = desc.input.clone();
+        let resources = desc.resources;
+        let report = self.sandbox.run(
+            &compiled,
+            TaskRun {
+                args: &args,
+                env: &env,
+                stdin,
+                memory_bytes: (resources.memory_mb as usize) << 20,
+                timeout: Duration::from_millis(resources.timeout_ms),
+                max_output_bytes: usize::try_from(resources.max_output_bytes).unwrap_or(usize::MAX),
+                max_log_bytes: self.max_log_bytes,
+                kill,
+            },
+        );
+        self.report(
+            &desc,
+            started_at_us,
+            report.outcome,
+            report.log,
+            report.log_truncated,
+        );
+    }
+
+    fn report(
+        &self,
+        desc: &TaskDescription,
+        started_at_us: u64,
+        outcome: Result<flint_protocol::TaskResult, TaskFailure>,
+        log: Vec<u8>,
+        log_truncated: bool,
+    ) {
+        self.lock_attempts()
+            .remove(&(desc.task.clone(), desc.attempt));
+        let finished_at_us = now_us();
+        let status = TaskStatus {
+            task: desc.task.clone(),
+            attempt: desc.attempt,
+            end: TaskEnd {
+                started_at_us: if started_at_us == 0 {
+                    finished_at_us
+                } else {
+                    started_at_us
+                },
+                finished_at_us,
+                outcome,
+                log,
+                log_truncated,
+            },
+        };
+        // A closed channel means the connection is gone and the driver will treat the
+        // attempt as lost with this executor; nothing else to do with the status.
+        let _ = self.updates.send(ExecutorMessage::StatusUpdate(status));
+    }
+
+    fn lock_attempts(&self) -> std::sync::MutexGuard<'_, HashMap<AttemptKey, Arc<AtomicBool>>> {
+        self.attempts.lock().expect("attempts lock poisoned")
+    }
+}
+
+/// The guest's environment: the job's and task's variables, then the `FLINT_*` ones,
+/// which a job cannot override.
+fn task_env(desc: &TaskDescription) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = desc
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with("FLINT_"))
+        .cloned()
+        .collect();
+    env.push(("FLINT_JOB_ID".into(), desc.task.job.to_string()));
+    env.push(("FLINT_TASK_INDEX".into(), desc.task.index.to_string()));
+    env.push(("FLINT_TASK_COUNT".into(), desc.task_count.to_string()));
+    env.push(("FLINT_ATTEMPT".into(), desc.attempt.to_string()));
+    env
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,416 @@
+//! Flint test guest: one module whose arguments pick what it does, so that runtime and
+//! end-to-end tests need a single fixture.
+//!
+//! The command is the first task argument (argv\[1\], right after the job name); numbers
+//! are decimal.
+//!
+//! | command    | does                                                                  |
+//! |------------|-----------------------------------------------------------------------|
+//! | `noop`     | nothing; exit 0, no output                                            |
+//! | `echo`     | copies stdin to stdout byte for byte                                  |
+//! | `sleep MS` | sleeps MS milliseconds, then exits 0                                  |
+//! | `spin`     | computes forever without calling the host (for timeouts and kills)    |
+//! | `alloc MB` | allocates and touches MB MiB, then writes the byte count (decimal, no newline) |
+//! | `exit N`   | logs `exiting with N` to stderr and exits with code N                 |
+//! | `panic`    | panics with `testkit panic requested` (a trap, as guests abort)       |
+//! | `print N`  | writes N bytes `x` to stdout, in chunks of up to 64 KiB               |
+//! | `eprint N` | writes N bytes `e` to stderr, in chunks of up to 64 KiB               |
+//! | `env`      | writes the `FLINT_*` variables as sorted `KEY=VALUE` lines, then `ARGS=` and argv\[1..\] joined by spaces; extra arguments are allowed |
+//! | `info`     | writes `{"job":…,"index":…,"count":…,"attempt":…}` from `flint_sdk::TaskInfo` |
+//!
+//! Exit codes of its own: 2 for a missing or unknown command, a bad or missing number or
+//! unexpected extra arguments (the message on stderr names the valid commands); 1 when
+//! writing output fails or, for `info`, when the `FLINT_*` variables are missing.
+//! An `alloc` the memory limit cannot hold aborts, as does one over wasm32's 2 GiB
+//! maximum `Vec`; both are traps. `exit` passes N through as given: WASI defines codes
+//! 0 to 125 only, and a runtime may turn a larger one into a trap.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hint::black_box;
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use flint_sdk::TaskInfo;
+
+const USAGE: &str = "valid commands: noop, echo, sleep MS, spin, alloc MB, exit N, panic, \
+                     print N, eprint N, env, info";
+
+const MIB: usize = 1024 * 1024;
+const CHUNK: usize = 64 * 1024;
+/// One write per 4 KiB commits every page whatever the host's page size (wasm pages
+/// are 64 KiB, host pages usually 4 KiB), so the memory is used, not just reserved.
+const TOUCH_STRIDE: usize = 4096;
+
+fn main() -> ExitCode {
+    let args = flint_sdk::args();
+    let command = match Command::parse(&args) {
+        Ok(command) => command,
+        Err(err) => {
+            eprintln!("testkit: {err}; {USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match command.run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("testkit: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Command {
+    Noop,
+    Echo,
+    Sleep(Duration),
+    Spin,
+    Alloc { bytes: usize },
+    Exit(i32),
+    Panic,
+    Print(u64),
+    Eprint(u64),
+    Env,
+    Info,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum UsageError {
+    NoCommand,
+    UnknownCommand(String),
+    MissingNumber {
+        command: &'static str,
+    },
+    BadNumber {
+        command: &'static str,
+        value: String,
+    },
+    ExtraArguments {
+        command: &'static str,
+    },
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UsageError::NoCommand => write!(f, "no command given"),
+            UsageError::UnknownCommand(name) => write!(f, "unknown command {name:?}"),
+            UsageError::MissingNumber { command } => write!(f, "{command} needs a number"),
+            UsageError::BadNumber { command, value } => {
+                write!(f, "{command}: {value:?} is not a valid number here")
+            }
+            UsageError::ExtraArguments { command } => {
+                write!(f, "{command} takes no further arguments")
+            }
+        }
+    }
+}
+
+impl Command {
+    /// Parses argv after the job name.
+    fn parse(args: &[String]) -> Result<Command, UsageError> {
+        let (name, rest) = args.split_first().ok_or(UsageError::NoCommand)?;
+        let command = match name.as_str() {
+            "noop" => Command::Noop,
+            "echo" => Command::Echo,
+            "sleep" => Command::Sleep(Duration::from_millis(number("sleep", rest)?)),
+            "spin" => Command::Spin,
+            "alloc" => {
+                let mib: usize = number("alloc", rest)?;
+                let bytes = mib.checked_mul(MIB).ok_or_else(|| UsageError::BadNumber {
+                    command: "alloc",
+                    value: rest[0].clone(),
+                })?;
+                Command::Alloc { bytes }
+            }
+            "exit" => Command::Exit(number("exit", rest)?),
+            "panic" => Command::Panic,
+            "print" => Command::Print(number("print", rest)?),
+            "eprint" => Command::Eprint(number("eprint", rest)?),
+            // `env` exists to show what argv the task received, so it takes anything.
+            "env" => return Ok(Command::Env),
+            "info" => Command::Info,
+            other => return Err(UsageError::UnknownCommand(other.to_owned())),
+        };
+        let expected = usize::from(command.takes_number());
+        if rest.len() > expected {
+            return Err(UsageError::ExtraArguments {
+                command: command.name(),
+            });
+        }
+        Ok(command)
+    }
+
+    fn takes_number(self) -> bool {
+        matches!(
+            self,
+            Command::Sleep(_)
+                | Command::Alloc { .. }
+                | Command::Exit(_)
+                | Command::Print(_)
+                | Command::Eprint(_)
+        )
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Command::Noop => "noop",
+            Command::Echo => "echo",
+            Command::Sleep(_) => "sleep",
+            Command::Spin => "spin",
+            Command::Alloc { .. } => "alloc",
+            Command::Exit(_) => "exit",
+            Command::Panic => "panic",
+            Command::Print(_) => "print",
+            Command::Eprint(_) => "eprint",
+            Command::Env => "env",
+            Command::Info => "info",
+        }
+    }
+
+    /// Runs the command; `args` is argv after the job name, which `env` echoes.
+    fn run(self, args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Command::Noop => {}
+            Command::Echo => {
+                let mut stdout = io::stdout().lock();
+                io::copy(&mut io::stdin().lock(), &mut stdout)?;
+                stdout.flush()?;
+            }
+            Command::Sleep(duration) => std::thread::sleep(duration),
+            Command::Spin => spin(),
+            Command::Alloc { bytes } => alloc(bytes)?,
+            Command::Exit(code) => {
+                eprintln!("exiting with {code}");
+                std::process::exit(code);
+            }
+            Command::Panic => panic!("testkit panic requested"),
+            Command::Print(count) => repeat(b'x', count, flint_sdk::write_result)?,
+            Command::Eprint(count) => {
+                let mut stderr = io::stderr().lock();
+                repeat(b'e', count, |chunk| stderr.write_all(chunk))?;
+            }
+            Command::Env => {
+                flint_sdk::write_result(env_report(std::env::vars_os(), args).as_bytes())?
+            }
+            Command::Info => flint_sdk::write_result(info_json(&TaskInfo::from_env()?).as_bytes())?,
+        }
+        Ok(())
+    }
+}
+
+/// Parses the single number argument of `command`.
+fn number<T: FromStr>(command: &'static str, rest: &[String]) -> Result<T, UsageError> {
+    let value = rest.first().ok_or(UsageError::MissingNumber { command })?;
+    value.parse().map_err(|_| UsageError::BadNumber {
+        command,
+        value: value.clone(),
+    })
+}
+
+fn spin() -> ! {
+    // An LCG step per iteration; `black_box` keeps the compiler from proving the loop
+    // has no effect, and nothing in it calls the host, so only an epoch deadline (or
+    // fuel) can stop it.
+    let mut state: u64 = 1;
+    loop {
+        state = black_box(
+            state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407),
+        );
+    }
+}
+
+fn alloc(bytes: usize) -> io::Result<()> {
+    let mut block = vec![0u8; bytes];
+    for byte in block.iter_mut().step_by(TOUCH_STRIDE) {
+        *byte = 1;
+    }
+    black_box(&mut block);
+    flint_sdk::write_result(bytes.to_string().as_bytes())
+}
+
+/// Hands `count` copies of `byte` to `write` in chunks of at most [`CHUNK`] bytes.
+fn repeat(byte: u8, count: u64, mut write: impl FnMut(&[u8]) -> io::Result<()>) -> io::Result<()> {
+    let chunk_len = usize::try_from(count).map_or(CHUNK, |count| count.min(CHUNK));
+    let chunk = vec![byte; chunk_len];
+    let mut left = count;
+    while left > 0 {
+        let len = usize::try_from(left).map_or(chunk_len, |left| left.min(chunk_len));
+        write(&chunk[..len])?;
+        left -= len as u64;
+    }
+    Ok(())
+}
+
+/// The `FLINT_*` variables as sorted `KEY=VALUE` lines, then `ARGS=` and the args.
+fn env_report<K, V>(vars: impl IntoIterator<Item = (K, V)>, args: &[String]) -> String
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    // Keyed by name, not sorted as whole lines: `=` sorts after the digits, so line
+    // order would put `FLINT_A1` before `FLINT_A`.
+    let flint_vars: BTreeMap<String, String> = vars
+        .into_iter()
+        .filter_map(|(key, value)| {
+            let key = key.as_ref().to_str()?;
+            key.starts_with("FLINT_").then(|| {
+                let value = value.as_ref().to_string_lossy().into_owned();
+                (key.to_owned(), value)
+            })
+        })
+        .collect();
+    let mut report = String::new();
+    for (key, value) in &flint_vars {
+        report.push_str(&format!("{key}={value}\n"));
+    }
+    report.push_str("ARGS=");
+    report.push_str(&args.join(" "));
+    report.push('\n');
+    report
+}
+
+fn info_json(info: &TaskInfo) -> String {
+    // Written by hand to keep the documented key order; serde_json still quotes the
+    // job id, which comes from outside.
+    let job = serde_json::Value::from(info.job_id.as_str());
+    format!(
+        r#"{{"job":{job},"index":{},"count":{},"attempt":{}}}"#,
+        info.index, info.count, info.attempt
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, UsageError> {
+        let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        Command::parse(&args)
+    }
+
+    #[test]
+    fn parses_every_command() {
+        assert_eq!(parse(&["noop"]), Ok(Command::Noop));
+        assert_eq!(parse(&["echo"]), Ok(Command::Echo));
+        assert_eq!(
+            parse(&["sleep", "250"]),
+            Ok(Command::Sleep(Duration::from_millis(250)))
+        );
+        assert_eq!(parse(&["spin"]), Ok(Command::Spin));
+        assert_eq!(
+            parse(&["alloc", "3"]),
+            Ok(Command::Alloc { bytes: 3 * MIB })
+        );
+        assert_eq!(parse(&["exit", "7"]), Ok(Command::Exit(7)));
+        assert_eq!(parse(&["panic"]), Ok(Command::Panic));
+        assert_eq!(parse(&["print", "70000"]), Ok(Command::Print(70_000)));
+        assert_eq!(parse(&["eprint", "0"]), Ok(Command::Eprint(0)));
+        assert_eq!(parse(&["env", "a", "b"]), Ok(Command::Env));
+        assert_eq!(parse(&["info"]), Ok(Command::Info));
+    }
+
+    #[test]
+    fn rejects_missing_and_unknown_commands() {
+        assert_eq!(parse(&[]), Err(UsageError::NoCommand));
+        assert_eq!(
+            parse(&["Noop"]),
+            Err(UsageError::UnknownCommand("Noop".into()))
+        );
+    }
+
+    #[test]
+    fn rejects_bad_numbers() {
+        assert_eq!(
+            parse(&["sleep"]),
+            Err(UsageError::MissingNumber { command: "sleep" })
+        );
+        assert_eq!(
+            parse(&["print", "-1"]),
+            Err(UsageError::BadNumber {
+                command: "print",
+                value: "-1".into()
+            })
+        );
+        assert_eq!(
+            parse(&["exit", "x"]),
+            Err(UsageError::BadNumber {
+                command: "exit",
+                value: "x".into()
+            })
+        );
+        let too_big = (usize::MAX / MIB + 1).to_string();
+        assert_eq!(
+            parse(&["alloc", &too_big]),
+            Err(UsageError::BadNumber {
+                command: "alloc",
+                value: too_big.clone()
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_extra_arguments() {
+        assert_eq!(
+            parse(&["noop", "1"]),
+            Err(UsageError::ExtraArguments { command: "noop" })
+        );
+        assert_eq!(
+            parse(&["exit", "1", "2"]),
+            Err(UsageError::ExtraArguments { command: "exit" })
+        );
+    }
+
+    #[test]
+    fn repeat_writes_exactly_count_bytes_in_bounded_chunks() {
+        for count in [0, 1, CHUNK as u64 - 1, CHUNK as u64, 3 * CHUNK as u64 + 5] {
+            let mut out = Vec::new();
+            repeat(b'x', count, |chunk| {
+                assert!(!chunk.is_empty() && chunk.len() <= CHUNK);
+                out.extend_from_slice(chunk);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out.len() as u64, count);
+            assert!(out.iter().all(|&b| b == b'x'));
+        }
+    }
+
+    #[test]
+    fn env_report_sorts_flint_vars_and_lists_args() {
+        let vars = [
+            ("FLINT_TASK_INDEX", "1"),
+            ("PATH", "/bin"),
+            ("FLINT_ATTEMPT", "0"),
+            ("FLINT_JOB_ID", "j"),
+            ("FLINT_JOB", "k"),
+            ("FLINT_JOB1", "l"),
+        ];
+        let args = ["env".to_string(), "a b".to_string(), "c".to_string()];
+        assert_eq!(
+            env_report(vars, &args),
+            "FLINT_ATTEMPT=0\nFLINT_JOB=k\nFLINT_JOB1=l\nFLINT_JOB_ID=j\nFLINT_TASK_INDEX=1\n\
+             ARGS=env a b c\n"
+        );
+    }
+
+    #[test]
+    fn info_json_escapes_the_job_id() {
+        let info = TaskInfo::from_vars([
+            ("FLINT_JOB_ID", "a\"b\\c\n"),
+            ("FLINT_TASK_INDEX", "2"),
+            ("FLINT_TASK_COUNT", "4"),
+            ("FLINT_ATTEMPT", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            info_json(&info),
+            r#"{"job":"a\"b\\c\n","index":2,"count":4,"attempt":1}"#
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! Every default a user can see, in one place. `--help` and the README quote these.
+
+/// Cores a task needs unless its job says otherwise.
+pub const TASK_CORES: u32 = 1;
+/// Linear-memory limit per task.
+pub const TASK_MEMORY_MB: u32 = 256;
+/// Wall-clock limit per task attempt.
+pub const TASK_TIMEOUT_MS: u64 = 60_000;
+/// Cap on a task's stdout (its result). Results travel inline in the status update for
+/// now, so this also bounds a frame; the block store (large results) raises it.
+pub const TASK_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+/// Cap on a task's stderr (its log) kept by the executor.
+pub const TASK_MAX_LOG_BYTES: u64 = 1024 * 1024;
+/// Attempts per task before its job fails (Spark's `spark.task.maxFailures`). Only
+/// failures of the host count; a guest's deterministic failure ends the task at once.
+pub const MAX_FAILURES: u32 = 4;
+/// Largest frame either side accepts: the largest inline result plus headroom.
+pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// How often executors send heartbeats.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
+/// Largest module the driver accepts.
+pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest `POST /v1/jobs` body.
+pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024 * 1024;
+/// Most tasks in one job.
+pub const MAX_TASKS_PER_JOB: usize = 1_000_000;

@@ -1,0 +1,27 @@
+//! Flint's wire types: what the driver, the executors and HTTP clients say to each other.
+//!
+//! - [`ids`]: typed identifiers (`JobId`, `TaskId`, `ExecutorId`, `Digest`).
+//! - [`task`]: what an executor is asked to run ([`TaskDescription`]) and what it reports
+//!   back ([`TaskStatus`]), including the classified failure kinds.
+//! - [`messages`]: the driver <-> executor messages, named after Spark's
+//!   CoarseGrainedClusterMessages, and the versioned [`Hello`] that opens a connection.
+//! - [`codec`]: length-delimited frames of postcard-encoded messages.
+//! - [`api`]: the JSON shapes of the HTTP API (`JobSpec`, job / task / executor views).
+//!
+//! Invariants: this crate does no I/O and has no runtime; it is the only crate whose types
+//! derive `Serialize`/`Deserialize`, so a wire change is always visible here. Defaults that
+//! users see (task resources, limits) live in [`defaults`].
+
+pub mod api;
+pub mod codec;
+pub mod defaults;
+pub mod ids;
+pub mod messages;
+pub mod task;
+
+pub use ids::{Digest, ExecutorId, JobId, TaskId};
+pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION};
+pub use task::{
+    FailureKind, ModuleRef, Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput,
+    TaskResult, TaskStatus,
+};

@@ -1,0 +1,112 @@
+//! Driver <-> executor messages, with Spark's names where the concept is Spark's.
+//!
+//! A connection opens with the executor's [`Hello`] and the driver's [`HelloReply`]; both
+//! have a frozen layout so that a version mismatch is reported, not misparsed. Then:
+//!
+//! ```text
+//! executor                          driver
+//!   RetrieveConfig           ->
+//!                            <-   ExecutorConfig
+//!   RegisterExecutor         ->
+//!                            <-   RegisteredExecutor | RegisterExecutorFailed (then close)
+//!                            <-   LaunchTask / KillTask        (any time after)
+//!   StatusUpdate / Heartbeat ->                                (any time after)
+//!                            <-   StopExecutor | Shutdown
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{ExecutorId, TaskId};
+use crate::task::{TaskDescription, TaskStatus};
+
+/// Bumped on any change to the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// First frame on a connection, executor to driver. Layout frozen across versions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: [u8; 5],
+    pub version: u32,
+    /// The cluster secret, when the driver requires one.
+    pub secret: Option<String>,
+}
+
+impl Hello {
+    pub const MAGIC: [u8; 5] = *b"FLINT";
+
+    pub fn new(secret: Option<String>) -> Self {
+        Hello {
+            magic: Self::MAGIC,
+            version: PROTOCOL_VERSION,
+            secret,
+        }
+    }
+}
+
+/// The driver's answer to [`Hello`]. Layout frozen across versions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    pub version: u32,
+    /// `Err(reason)` when the driver refuses the connection; it closes right after.
+    pub accepted: Result<(), String>,
+}
+
+/// Executor to driver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecutorMessage {
+    /// Ask for the cluster's settings before registering (Spark's RetrieveSparkAppConfig).
+    RetrieveConfig,
+    RegisterExecutor {
+        executor_id: ExecutorId,
+        hostname: String,
+        cores: u32,
+        app_id: Option<String>,
+        pid: u32,
+    },
+    /// A task attempt ended.
+    StatusUpdate(TaskStatus),
+    Heartbeat(Heartbeat),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Task attempts running or queued on the executor right now.
+    pub running: u32,
+    /// Modules compiled since start, and tasks served from an already compiled module.
+    pub modules_compiled: u64,
+    pub module_cache_hits: u64,
+}
+
+/// Driver to executor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DriverMessage {
+    /// Answer to RetrieveConfig (Spark's SparkAppConfig).
+    ExecutorConfig(ExecutorConfig),
+    RegisteredExecutor {
+        /// Increases with every registration the driver accepts; stale generations'
+        /// messages can be told apart.
+        generation: u64,
+    },
+    RegisterExecutorFailed {
+        reason: String,
+    },
+    LaunchTask(TaskDescription),
+    KillTask {
+        task: TaskId,
+        attempt: u32,
+        reason: String,
+    },
+    /// This executor is no longer wanted: kill what runs and exit.
+    StopExecutor,
+    /// The driver is going away for good: exit without trying to reconnect.
+    Shutdown,
+}
+
+/// Cluster-wide settings an executor learns before registering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorConfig {
+    pub app_id: String,
+    pub heartbeat_interval_ms: u64,
+    /// Largest stderr kept per task.
+    pub max_log_bytes: u64,
+}

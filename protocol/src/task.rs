@@ -1,0 +1,196 @@
+//! A task on the wire: what the driver launches and what the executor reports back.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::defaults;
+use crate::ids::{Digest, TaskId};
+
+/// Everything an executor needs to run one attempt of one task (Spark's TaskDescription).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDescription {
+    pub task: TaskId,
+    /// 1 for the first attempt; every relaunch of the task gets the next number.
+    pub attempt: u32,
+    /// Tasks in the job, for `FLINT_TASK_COUNT`.
+    pub task_count: u32,
+    /// The guest's `argv[0]`: the job's name.
+    pub name: String,
+    pub module: ModuleRef,
+    /// Job args followed by task args.
+    pub args: Vec<String>,
+    /// Job env overlaid with task env. The executor adds the `FLINT_*` variables.
+    pub env: Vec<(String, String)>,
+    pub input: TaskInput,
+    pub resources: Resources,
+}
+
+/// Where an executor fetches a module, and what the bytes must hash to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRef {
+    pub digest: Digest,
+    pub url: String,
+    /// When the driver was given the module: the cache key is (url, timestamp).
+    pub timestamp_ms: u64,
+    pub size: u64,
+}
+
+/// A task's stdin.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskInput {
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+}
+
+impl fmt::Debug for TaskInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskInput::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+        }
+    }
+}
+
+/// What a task may use. Present in a job spec as optional fields over [`defaults`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cores: u32,
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    pub max_output_bytes: u64,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            cores: defaults::TASK_CORES,
+            memory_mb: defaults::TASK_MEMORY_MB,
+            timeout_ms: defaults::TASK_TIMEOUT_MS,
+            max_output_bytes: defaults::TASK_MAX_OUTPUT_BYTES,
+        }
+    }
+}
+
+/// The final status of one task attempt (Spark's StatusUpdate with a finished state).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub task: TaskId,
+    pub attempt: u32,
+    pub end: TaskEnd,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEnd {
+    /// Executor wall clock, microseconds since the Unix epoch, when the guest started and
+    /// ended (0 when it never started, e.g. the module failed to compile).
+    pub started_at_us: u64,
+    pub finished_at_us: u64,
+    pub outcome: Result<TaskResult, TaskFailure>,
+    /// The task's stderr, capped at the log limit.
+    #[serde(with = "serde_bytes")]
+    pub log: Vec<u8>,
+    /// True when the log was cut at the cap.
+    pub log_truncated: bool,
+}
+
+/// A successful task's stdout.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskResult {
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+}
+
+impl TaskResult {
+    pub fn len(&self) -> u64 {
+        match self {
+            TaskResult::Inline(b) => b.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for TaskResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskResult::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+        }
+    }
+}
+
+/// Why a task attempt did not succeed: one classified kind, a message for people, and the
+/// exit code where the guest chose one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFailure {
+    pub kind: FailureKind,
+    pub message: String,
+    pub exit_code: Option<i32>,
+}
+
+impl TaskFailure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        TaskFailure {
+            kind,
+            message: message.into(),
+            exit_code: None,
+        }
+    }
+}
+
+/// Every way a task attempt can fail. Names are the `error.kind` strings of the HTTP API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The guest exited with a non-zero code.
+    Exit,
+    /// The guest trapped (unreachable, out-of-bounds access, a Rust panic, ...).
+    Trap,
+    /// The guest ran past its wall-clock limit.
+    Timeout,
+    /// The guest tried to grow memory past its limit.
+    MemoryLimit,
+    /// The guest recursed past the wasm stack limit.
+    StackOverflow,
+    /// The guest wrote more than its output cap.
+    OutputLimit,
+    /// The task was killed (job killed or failed).
+    Killed,
+    /// The module is not valid wasm.
+    InvalidModule,
+    /// The module imports something the sandbox does not provide.
+    UnknownImport,
+    /// The executor could not fetch the module or an input.
+    FetchError,
+    /// Something failed on the executor's side, not the guest's.
+    HostError,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Exit => "exit",
+            FailureKind::Trap => "trap",
+            FailureKind::Timeout => "timeout",
+            FailureKind::MemoryLimit => "memory_limit",
+            FailureKind::StackOverflow => "stack_overflow",
+            FailureKind::OutputLimit => "output_limit",
+            FailureKind::Killed => "killed",
+            FailureKind::InvalidModule => "invalid_module",
+            FailureKind::UnknownImport => "unknown_import",
+            FailureKind::FetchError => "fetch_error",
+            FailureKind::HostError => "host_error",
+        }
+    }
+
+    /// Whether another attempt could end differently. A guest's own behaviour is
+    /// deterministic, so only the host's failures are worth retrying.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, FailureKind::FetchError | FailureKind::HostError)
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,108 @@
+//! A small client of the driver's HTTP API, shared by `flint submit` and `flint bench`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use flint_protocol::api::{ErrorResponse, JobSpec, JobView, List, TaskView, Uploaded};
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Self {
+        Client {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder()
+                .build()
+                .expect("a plain HTTP client always builds"),
+        }
+    }
+
+    pub async fn upload_module(&self, wasm: Vec<u8>) -> anyhow::Result<Uploaded> {
+        let request = self.http.put(self.url("/v1/modules")).body(wasm);
+        self.send(request).await
+    }
+
+    /// Submits a job; with `wait`, the answer comes when the job ends or the time passes.
+    pub async fn submit(&self, spec: &JobSpec, wait: Option<Duration>) -> anyhow::Result<JobView> {
+        let mut url = self.url("/v1/jobs");
+        if let Some(wait) = wait {
+            url.push_str(&format!("?wait={}", wait.as_secs_f64()));
+        }
+        self.send(self.http.post(url).json(spec)).await
+    }
+
+    pub async fn job(&self, id: &str, wait: Option<Duration>) -> anyhow::Result<JobView> {
+        let mut url = self.url(&format!("/v1/jobs/{id}"));
+        if let Some(wait) = wait {
+            url.push_str(&format!("?wait={}", wait.as_secs_f64()));
+        }
+        self.send(self.http.get(url)).await
+    }
+
+    pub async fn tasks(&self, id: &str) -> anyhow::Result<Vec<TaskView>> {
+        let mut tasks = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = self.url(&format!("/v1/jobs/{id}/tasks"));
+            if let Some(after) = &after {
+                url.push_str(&format!("?after={after}"));
+            }
+            let page: List<TaskView> = self.send(self.http.get(url)).await?;
+            tasks.extend(page.items);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(tasks),
+            }
+        }
+    }
+
+    pub async fn result(&self, id: &str, index: u32) -> anyhow::Result<Vec<u8>> {
+        let url = self.url(&format!("/v1/jobs/{id}/tasks/{index}/result"));
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(check(response).await?.bytes().await?.to_vec())
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> anyhow::Result<T> {
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        let response = check(response).await?;
+        response.json().await.context("reading the driver's answer")
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot reach the Flint driver at {}: {e}\n(start one with `flint dev`, or point --driver / FLINT_URL at it)",
+            self.base
+        )
+    }
+}
+
+/// Turns an error status into an error carrying the API's own kind and message.
+async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorResponse>(&body) {
+        Ok(e) => bail!("{} ({status}): {}", e.error.kind, e.error.message),
+        Err(_) if status == StatusCode::NOT_FOUND => bail!("not found ({status})"),
+        Err(_) => bail!("driver answered {status}: {body}"),
+    }
+}

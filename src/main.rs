@@ -1,0 +1,206 @@
+//! `flint`: one binary for the driver, the executors, the local dev cluster and the
+//! client commands. Flags are parsed once here (clap, each with a `FLINT_*` variable) and
+//! handed down as typed configs; libraries never read the environment.
+
+mod bench;
+mod client;
+mod dev;
+mod submit;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use flint_driver::DriverConfig;
+use flint_executor::{ExecutorOptions, ExitReason};
+use flint_protocol::ExecutorId;
+
+#[derive(Parser)]
+#[command(
+    name = "flint",
+    version,
+    about = "Run WebAssembly tasks on a cluster of sandboxed executors"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a local cluster: the driver plus N executor processes.
+    Dev(dev::DevArgs),
+    /// Run the driver alone.
+    Driver(DriverArgs),
+    /// Run one executor (Spark's CoarseGrainedExecutorBackend arguments).
+    #[command(after_help = EXECUTOR_EXIT_CODES)]
+    Executor(ExecutorArgs),
+    /// Upload a module, submit a job with one task per input, and print the results.
+    Submit(submit::SubmitArgs),
+    /// Start a local cluster and measure throughput and latency of no-op tasks.
+    Bench(bench::BenchArgs),
+}
+
+const EXECUTOR_EXIT_CODES: &str = "Exit codes:
+  0  stopped (StopExecutor, Shutdown, SIGTERM)
+  1  could not start (engine, work dir)
+  2  bad command line
+  3  the driver refused the registration (duplicate id, wrong secret, version mismatch)
+  4  the driver could not be reached
+  5  the connection to the driver was lost";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DriverArgs {
+    /// Address of the HTTP API (port 0 picks a free port).
+    #[arg(long, env = "FLINT_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Address executors connect to (port 0 picks a free port).
+    #[arg(long, env = "FLINT_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
+    pub executor_listen: SocketAddr,
+    /// Where modules and state are kept.
+    #[arg(long, env = "FLINT_DATA_DIR", default_value = "./flint-data")]
+    pub data_dir: PathBuf,
+    /// Secret every executor must present; required when set.
+    #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+}
+
+impl DriverArgs {
+    pub fn config(&self) -> DriverConfig {
+        let mut config = DriverConfig::new(self.data_dir.clone());
+        config.cluster_secret = self.cluster_secret.clone();
+        config
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+struct ExecutorArgs {
+    /// The driver's executor address: `flint://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, env = "FLINT_DRIVER_URL")]
+    driver_url: String,
+    #[arg(long, env = "FLINT_EXECUTOR_ID")]
+    executor_id: String,
+    /// Task threads, and the cores this executor offers.
+    #[arg(long, env = "FLINT_CORES", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    cores: u32,
+    /// Host name reported to the driver (default: the address it sees).
+    #[arg(long, env = "FLINT_HOSTNAME", default_value = "")]
+    hostname: String,
+    #[arg(long, env = "FLINT_APP_ID")]
+    app_id: Option<String>,
+    /// Cache and scratch space (default: ./flint-work/<executor id>).
+    #[arg(long, env = "FLINT_WORK_DIR")]
+    work_dir: Option<PathBuf>,
+    #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// How long to keep trying to reach the driver at start, in milliseconds.
+    #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    connect_timeout_ms: u64,
+}
+
+fn main() {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let quiet = matches!(cli.command, Command::Submit(_));
+    init_tracing(if quiet { "warn" } else { "info" });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    let code = runtime.block_on(run(cli, &matches));
+    // Task threads and the epoch ticker are plain threads; exit without waiting for them.
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
+    let result = match cli.command {
+        Command::Dev(args) => dev::run(args).await.map(|()| 0),
+        Command::Driver(args) => run_driver(args).await.map(|()| 0),
+        Command::Executor(args) => run_executor(args).await,
+        Command::Submit(args) => {
+            let sub = matches
+                .subcommand_matches("submit")
+                .expect("the submit subcommand was parsed");
+            submit::run(args, sub).await
+        }
+        Command::Bench(args) => bench::run(args).await.map(|()| 0),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("flint: {e:#}");
+            1
+        }
+    }
+}
+
+async fn run_driver(args: DriverArgs) -> anyhow::Result<()> {
+    let listeners = dev::bind(&args).await?;
+    let driver = flint_driver::Driver::new(args.config(), listeners.http.local_addr()?)?;
+    flint_driver::run(driver, listeners, shutdown_signal()).await
+}
+
+async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
+    let driver_addr = args
+        .driver_url
+        .strip_prefix("flint://")
+        .unwrap_or(&args.driver_url)
+        .to_owned();
+    let work_dir = args
+        .work_dir
+        .unwrap_or_else(|| PathBuf::from("flint-work").join(&args.executor_id));
+    let options = ExecutorOptions {
+        driver_addr,
+        executor_id: ExecutorId(args.executor_id),
+        cores: args.cores,
+        hostname: args.hostname,
+        app_id: args.app_id,
+        work_dir,
+        cluster_secret: args.cluster_secret,
+        connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+    };
+    let reason = flint_executor::run(options, shutdown_signal()).await?;
+    match &reason {
+        ExitReason::Stopped => tracing::info!("executor stopped"),
+        ExitReason::RegistrationRefused(why) => {
+            eprintln!("flint executor: the driver refused this executor: {why}")
+        }
+        ExitReason::DriverUnreachable(why) | ExitReason::DriverLost(why) => {
+            eprintln!("flint executor: {why}")
+        }
+    }
+    Ok(reason.exit_code())
+}
+
+/// Resolves on the first Ctrl-C or SIGTERM; a second one exits at once.
+pub async fn shutdown_signal() {
+    wait_for_signal().await;
+    tokio::spawn(async {
+        wait_for_signal().await;
+        eprintln!("flint: second signal, exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLINT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

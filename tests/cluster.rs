@@ -1,0 +1,151 @@
+//! End to end: the cluster's processes: registration, duplicate ids, clean stops.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{DevCluster, FLINT, guests, process_exists, signal, spec, wait_until};
+
+#[test]
+fn a_duplicate_executor_id_is_refused_and_the_first_keeps_working() {
+    let cluster = DevCluster::start(1, 1);
+    let work_dir = tempfile::tempdir().unwrap();
+    let output = Command::new(FLINT)
+        .args(["executor", "--driver-url"])
+        .arg(format!("flint://{}", cluster.executor_addr))
+        .args(["--executor-id", "exec-1", "--cores", "1", "--work-dir"])
+        .arg(work_dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "documented code for a refused registration"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("executor id exec-1 is already registered"),
+        "{stderr}"
+    );
+
+    let executors = cluster.executors();
+    assert_eq!(executors.len(), 1);
+    assert_eq!(executors[0]["state"], "alive");
+    assert_eq!(executors[0]["generation"], 1);
+    let module = cluster.upload(&guests().testkit);
+    let job = cluster.run_job(spec(&module, &["echo"], &["still here"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0), b"still here");
+}
+
+#[test]
+fn an_executor_that_cannot_reach_the_driver_exits_with_its_code() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let work_dir = tempfile::tempdir().unwrap();
+    let output = Command::new(FLINT)
+        .args(["executor", "--driver-url", &addr.to_string()])
+        .args([
+            "--executor-id",
+            "lonely",
+            "--cores",
+            "1",
+            "--connect-timeout-ms",
+            "300",
+        ])
+        .arg("--work-dir")
+        .arg(work_dir.path())
+        .env("FLINT_LOG", "error")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot connect to the driver"));
+}
+
+#[test]
+fn executor_exit_codes_are_visible_and_sigterm_leaves_no_orphans() {
+    let mut cluster = DevCluster::start(2, 1);
+    let executors = cluster.executors();
+    let pids: Vec<u32> = executors
+        .iter()
+        .map(|e| e["pid"].as_u64().unwrap() as u32)
+        .collect();
+    // Each executor's work dir holds its stdout and stderr.
+    for id in ["exec-1", "exec-2"] {
+        let dir = cluster.data_dir.path().join("work").join(id);
+        assert!(dir.join("stdout").is_file() && dir.join("stderr").is_file());
+    }
+
+    // An executor stopped from outside exits 0 and the driver shows it.
+    signal(pids[0], libc::SIGTERM);
+    wait_until(Duration::from_secs(20), "exec-1 to be seen exited", || {
+        cluster
+            .executors()
+            .iter()
+            .any(|e| e["id"] == "exec-1" && e["state"] == "exited" && e["exit_code"] == 0)
+    });
+    let stderr =
+        std::fs::read_to_string(cluster.data_dir.path().join("work/exec-1/stderr")).unwrap();
+    assert!(stderr.contains("registered with driver"), "{stderr}");
+
+    let status = cluster.stop();
+    assert!(status.success(), "flint dev exits 0 on SIGTERM: {status:?}");
+    for pid in pids {
+        assert!(!process_exists(pid), "executor {pid} outlived flint dev");
+    }
+}
+
+#[test]
+fn the_cli_submits_waits_and_prints_results_in_task_order() {
+    let cluster = DevCluster::start(2, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("input.txt");
+    std::fs::write(&file, "b a b").unwrap();
+    let output = Command::new(FLINT)
+        .args(["submit", "--driver", &cluster.http, "--wait"])
+        .arg(&guests().wordcount)
+        .args(["--input-text", "one"])
+        .arg("--input")
+        .arg(&file)
+        .args(["--input-text", "two two"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout, "{\"one\":1}\n{\"a\":1,\"b\":2}\n{\"two\":2}\n");
+
+    let output = Command::new(FLINT)
+        .args(["submit", "--driver", &cluster.http, "--wait"])
+        .arg(&guests().testkit)
+        .args(["--arg", "exit", "--arg", "7"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("task 0: exit: exited with code 7"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_cli_says_when_the_driver_is_unreachable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let output = Command::new(FLINT)
+        .args(["submit", "--driver", &format!("http://{addr}"), "--wait"])
+        .arg(&guests().testkit)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot reach the Flint driver"), "{stderr}");
+}

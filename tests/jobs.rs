@@ -1,0 +1,184 @@
+//! End to end: a real `flint dev` (driver + executor processes) driven over HTTP.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{DevCluster, guests, spec};
+use serde_json::{Value, json};
+
+/// An independent word count to check the guest against: lowercase, split on anything
+/// that is not alphanumeric.
+fn expected_counts(text: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for word in text
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        *counts.entry(word.to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn wordcount_over_eight_inputs_returns_exact_counts() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().wordcount);
+    let sample = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sample.txt"),
+    )
+    .unwrap();
+    let mut inputs: Vec<String> = sample
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .take(5)
+        .map(str::to_owned)
+        .collect();
+    inputs.push("Déjà vu: DÉJÀ VU, déjà-vu!".into());
+    inputs.push(String::new());
+    inputs.push("it's   the\tend\nof  the line, isn't it".into());
+    assert_eq!(inputs.len(), 8);
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+
+    let job = cluster.run_job(spec(&module, &[], &refs));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["counts"]["succeeded"], 8);
+    for (index, input) in inputs.iter().enumerate() {
+        let result = cluster.result(&job, index as u64);
+        let counts: BTreeMap<String, u64> = serde_json::from_slice(&result).unwrap();
+        assert_eq!(counts, expected_counts(input), "task {index}");
+    }
+    let tasks = cluster.tasks(&job);
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t["attempts"] == 1 && t["result"]["size"].as_u64().unwrap() > 0)
+    );
+}
+
+#[test]
+fn failing_guests_fail_their_jobs_and_the_executors_survive() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    let before: Vec<Value> = cluster.executors();
+
+    let job = cluster.run_job(spec(&module, &["exit", "3"], &[""]));
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["error"]["kind"], "task_failed");
+    assert!(
+        job["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 3"),
+        "{job}"
+    );
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["state"], "failed");
+    assert_eq!(task["exit_code"], 3);
+    assert_eq!(task["error"]["kind"], "exit");
+    assert_eq!(task["attempts"], 1, "a guest's own exit is not retried");
+    let id = job["id"].as_str().unwrap();
+    let (_, log) = cluster.get_bytes(&format!("/v1/jobs/{id}/tasks/0/log"));
+    assert_eq!(String::from_utf8_lossy(&log).trim(), "exiting with 3");
+
+    let job = cluster.run_job(spec(&module, &["panic"], &[""]));
+    assert_eq!(job["state"], "failed", "{job}");
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["error"]["kind"], "trap", "{task}");
+    assert!(
+        task["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable"),
+        "{task}"
+    );
+    assert_eq!(task["exit_code"], Value::Null);
+
+    // Both executors are the same processes as before and still run work.
+    let job = cluster.run_job(spec(&module, &["echo"], &["a", "b", "c", "d"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    for (i, want) in ["a", "b", "c", "d"].iter().enumerate() {
+        assert_eq!(cluster.result(&job, i as u64), want.as_bytes());
+    }
+    let after = cluster.executors();
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(a["state"], "alive");
+        assert_eq!((&a["pid"], &a["generation"]), (&b["pid"], &b["generation"]));
+    }
+}
+
+#[test]
+fn tasks_needing_two_cores_never_share_a_two_core_executor() {
+    let cluster = DevCluster::start(2, 2);
+    let module = cluster.upload(&guests().testkit);
+    let job = cluster.run_job(json!({
+        "module": module,
+        "args": ["sleep", "150"],
+        "inputs": vec![json!({"text": ""}); 8],
+        "resources": {"cores": 2},
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let tasks = cluster.tasks(&job);
+    assert_eq!(tasks.len(), 8);
+
+    let mut by_executor: BTreeMap<String, Vec<(std::time::SystemTime, std::time::SystemTime)>> =
+        BTreeMap::new();
+    for task in &tasks {
+        assert_eq!(task["state"], "succeeded", "{task}");
+        let time = |key: &str| humantime::parse_rfc3339(task[key].as_str().unwrap()).unwrap();
+        by_executor
+            .entry(task["executor"].as_str().unwrap().to_owned())
+            .or_default()
+            .push((time("started_at"), time("finished_at")));
+    }
+    assert_eq!(
+        by_executor.len(),
+        2,
+        "both executors took tasks: {by_executor:?}"
+    );
+    for (executor, mut spans) in by_executor {
+        spans.sort();
+        for pair in spans.windows(2) {
+            assert!(
+                pair[1].0 >= pair[0].1,
+                "two 2-core tasks overlapped on {executor}: {pair:?}"
+            );
+        }
+        for (start, end) in spans {
+            assert!(end.duration_since(start).unwrap() >= Duration::from_millis(150));
+        }
+    }
+    // All cores are free again once the job is over.
+    for executor in cluster.executors() {
+        assert_eq!(executor["free_cores"], executor["cores"], "{executor}");
+    }
+}
+
+#[test]
+fn task_env_and_args_follow_the_guest_abi() {
+    let cluster = DevCluster::start(1, 1);
+    let module = cluster.upload(&guests().testkit);
+    let job = cluster.run_job(json!({
+        "name": "abi",
+        "module": module,
+        "args": ["env", "job-arg"],
+        "env": {"FLINT_TASK_INDEX": "forged"},
+        "tasks": [{"args": ["task-arg"]}, {"args": []}],
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap();
+    let out = String::from_utf8(cluster.result(&job, 0)).unwrap();
+    assert_eq!(
+        out,
+        format!(
+            "FLINT_ATTEMPT=1\nFLINT_JOB_ID={id}\nFLINT_TASK_COUNT=2\nFLINT_TASK_INDEX=0\nARGS=env job-arg task-arg\n"
+        )
+    );
+    let out = String::from_utf8(cluster.result(&job, 1)).unwrap();
+    assert!(
+        out.contains("FLINT_TASK_INDEX=1\n") && out.ends_with("ARGS=env job-arg\n"),
+        "{out}"
+    );
+}
