@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use crate::modules::ModuleError;
 use crate::service::Driver;
-use crate::state::{ClusterState, Job, NewJob, NewTask};
+use crate::state::{ClusterState, Job, JobDef, NewJob, NewTask};
 
 /// Longest `?wait=` honoured, so a client cannot pin a connection forever.
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -179,16 +179,16 @@ async fn submit_job(
         ApiError::new(status, kind, format!("job spec: {e}"))
     })?;
     let job = accept(&driver, spec)?;
-    let id = job.id.clone();
+    let id = job.def.id.clone();
     let max_cores = driver.read(ClusterState::max_executor_cores);
     if let Some(max) = max_cores
-        && job.resources.cores > max
+        && job.def.resources.cores > max
     {
         return Err(ApiError::invalid(
             "unschedulable",
             format!(
                 "tasks need {} cores but the largest executor has {max}",
-                job.resources.cores
+                job.def.resources.cores
             ),
         ));
     }
@@ -295,7 +295,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         ));
     }
     let name = spec.name.unwrap_or_else(|| "job".into());
-    Ok(NewJob {
+    let def = JobDef {
         id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
         name,
         module: ModuleRef {
@@ -308,9 +308,9 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         env: spec.env.into_iter().collect(),
         resources,
         max_failures,
-        tasks,
         created_at: SystemTime::now(),
-    })
+    };
+    Ok(NewJob { def, tasks })
 }
 
 fn decode_input(input: InputSpec, at: &str) -> ApiResult<Vec<u8>> {
@@ -501,10 +501,10 @@ fn find_task<'s>(s: &'s ClusterState, id: &JobId, index: u32) -> ApiResult<&'s c
 
 fn job_view(job: &Job) -> JobView {
     JobView {
-        id: job.id.clone(),
-        name: job.name.clone(),
+        id: job.def.id.clone(),
+        name: job.def.name.clone(),
         state: job.state,
-        created_at: humantime::format_rfc3339_millis(job.created_at).to_string(),
+        created_at: humantime::format_rfc3339_millis(job.def.created_at).to_string(),
         finished_at: job
             .finished_at
             .map(|t| humantime::format_rfc3339_millis(t).to_string()),

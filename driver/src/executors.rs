@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 
-use flint_protocol::codec::FrameCodec;
+use flint_protocol::codec::{FrameCodec, write_batched};
 use flint_protocol::{
     DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::codec::Framed;
 
 use crate::service::Driver;
@@ -115,7 +115,7 @@ async fn handle(
     };
 
     let (sink, mut frames) = conn.split();
-    let mut writer = tokio::spawn(write_loop(sink, outbox));
+    let mut writer = tokio::spawn(write_batched(sink, outbox));
     let reason = loop {
         tokio::select! {
             frame = frames.next() => match frame {
@@ -176,28 +176,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn send(conn: &mut Connection, message: DriverMessage) -> Result<(), String> {
     conn.send(message).await.map_err(|e| e.to_string())
-}
-
-/// Writes the outbox, many frames per flush while more are waiting.
-async fn write_loop(
-    mut sink: futures_util::stream::SplitSink<Connection, DriverMessage>,
-    mut outbox: mpsc::UnboundedReceiver<DriverMessage>,
-) {
-    const BATCH: usize = 64;
-    while let Some(first) = outbox.recv().await {
-        if sink.feed(first).await.is_err() {
-            return;
-        }
-        for _ in 1..BATCH {
-            let Ok(next) = outbox.try_recv() else { break };
-            if sink.feed(next).await.is_err() {
-                return;
-            }
-        }
-        if sink.flush().await.is_err() {
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

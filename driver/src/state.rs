@@ -41,8 +41,8 @@ pub struct ExecutorData {
     pub tasks_finished: u64,
 }
 
-/// A job as accepted: everything needed to launch its tasks.
-pub struct NewJob {
+/// What a job is, as accepted; fixed for the job's life.
+pub struct JobDef {
     pub id: JobId,
     pub name: String,
     pub module: ModuleRef,
@@ -50,8 +50,13 @@ pub struct NewJob {
     pub env: Vec<(String, String)>,
     pub resources: Resources,
     pub max_failures: u32,
-    pub tasks: Vec<NewTask>,
     pub created_at: SystemTime,
+}
+
+/// A job as accepted: its definition and its tasks' own parts.
+pub struct NewJob {
+    pub def: JobDef,
+    pub tasks: Vec<NewTask>,
 }
 
 pub struct NewTask {
@@ -61,17 +66,10 @@ pub struct NewTask {
 }
 
 pub struct Job {
-    pub id: JobId,
-    pub name: String,
-    pub module: ModuleRef,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub resources: Resources,
-    pub max_failures: u32,
+    pub def: JobDef,
     pub tasks: Vec<Task>,
     pending: VecDeque<u32>,
     pub state: JobState,
-    pub created_at: SystemTime,
     pub finished_at: Option<SystemTime>,
     pub error: Option<(String, String)>,
 }
@@ -252,22 +250,15 @@ impl ClusterState {
             })
             .collect::<Vec<_>>();
         let pending = (0..tasks.len() as u32).collect();
-        self.job_order.push(job.id.clone());
-        self.queue.push_back(job.id.clone());
+        self.job_order.push(job.def.id.clone());
+        self.queue.push_back(job.def.id.clone());
         self.jobs.insert(
-            job.id.clone(),
+            job.def.id.clone(),
             Job {
-                id: job.id,
-                name: job.name,
-                module: job.module,
-                args: job.args,
-                env: job.env,
-                resources: job.resources,
-                max_failures: job.max_failures,
+                def: job.def,
                 tasks,
                 pending,
                 state: JobState::Queued,
-                created_at: job.created_at,
                 finished_at: None,
                 error: None,
             },
@@ -284,7 +275,11 @@ impl ClusterState {
         status: TaskStatus,
         now: SystemTime,
     ) -> Vec<Action> {
-        let Some(cores) = self.jobs.get(&status.task.job).map(|j| j.resources.cores) else {
+        let Some(cores) = self
+            .jobs
+            .get(&status.task.job)
+            .map(|j| j.def.resources.cores)
+        else {
             return Vec::new();
         };
         let Some(executor) = self.live_executor(executor_id, generation) else {
@@ -317,14 +312,14 @@ impl ClusterState {
                 task.failure = Some(failure);
             }
             Err(failure)
-                if failure.kind.is_retryable() && task.host_failures + 1 < job.max_failures =>
+                if failure.kind.is_retryable() && task.host_failures + 1 < job.def.max_failures =>
             {
                 task.host_failures += 1;
                 task.state = TaskState::Pending;
                 task.failure = Some(failure);
                 job.pending.push_back(status.task.index);
-                if !self.queue.contains(&job.id) {
-                    self.queue.push_back(job.id.clone());
+                if !self.queue.contains(&job.def.id) {
+                    self.queue.push_back(job.def.id.clone());
                 }
             }
             Err(failure) => {
@@ -377,7 +372,7 @@ impl ClusterState {
             .map(|id| {
                 let job = &self.jobs[id];
                 Demand {
-                    cores: job.resources.cores,
+                    cores: job.def.resources.cores,
                     count: job.pending.len(),
                 }
             })
@@ -394,7 +389,7 @@ impl ClusterState {
                 .executors
                 .get_mut(executor_id)
                 .expect("offers come from executors");
-            executor.free_cores -= job.resources.cores;
+            executor.free_cores -= job.def.resources.cores;
             if job.state == JobState::Queued {
                 job.state = JobState::Running;
             }
@@ -441,7 +436,7 @@ impl ClusterState {
                 "not run: the job ended before this task started",
             ));
         }
-        Some(Action::JobFinished(job.id.clone()))
+        Some(Action::JobFinished(job.def.id.clone()))
     }
 
     /// Kills a final job's running attempts. Their cores come back at once; their late
@@ -459,7 +454,7 @@ impl ClusterState {
                 .collect();
             for (task_id, attempt) in attempts {
                 executor.running.remove(&task_id);
-                executor.free_cores += job.resources.cores;
+                executor.free_cores += job.def.resources.cores;
                 let task = &mut job.tasks[task_id.index as usize];
                 task.state = TaskState::Killed;
                 task.failure = Some(TaskFailure::new(
@@ -478,20 +473,20 @@ impl ClusterState {
 
 fn describe(job: &Job, index: u32) -> TaskDescription {
     let task = &job.tasks[index as usize];
-    let mut env = job.env.clone();
+    let mut env = job.def.env.clone();
     env.extend(task.env.iter().cloned());
     TaskDescription {
         task: TaskId {
-            job: job.id.clone(),
+            job: job.def.id.clone(),
             index,
         },
         attempt: task.attempts,
         task_count: job.tasks.len() as u32,
-        name: job.name.clone(),
-        module: job.module.clone(),
-        args: job.args.iter().chain(&task.args).cloned().collect(),
+        name: job.def.name.clone(),
+        module: job.def.module.clone(),
+        args: job.def.args.iter().chain(&task.args).cloned().collect(),
         env,
         input: TaskInput::Inline(task.input.clone()),
-        resources: job.resources,
+        resources: job.def.resources,
     }
 }

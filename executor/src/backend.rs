@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flint_fetch_cache::{FetchCache, FetchOptions};
-use flint_protocol::codec::FrameCodec;
+use flint_protocol::codec::{FrameCodec, write_batched};
 use flint_protocol::messages::ExecutorConfig;
 use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply};
 use futures_util::{SinkExt, StreamExt};
@@ -90,7 +90,7 @@ pub async fn run(
         updates_tx.clone(),
     );
     let (sink, mut stream) = conn.split();
-    let writer = tokio::spawn(write_loop(sink, updates_rx));
+    let writer = tokio::spawn(write_batched(sink, updates_rx));
     let heartbeats = tokio::spawn(heartbeat_loop(
         runner.clone(),
         updates_tx,
@@ -209,32 +209,6 @@ async fn register(
             Err(ExitReason::RegistrationRefused(reason))
         }
         other => Err(lost(format!("expected RegisteredExecutor, got {other:?}"))),
-    }
-}
-
-/// Writes everything queued, batching frames into one flush while more are waiting.
-async fn write_loop(
-    mut sink: futures_util::stream::SplitSink<Connection, ExecutorMessage>,
-    mut updates: mpsc::UnboundedReceiver<ExecutorMessage>,
-) {
-    const BATCH: usize = 64;
-    while let Some(first) = updates.recv().await {
-        if sink.feed(first).await.is_err() {
-            return;
-        }
-        for _ in 1..BATCH {
-            match updates.try_recv() {
-                Ok(next) => {
-                    if sink.feed(next).await.is_err() {
-                        return;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        if sink.flush().await.is_err() {
-            return;
-        }
     }
 }
 

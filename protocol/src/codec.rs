@@ -91,6 +91,32 @@ impl<In: DeserializeOwned, Out: Serialize> FrameCodec<In, Out> {
     }
 }
 
+/// Writes every message queued on `outbox` to `sink`, many frames per flush while more
+/// are waiting, so that a burst of launches or status updates costs one syscall, not one
+/// each. Returns when the outbox closes or the sink fails.
+#[cfg(feature = "codec")]
+pub async fn write_batched<S, T>(mut sink: S, mut outbox: tokio::sync::mpsc::UnboundedReceiver<T>)
+where
+    S: futures_util::Sink<T> + Unpin,
+{
+    use futures_util::SinkExt;
+    const BATCH: usize = 64;
+    while let Some(first) = outbox.recv().await {
+        if sink.feed(first).await.is_err() {
+            return;
+        }
+        for _ in 1..BATCH {
+            let Ok(next) = outbox.try_recv() else { break };
+            if sink.feed(next).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 #[cfg(feature = "codec")]
 mod tokio_codec {
     use super::*;
