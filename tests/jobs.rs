@@ -182,3 +182,39 @@ fn task_env_and_args_follow_the_guest_abi() {
         "{out}"
     );
 }
+
+#[test]
+fn a_spinning_guest_neither_stalls_heartbeats_nor_outlives_its_deadline() {
+    let cluster = DevCluster::start(1, 1);
+    let module = cluster.upload(&guests().testkit);
+    let mut spin = spec(&module, &["spin"], &[""]);
+    spin["resources"] = json!({"timeout_ms": 3000});
+    let (status, job) = cluster.post_raw("/v1/jobs", spin.to_string());
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    // While the only task thread spins, the executor's connection keeps beating.
+    let mut checked = 0;
+    while cluster.get(&format!("/v1/jobs/{id}")).1["state"] != "failed" {
+        let executor = &cluster.executors()[0];
+        if executor["running"] == 1 {
+            let age = executor["last_heartbeat_ms"].as_u64().unwrap();
+            assert!(age < 2500, "heartbeat is {age} ms old while a guest spins");
+            checked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        checked >= 10,
+        "observed the spinning task only {checked} times"
+    );
+    let job = cluster.get(&format!("/v1/jobs/{id}")).1;
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["error"]["kind"], "timeout", "{task}");
+    assert!(
+        task["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("3000 ms"),
+        "{task}"
+    );
+}
