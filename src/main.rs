@@ -94,6 +94,10 @@ struct ExecutorArgs {
     work_dir: Option<PathBuf>,
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
+    /// Largest linear memory of any task here (jobs asking for more get this much).
+    #[arg(long, env = "FLINT_MAX_MEMORY_MB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_memory_mb: u32,
     /// How long to keep trying to reach the driver at start, in milliseconds.
     #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
@@ -162,6 +166,7 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
         work_dir,
         cluster_secret: args.cluster_secret,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+        max_memory_bytes: (args.max_memory_mb as usize) << 20,
     };
     let reason = flint_executor::run(options, shutdown_signal()).await?;
     match &reason {

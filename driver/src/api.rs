@@ -10,7 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use base64::Engine as _;
 use flint_protocol::api::{
     ErrorBody, ErrorResponse, ExecutorView, InputSpec, JobSpec, JobView, List, ResultInfo,
@@ -44,6 +44,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
                 .layer(DefaultBodyLimit::max(defaults::MAX_JOB_SPEC_BYTES)),
         )
         .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/kill", post(kill_job))
         .route("/v1/jobs/{id}/tasks", get(list_tasks))
         .route("/v1/jobs/{id}/tasks/{index}/result", get(get_result))
         .route("/v1/jobs/{id}/tasks/{index}/log", get(get_log))
@@ -361,6 +362,27 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
                 .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")));
         }
     }
+}
+
+/// Kills a job: its pending tasks never start, its running ones are interrupted at the
+/// executor's next epoch tick. Killing a job that is already over changes nothing.
+async fn kill_job(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, axum::Json<JobView>)> {
+    let id = JobId(id);
+    let found = driver.apply(|s| match s.kill_job(&id, SystemTime::now()) {
+        Some(actions) => (true, actions),
+        None => (false, Vec::new()),
+    });
+    if !found {
+        return Err(ApiError::not_found("job", format!("no job {id}")));
+    }
+    tracing::info!(job = %id, "job killed by request");
+    let view = driver
+        .read(|s| s.jobs.get(&id).map(job_view))
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
+    Ok((StatusCode::ACCEPTED, axum::Json(view)))
 }
 
 #[derive(Deserialize)]

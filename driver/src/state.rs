@@ -300,16 +300,17 @@ impl ClusterState {
         task.finished_at_us = Some(status.end.finished_at_us);
         task.log = status.end.log;
         let mut actions = Vec::new();
+        if task.state.is_final() {
+            // A kill (of this task or its job) got here first: the cores are back now,
+            // and the outcome is the kill's, not whatever the attempt did meanwhile.
+            return actions;
+        }
         match status.end.outcome {
             Ok(TaskResult::Inline(bytes)) => {
                 task.state = TaskState::Succeeded;
                 task.result_digest = Some(Digest::of(&bytes));
                 task.result = Some(bytes);
                 task.failure = None;
-            }
-            Err(failure) if job.state.is_final() => {
-                task.state = TaskState::Killed;
-                task.failure = Some(failure);
             }
             Err(failure)
                 if failure.kind.is_retryable() && task.host_failures + 1 < job.def.max_failures =>
@@ -427,7 +428,13 @@ impl ClusterState {
     ) -> Option<Action> {
         job.state = state;
         job.finished_at = Some(now);
-        job.error = reason.map(|r| ("task_failed".to_owned(), r));
+        job.error = reason.map(|r| {
+            let kind = match state {
+                JobState::Killed => "killed",
+                _ => "task_failed",
+            };
+            (kind.to_owned(), r)
+        });
         for index in job.pending.drain(..) {
             let task = &mut job.tasks[index as usize];
             task.state = TaskState::Killed;
@@ -439,8 +446,24 @@ impl ClusterState {
         Some(Action::JobFinished(job.def.id.clone()))
     }
 
-    /// Kills a final job's running attempts. Their cores come back at once; their late
-    /// reports are then stale and ignored.
+    /// Stops a job at a user's request: pending tasks end without running, running ones
+    /// are killed. `None` when there is no such job; a job already over is left as it is.
+    pub fn kill_job(&mut self, job_id: &JobId, now: SystemTime) -> Option<Vec<Action>> {
+        let job = self.jobs.get_mut(job_id)?;
+        if job.state.is_final() {
+            return Some(Vec::new());
+        }
+        let mut actions: Vec<Action> =
+            Self::end_job(job, JobState::Killed, Some("killed by request".into()), now)
+                .into_iter()
+                .collect();
+        self.clear_running(job_id, &mut actions);
+        Some(actions)
+    }
+
+    /// Kills a final job's running attempts. Each keeps its cores until its executor
+    /// reports the attempt over (an epoch tick away), so a core is never offered twice;
+    /// whatever that report says, the task stays killed.
     fn clear_running(&mut self, job_id: &JobId, actions: &mut Vec<Action>) {
         let Some(job) = self.jobs.get_mut(job_id) else {
             return;
@@ -453,14 +476,16 @@ impl ClusterState {
                 .map(|(t, a)| (t.clone(), *a))
                 .collect();
             for (task_id, attempt) in attempts {
-                executor.running.remove(&task_id);
-                executor.free_cores += job.def.resources.cores;
                 let task = &mut job.tasks[task_id.index as usize];
+                if task.state.is_final() {
+                    continue;
+                }
                 task.state = TaskState::Killed;
-                task.failure = Some(TaskFailure::new(
-                    FailureKind::Killed,
-                    "killed: another task of the job failed",
-                ));
+                let why = match job.state {
+                    JobState::Killed => "killed: the job was killed",
+                    _ => "killed: another task of the job failed",
+                };
+                task.failure = Some(TaskFailure::new(FailureKind::Killed, why));
                 actions.push(Action::Kill {
                     executor: executor_id.clone(),
                     task: task_id,
@@ -488,5 +513,276 @@ fn describe(job: &Job, index: u32) -> TaskDescription {
         env,
         input: TaskInput::Inline(task.input.clone()),
         resources: job.def.resources,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flint_protocol::TaskEnd;
+
+    use super::*;
+
+    fn exec(n: u32) -> ExecutorId {
+        ExecutorId(format!("exec-{n}"))
+    }
+
+    fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
+        NewJob {
+            def: JobDef {
+                id: JobId(id.into()),
+                name: id.into(),
+                module: ModuleRef {
+                    digest: Digest::of(b"m"),
+                    url: "http://driver/v1/modules/m".into(),
+                    timestamp_ms: 1,
+                    size: 1,
+                },
+                args: vec![],
+                env: vec![],
+                resources: Resources {
+                    cores,
+                    ..Resources::default()
+                },
+                max_failures: 3,
+                created_at: SystemTime::UNIX_EPOCH,
+            },
+            tasks: (0..tasks)
+                .map(|_| NewTask {
+                    input: vec![],
+                    args: vec![],
+                    env: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    fn launches(actions: &[Action]) -> Vec<(ExecutorId, u32, u32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Launch { executor, task } => {
+                    Some((executor.clone(), task.task.index, task.attempt))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn status(job: &str, index: u32, attempt: u32, outcome: Result<(), TaskFailure>) -> TaskStatus {
+        TaskStatus {
+            task: TaskId {
+                job: JobId(job.into()),
+                index,
+            },
+            attempt,
+            end: TaskEnd {
+                started_at_us: 1,
+                finished_at_us: 2,
+                outcome: outcome.map(|()| TaskResult::Inline(b"ok".to_vec())),
+                log: vec![],
+                log_truncated: false,
+            },
+        }
+    }
+
+    fn cluster(executors: u32, cores: u32) -> (ClusterState, Vec<u64>) {
+        let mut state = ClusterState::default();
+        let generations = (1..=executors)
+            .map(|n| {
+                state
+                    .register_executor(exec(n), "h".into(), cores, n, Instant::now())
+                    .unwrap()
+            })
+            .collect();
+        (state, generations)
+    }
+
+    fn free(state: &ClusterState, n: u32) -> u32 {
+        state.executors[&exec(n)].free_cores
+    }
+
+    #[test]
+    fn a_duplicate_live_id_is_refused_and_a_lost_one_comes_back_newer() {
+        let (mut state, gens) = cluster(1, 2);
+        let err = state
+            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .unwrap_err();
+        assert!(err.contains("already registered"), "{err}");
+        state.executor_lost(&exec(1), gens[0]);
+        let again = state
+            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .unwrap();
+        assert!(again > gens[0]);
+    }
+
+    #[test]
+    fn tasks_take_cores_until_their_final_status() {
+        let (mut state, gens) = cluster(2, 2);
+        let placed = launches(&state.submit_job(job("j", 3, 2)));
+        assert_eq!(placed.len(), 2, "one 2-core task per 2-core executor");
+        assert_eq!((free(&state, 1), free(&state, 2)), (0, 0));
+        let (first, index, attempt) = placed[0].clone();
+        let n = if first == exec(1) { 1 } else { 2 };
+        let next = launches(&state.status_update(
+            &first,
+            gens[n as usize - 1],
+            status("j", index, attempt, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        ));
+        assert_eq!(
+            next,
+            vec![(first.clone(), 2, 1)],
+            "the freed executor takes the last task"
+        );
+        assert_eq!(free(&state, n), 0);
+    }
+
+    #[test]
+    fn stale_reports_change_nothing() {
+        let (mut state, gens) = cluster(1, 1);
+        state.submit_job(job("j", 1, 1));
+        let wrong_attempt = state.status_update(
+            &exec(1),
+            gens[0],
+            status("j", 0, 7, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        );
+        let wrong_generation = state.status_update(
+            &exec(1),
+            gens[0] + 1,
+            status("j", 0, 1, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert!(wrong_attempt.is_empty() && wrong_generation.is_empty());
+        assert_eq!(
+            state.jobs[&JobId("j".into())].tasks[0].state,
+            TaskState::Running
+        );
+        assert_eq!(free(&state, 1), 0);
+    }
+
+    #[test]
+    fn a_lost_executors_tasks_run_again_elsewhere_without_counting_as_failures() {
+        let (mut state, gens) = cluster(2, 1);
+        let placed = launches(&state.submit_job(job("j", 2, 1)));
+        assert_eq!(placed.len(), 2);
+        let relaunched = launches(&state.executor_lost(&exec(1), gens[0]));
+        assert!(relaunched.is_empty(), "exec-2 is still busy");
+        let lost_index = placed.iter().find(|p| p.0 == exec(1)).unwrap().1;
+        let other = placed.iter().find(|p| p.0 == exec(2)).unwrap().1;
+        let relaunched = launches(&state.status_update(
+            &exec(2),
+            gens[1],
+            status("j", other, 1, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        ));
+        assert_eq!(relaunched, vec![(exec(2), lost_index, 2)]);
+        let task = &state.jobs[&JobId("j".into())].tasks[lost_index as usize];
+        assert_eq!(task.host_failures, 0);
+    }
+
+    #[test]
+    fn a_guest_failure_fails_the_job_and_kills_the_rest_holding_their_cores() {
+        let (mut state, gens) = cluster(2, 1);
+        let placed = launches(&state.submit_job(job("j", 3, 1)));
+        let (failing, index, _) = placed[0].clone();
+        let failure = TaskFailure {
+            kind: FailureKind::Exit,
+            message: "exited with code 3".into(),
+            exit_code: Some(3),
+        };
+        let g = |e: &ExecutorId| if *e == exec(1) { gens[0] } else { gens[1] };
+        let actions = state.status_update(
+            &failing,
+            g(&failing),
+            status("j", index, 1, Err(failure)),
+            SystemTime::UNIX_EPOCH,
+        );
+        let job = &state.jobs[&JobId("j".into())];
+        assert_eq!(job.state, JobState::Failed);
+        assert!(job.error.as_ref().unwrap().1.contains("task 0 failed"));
+        assert_eq!(job.counts().killed, 2, "one running, one never started");
+        let (other, other_index, _) = placed[1].clone();
+        assert!(actions.contains(&Action::Kill {
+            executor: other.clone(),
+            task: TaskId {
+                job: JobId("j".into()),
+                index: other_index
+            },
+            attempt: 1,
+        }));
+        let n = if other == exec(1) { 1 } else { 2 };
+        assert_eq!(
+            free(&state, n),
+            0,
+            "held until the executor confirms the kill"
+        );
+        // Even a success arriving now leaves the task killed; the core comes back.
+        state.status_update(
+            &other,
+            g(&other),
+            status("j", other_index, 1, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(free(&state, n), 1);
+        let task = &state.jobs[&JobId("j".into())].tasks[other_index as usize];
+        assert_eq!(task.state, TaskState::Killed);
+    }
+
+    #[test]
+    fn host_failures_are_retried_up_to_max_failures() {
+        let (mut state, gens) = cluster(1, 1);
+        state.submit_job(job("j", 1, 1));
+        for attempt in 1..=3 {
+            let failure = TaskFailure::new(FailureKind::FetchError, "connection refused");
+            let actions = state.status_update(
+                &exec(1),
+                gens[0],
+                status("j", 0, attempt, Err(failure)),
+                SystemTime::UNIX_EPOCH,
+            );
+            let again = launches(&actions);
+            if attempt < 3 {
+                assert_eq!(again, vec![(exec(1), 0, attempt + 1)]);
+            } else {
+                assert!(again.is_empty());
+            }
+        }
+        let job = &state.jobs[&JobId("j".into())];
+        assert_eq!(job.state, JobState::Failed);
+        assert!(
+            job.error
+                .as_ref()
+                .unwrap()
+                .1
+                .contains("after 3 attempt(s): fetch_error")
+        );
+    }
+
+    #[test]
+    fn killing_a_job_stops_its_pending_and_running_tasks() {
+        let (mut state, gens) = cluster(1, 1);
+        state.submit_job(job("j", 2, 1));
+        let actions = state
+            .kill_job(&JobId("j".into()), SystemTime::UNIX_EPOCH)
+            .unwrap();
+        assert!(actions.iter().any(|a| matches!(a, Action::Kill { .. })));
+        let job = &state.jobs[&JobId("j".into())];
+        assert_eq!(job.state, JobState::Killed);
+        assert_eq!(job.counts().killed, 2);
+        assert_eq!(free(&state, 1), 0);
+        let killed = TaskFailure::new(FailureKind::Killed, "killed");
+        state.status_update(
+            &exec(1),
+            gens[0],
+            status("j", 0, 1, Err(killed)),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(free(&state, 1), 1);
+        assert!(
+            state
+                .kill_job(&JobId("nope".into()), SystemTime::UNIX_EPOCH)
+                .is_none()
+        );
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
 use crate::runner::TaskRunner;
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, SandboxConfig};
 
 /// How an executor is started: Spark's CoarseGrainedExecutorBackend arguments.
 #[derive(Clone, Debug)]
@@ -30,6 +30,8 @@ pub struct ExecutorOptions {
     pub cluster_secret: Option<String>,
     /// How long to keep trying to reach the driver at start.
     pub connect_timeout: Duration,
+    /// Largest linear memory a task may have here, whatever its job asks for.
+    pub max_memory_bytes: usize,
 }
 
 /// Why an executor stopped. Each has its own process exit code (see `exit_code`), which
@@ -69,7 +71,10 @@ pub async fn run(
     options: ExecutorOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ExitReason> {
-    let sandbox = Arc::new(Sandbox::new()?);
+    let sandbox = Arc::new(Sandbox::new(SandboxConfig {
+        slots: options.cores,
+        max_memory_bytes: options.max_memory_bytes,
+    })?);
     let fetcher = FetchCache::open(options.work_dir.join("cache"), FetchOptions::default())?;
 
     let mut conn = match connect(&options).await {

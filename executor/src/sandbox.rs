@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use flint_protocol::{FailureKind, TaskFailure, TaskResult};
 use wasmtime::{
-    Config, Engine, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits,
-    StoreLimitsBuilder, Trap, UpdateDeadline,
+    Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
+    PoolingAllocationConfig, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
 };
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -39,6 +40,7 @@ pub type Compiled = InstancePre<TaskCtx>;
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<TaskCtx>,
+    max_memory_bytes: usize,
     _ticker: EpochTicker,
 }
 
@@ -61,10 +63,42 @@ pub struct RunReport {
     pub log_truncated: bool,
 }
 
+/// Instances, memories and tables one task may create. A preview-1 module needs one
+/// instance and one memory; the margins leave room for components, which link several
+/// core instances. The pooling allocator is sized from these times the task slots.
+const INSTANCES_PER_TASK: u32 = 16;
+const MEMORIES_PER_TASK: u32 = 4;
+const TABLES_PER_TASK: u32 = 8;
+const TABLE_ELEMENTS: usize = 100_000;
+/// Linear memory a finished task leaves mapped for the next one in its slot; with
+/// pagemap_scan only the pages the guest dirtied are reset.
+const KEEP_RESIDENT_BYTES: usize = 1 << 20;
+
+/// What the engine is sized for.
+#[derive(Clone, Copy, Debug)]
+pub struct SandboxConfig {
+    /// Tasks that may run at once (the executor's cores).
+    pub slots: u32,
+    /// Largest linear memory any task may have; a task asking for more is held to this.
+    pub max_memory_bytes: usize,
+}
+
 impl Sandbox {
-    pub fn new() -> anyhow::Result<Self> {
+    pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
+        let slots = sandbox.slots.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_core_instances(slots * INSTANCES_PER_TASK)
+            .total_memories(slots * MEMORIES_PER_TASK)
+            .total_tables(slots * TABLES_PER_TASK)
+            .total_component_instances(slots)
+            .max_memory_size(sandbox.max_memory_bytes)
+            .table_elements(TABLE_ELEMENTS)
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(KEEP_RESIDENT_BYTES)
+            .pagemap_scan(Enabled::Auto);
         let mut config = Config::new();
         config
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
             .epoch_interruption(true)
             .max_wasm_stack(MAX_WASM_STACK);
         let engine = Engine::new(&config)?;
@@ -74,6 +108,7 @@ impl Sandbox {
         Ok(Sandbox {
             engine,
             linker,
+            max_memory_bytes: sandbox.max_memory_bytes,
             _ticker: ticker,
         })
     }
@@ -107,16 +142,17 @@ impl Sandbox {
             .args(run.args)
             .envs(run.env)
             .allow_blocking_current_thread(true);
+        let memory_bytes = run.memory_bytes.min(self.max_memory_bytes);
         let limits = TaskLimiter {
             inner: StoreLimitsBuilder::new()
-                .memory_size(run.memory_bytes)
-                .instances(1)
-                .memories(1)
-                .tables(4)
-                .table_elements(1 << 20)
+                .memory_size(memory_bytes)
+                .instances(INSTANCES_PER_TASK as usize)
+                .memories(MEMORIES_PER_TASK as usize)
+                .tables(TABLES_PER_TASK as usize)
+                .table_elements(TABLE_ELEMENTS)
                 .trap_on_grow_failure(true)
                 .build(),
-            memory_bytes: run.memory_bytes,
+            memory_bytes,
             memory_limit_hit: false,
         };
         let mut store = Store::new(
@@ -150,11 +186,17 @@ impl Sandbox {
                 store.data().limits.memory_limit_hit,
                 stdout.overflowed(),
                 run.kill.load(Ordering::Relaxed),
-                &run_limits_text(run.memory_bytes, run.timeout, run.max_output_bytes),
+                &run_limits_text(memory_bytes, run.timeout, run.max_output_bytes),
             ),
         };
         drop(store);
-        let (log, log_truncated) = stderr.into_contents();
+        let (mut log, log_truncated) = stderr.into_contents();
+        if log_truncated {
+            // Whoever reads the log must see that it is not the whole story.
+            log.extend_from_slice(
+                format!("\n[flint: log truncated at {} bytes]\n", run.max_log_bytes).as_bytes(),
+            );
+        }
         RunReport {
             outcome: outcome.map(|()| TaskResult::Inline(stdout.into_contents().0)),
             log,
