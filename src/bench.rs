@@ -42,6 +42,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         },
         executors: args.executors,
         cores: args.cores,
+        executor_args: Vec::new(),
     };
     let cluster = Cluster::start(&dev).await?;
     let result = measure(&args, &cluster, wasm).await;

@@ -30,6 +30,9 @@ pub struct DevArgs {
     #[arg(long, env = "FLINT_CORES", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cores: u32,
+    /// An extra argument for every executor, e.g. `--executor-arg=--compile-timeout-ms=500`.
+    #[arg(long = "executor-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub executor_args: Vec<String>,
 }
 
 pub async fn bind(args: &DriverArgs) -> anyhow::Result<Listeners> {
@@ -81,6 +84,7 @@ impl Cluster {
                 args.cores,
                 &work_dir,
                 &args.driver,
+                &args.executor_args,
                 driver.clone(),
             )
             .with_context(|| format!("starting executor {id}"))?;
@@ -123,6 +127,7 @@ fn spawn_executor(
     cores: u32,
     work_dir: &Path,
     driver_args: &DriverArgs,
+    extra_args: &[String],
     driver: Arc<Driver>,
 ) -> anyhow::Result<ExecutorProcess> {
     std::fs::create_dir_all(work_dir)
@@ -138,6 +143,7 @@ fn spawn_executor(
         .args(["--hostname", "127.0.0.1"])
         .arg("--work-dir")
         .arg(work_dir)
+        .args(extra_args)
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use flint_driver::DriverConfig;
+use flint_executor::compiler::CompilerMode;
 use flint_executor::{ExecutorOptions, ExitReason};
 use flint_protocol::ExecutorId;
 
@@ -40,6 +41,48 @@ enum Command {
     Submit(submit::SubmitArgs),
     /// Start a local cluster and measure throughput and latency of no-op tasks.
     Bench(bench::BenchArgs),
+    /// Compile a module for an executor's engine (run by executors, killed at their
+    /// compile time limit). Exits 65 when the module is not valid wasm.
+    #[command(hide = true)]
+    CompileModule(CompileArgs),
+}
+
+#[derive(clap::Args, Clone, Debug)]
+struct CompileArgs {
+    #[arg(long)]
+    slots: u32,
+    #[arg(long)]
+    max_memory_bytes: usize,
+    #[arg(long)]
+    out: PathBuf,
+    input: PathBuf,
+}
+
+/// The compiler subprocess: no runtime, no logging, one job.
+fn compile_module(args: CompileArgs) -> i32 {
+    let config = flint_executor::sandbox::SandboxConfig {
+        slots: args.slots,
+        max_memory_bytes: args.max_memory_bytes,
+    };
+    let result = std::fs::read(&args.input)
+        .map_err(|e| (1, format!("reading {}: {e}", args.input.display())))
+        .and_then(|wasm| {
+            let engine =
+                flint_executor::sandbox::engine(config).map_err(|e| (1, format!("{e:#}")))?;
+            flint_executor::sandbox::precompile(&engine, &wasm)
+                .map_err(|m| (flint_executor::compiler::EXIT_INVALID_MODULE, m))
+        })
+        .and_then(|artifact| {
+            std::fs::write(&args.out, artifact)
+                .map_err(|e| (1, format!("writing {}: {e}", args.out.display())))
+        });
+    match result {
+        Ok(()) => 0,
+        Err((code, message)) => {
+            eprintln!("{message}");
+            code
+        }
+    }
 }
 
 const EXECUTOR_EXIT_CODES: &str = "Exit codes:
@@ -98,6 +141,9 @@ struct ExecutorArgs {
     #[arg(long, env = "FLINT_MAX_MEMORY_MB", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_memory_mb: u32,
+    /// Longest a module may take to compile before its tasks fail as `compile_limit`.
+    #[arg(long, env = "FLINT_COMPILE_TIMEOUT_MS", default_value_t = 30_000)]
+    compile_timeout_ms: u64,
     /// How long to keep trying to reach the driver at start, in milliseconds.
     #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
@@ -109,6 +155,9 @@ fn main() {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Command::CompileModule(args) = cli.command {
+        std::process::exit(compile_module(args));
+    }
     let quiet = matches!(cli.command, Command::Submit(_));
     init_tracing(if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -132,6 +181,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
             submit::run(args, sub).await
         }
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
+        Command::CompileModule(_) => unreachable!("handled before the runtime starts"),
     };
     match result {
         Ok(code) => code,
@@ -167,6 +217,11 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
         cluster_secret: args.cluster_secret,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
         max_memory_bytes: (args.max_memory_mb as usize) << 20,
+        compiler: CompilerMode::Subprocess {
+            program: std::env::current_exe()?,
+            args: vec!["compile-module".into()],
+            timeout: Duration::from_millis(args.compile_timeout_ms),
+        },
     };
     let reason = flint_executor::run(options, shutdown_signal()).await?;
     match &reason {

@@ -179,6 +179,57 @@ fn a_module_that_is_not_a_command_fails_as_invalid_module() {
     assert_failed_with(&task, "invalid_module", "_start");
 }
 
+/// A valid module that takes cranelift seconds to compile: functions of hundreds of
+/// thousands of loads, multiplies and stores over thousands of live locals (each body
+/// under the 7.6 MB a function may have).
+fn slow_to_compile_wat() -> String {
+    const FUNCTIONS: usize = 2;
+    const LOCALS: usize = 3000;
+    const OPS: usize = 300_000;
+    let mut wat = String::from(r#"(module (memory (export "memory") 1)"#);
+    for f in 0..FUNCTIONS {
+        wat.push_str(&format!("(func $f{f} (local"));
+        wat.push_str(&" i32".repeat(LOCALS));
+        wat.push(')');
+        for i in 0..OPS {
+            let (a, b) = (i % LOCALS, (i * 7919 + 3 + f) % LOCALS);
+            let (load, store) = ((b * 4) % 60_000, (a * 4) % 60_000);
+            wat.push_str(&format!(
+                "(local.set {a} (i32.mul (local.get {a}) (i32.load offset={load} (local.get {b}))))"
+            ));
+            if i % 3 == 0 {
+                wat.push_str(&format!(
+                    "(i32.store offset={store} (local.get {b}) (local.get {a}))"
+                ));
+            }
+        }
+        wat.push(')');
+    }
+    wat.push_str(r#"(func (export "_start") (call $f0) (call $f1)))"#);
+    wat
+}
+
+#[test]
+fn a_module_too_slow_to_compile_is_stopped_at_the_compile_limit() {
+    let cluster = DevCluster::start_with(2, 1, &["--compile-timeout-ms=1000"]);
+    let module = upload_wat(&cluster, &slow_to_compile_wat());
+    let started = Instant::now();
+    let task = run_beside_a_good_job(&cluster, spec(&module, &[], &[""]));
+    assert_failed_with(&task, "compile_limit", "1000 ms limit");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The executors' compilers are gone with the bound: nothing is left compiling.
+    for executor in cluster.executors() {
+        let pid = executor["pid"].as_u64().unwrap();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        assert!(
+            children.trim().is_empty(),
+            "{} still has children: {children}",
+            executor["id"]
+        );
+    }
+}
+
 #[test]
 fn host_paths_are_out_of_reach() {
     let cluster = DevCluster::start(2, 1);

@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
+use crate::compiler::{CompilerMode, ModuleCompiler};
 use crate::runner::TaskRunner;
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -32,6 +33,7 @@ pub struct ExecutorOptions {
     pub connect_timeout: Duration,
     /// Largest linear memory a task may have here, whatever its job asks for.
     pub max_memory_bytes: usize,
+    pub compiler: CompilerMode,
 }
 
 /// Why an executor stopped. Each has its own process exit code (see `exit_code`), which
@@ -71,10 +73,17 @@ pub async fn run(
     options: ExecutorOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ExitReason> {
-    let sandbox = Arc::new(Sandbox::new(SandboxConfig {
+    let sandbox_config = SandboxConfig {
         slots: options.cores,
         max_memory_bytes: options.max_memory_bytes,
-    })?);
+    };
+    let sandbox = Arc::new(Sandbox::new(sandbox_config)?);
+    let compiler = ModuleCompiler::new(
+        sandbox.clone(),
+        sandbox_config,
+        options.work_dir.join("compiled"),
+        options.compiler.clone(),
+    )?;
     let fetcher = FetchCache::open(options.work_dir.join("cache"), FetchOptions::default())?;
 
     let mut conn = match connect(&options).await {
@@ -90,6 +99,7 @@ pub async fn run(
     let runner = TaskRunner::start(
         sandbox,
         fetcher,
+        compiler,
         options.cores as usize,
         usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
         updates_tx.clone(),

@@ -4,6 +4,8 @@
 //!   RegisterExecutor, then LaunchTask / KillTask in and StatusUpdate / Heartbeat out.
 //! - [`runner`]: the task runner: module fetch + compile cache, the task thread pool,
 //!   kill flags, exactly one status per attempt.
+//! - [`compiler`]: compiled artifacts on disk (verified before loading) and the
+//!   compiler subprocess, killed at a time bound.
 //! - [`sandbox`]: wasmtime: the engine, compiling, running one attempt under its limits,
 //!   classifying how it ended.
 //! - [`pipes`]: capped stdout / stderr.
@@ -13,6 +15,7 @@
 //! dropped after it; the executor never imports the driver (they meet in `flint-protocol`).
 
 pub mod backend;
+pub mod compiler;
 mod pipes;
 pub mod runner;
 pub mod sandbox;

@@ -20,6 +20,7 @@ use flint_protocol::{
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
+use crate::compiler::{ModuleCompiler, Source};
 use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskRun};
 
 /// Compiled modules kept in memory.
@@ -30,6 +31,7 @@ type AttemptKey = (TaskId, u32);
 pub struct TaskRunner {
     sandbox: Arc<Sandbox>,
     fetcher: FetchCache,
+    compiler: ModuleCompiler,
     modules: Mutex<LruCache<Digest, Arc<OnceCell<Arc<Compiled>>>>>,
     queue: crossbeam_channel::Sender<Work>,
     /// Kill flags of the attempts this executor holds, from launch to final status.
@@ -51,6 +53,7 @@ impl TaskRunner {
     pub fn start(
         sandbox: Arc<Sandbox>,
         fetcher: FetchCache,
+        compiler: ModuleCompiler,
         threads: usize,
         max_log_bytes: usize,
         updates: mpsc::UnboundedSender<ExecutorMessage>,
@@ -60,6 +63,7 @@ impl TaskRunner {
         let runner = Arc::new(TaskRunner {
             sandbox,
             fetcher,
+            compiler,
             modules: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
             )),
@@ -155,18 +159,11 @@ impl TaskRunner {
             .fetch(&key, Some(module.digest))
             .await
             .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
-        let wasm = tokio::fs::read(&fetched.path).await.map_err(|e| {
-            TaskFailure::new(
-                FailureKind::HostError,
-                format!("reading cached module {}: {e}", fetched.path.display()),
-            )
-        })?;
-        let sandbox = self.sandbox.clone();
-        let compiled = tokio::task::spawn_blocking(move || sandbox.compile(&wasm))
-            .await
-            .map_err(|e| TaskFailure::new(FailureKind::HostError, format!("compiler: {e}")))??;
-        self.modules_compiled.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(module = %module.digest, "compiled module");
+        let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
+        if source == Source::Compiled {
+            self.modules_compiled.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::info!(module = %module.digest, ?source, "module ready");
         Ok(Arc::new(compiled))
     }
 

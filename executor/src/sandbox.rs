@@ -83,25 +83,39 @@ pub struct SandboxConfig {
     pub max_memory_bytes: usize,
 }
 
+/// The engine every task of an executor runs in. The compiler subprocess builds its
+/// engine from the same function, so that the artifacts it writes load here.
+pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
+    let slots = sandbox.slots.max(1);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_core_instances(slots * INSTANCES_PER_TASK)
+        .total_memories(slots * MEMORIES_PER_TASK)
+        .total_tables(slots * TABLES_PER_TASK)
+        .total_component_instances(slots)
+        .max_memory_size(sandbox.max_memory_bytes)
+        .table_elements(TABLE_ELEMENTS)
+        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        .table_keep_resident(KEEP_RESIDENT_BYTES)
+        .pagemap_scan(Enabled::Auto);
+    let mut config = Config::new();
+    config
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK);
+    Ok(Engine::new(&config)?)
+}
+
+/// Compiles `wasm` to an artifact for [`engine`]`(sandbox)`; what the compiler
+/// subprocess runs. An error is the module's fault (it is not valid wasm).
+pub fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
+    engine
+        .precompile_module(wasm)
+        .map_err(|e| format!("invalid module: {e:#}"))
+}
+
 impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
-        let slots = sandbox.slots.max(1);
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_core_instances(slots * INSTANCES_PER_TASK)
-            .total_memories(slots * MEMORIES_PER_TASK)
-            .total_tables(slots * TABLES_PER_TASK)
-            .total_component_instances(slots)
-            .max_memory_size(sandbox.max_memory_bytes)
-            .table_elements(TABLE_ELEMENTS)
-            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-            .table_keep_resident(KEEP_RESIDENT_BYTES)
-            .pagemap_scan(Enabled::Auto);
-        let mut config = Config::new();
-        config
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
-            .epoch_interruption(true)
-            .max_wasm_stack(MAX_WASM_STACK);
-        let engine = Engine::new(&config)?;
+        let engine = engine(sandbox)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut TaskCtx| &mut ctx.wasi)?;
         let ticker = EpochTicker::start(engine.clone());
@@ -113,19 +127,29 @@ impl Sandbox {
         })
     }
 
-    /// Compiles and links a module. Slow (milliseconds to seconds): never call it on the
-    /// async runtime's threads.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles and links a module in this process. Slow (milliseconds to seconds) and
+    /// unbounded: the executor compiles in a subprocess it can stop (see `compiler`);
+    /// this is for embedding and benchmarks.
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled, TaskFailure> {
         let module = Module::new(&self.engine, wasm).map_err(|e| {
             TaskFailure::new(FailureKind::InvalidModule, format!("invalid module: {e:#}"))
         })?;
+        self.link(&module)
+    }
+
+    /// Checks that a compiled module is a WASI command and links it against WASI.
+    pub fn link(&self, module: &Module) -> Result<Compiled, TaskFailure> {
         if module.get_export("_start").is_none() {
             return Err(TaskFailure::new(
                 FailureKind::InvalidModule,
                 "module exports no `_start`: it is not a WASI command",
             ));
         }
-        self.linker.instantiate_pre(&module).map_err(|e| {
+        self.linker.instantiate_pre(module).map_err(|e| {
             TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
         })
     }

@@ -159,6 +159,8 @@ pub enum FailureKind {
     InvalidModule,
     /// The module imports something the sandbox does not provide.
     UnknownImport,
+    /// Compiling the module took longer than the executor allows.
+    CompileLimit,
     /// The executor could not fetch the module or an input.
     FetchError,
     /// Something failed on the executor's side, not the guest's.
@@ -177,6 +179,7 @@ impl FailureKind {
             FailureKind::Killed => "killed",
             FailureKind::InvalidModule => "invalid_module",
             FailureKind::UnknownImport => "unknown_import",
+            FailureKind::CompileLimit => "compile_limit",
             FailureKind::FetchError => "fetch_error",
             FailureKind::HostError => "host_error",
         }

@@ -69,6 +69,11 @@ pub struct DevCluster {
 
 impl DevCluster {
     pub fn start(executors: u32, cores: u32) -> DevCluster {
+        Self::start_with(executors, cores, &[])
+    }
+
+    /// A cluster whose executors all get `executor_args` too.
+    pub fn start_with(executors: u32, cores: u32, executor_args: &[&str]) -> DevCluster {
         let data_dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(FLINT)
             .args([
@@ -84,6 +89,7 @@ impl DevCluster {
                 "--cores",
                 &cores.to_string(),
             ])
+            .args(executor_args.iter().map(|a| format!("--executor-arg={a}")))
             .arg("--data-dir")
             .arg(data_dir.path())
             .stdout(Stdio::piped())

@@ -4,45 +4,60 @@
 //! The command is the first task argument (argv\[1\], right after the job name); numbers
 //! are decimal.
 //!
-//! | command    | does                                                                  |
-//! |------------|-----------------------------------------------------------------------|
-//! | `noop`     | nothing; exit 0, no output                                            |
-//! | `echo`     | copies stdin to stdout byte for byte                                  |
-//! | `sleep MS` | sleeps MS milliseconds, then exits 0                                  |
-//! | `spin`     | computes forever without calling the host (for timeouts and kills)    |
-//! | `alloc MB` | allocates and touches MB MiB, then writes the byte count (decimal, no newline) |
-//! | `exit N`   | logs `exiting with N` to stderr and exits with code N                 |
-//! | `panic`    | panics with `testkit panic requested` (a trap, as guests abort)       |
-//! | `print N`  | writes N bytes `x` to stdout, in chunks of up to 64 KiB               |
-//! | `eprint N` | writes N bytes `e` to stderr, in chunks of up to 64 KiB               |
-//! | `env`      | writes the `FLINT_*` variables as sorted `KEY=VALUE` lines, then `ARGS=` and argv\[1..\] joined by spaces; extra arguments are allowed |
-//! | `info`     | writes `{"job":…,"index":…,"count":…,"attempt":…}` from `flint_sdk::TaskInfo` |
+//! | command      | does                                                                  |
+//! |--------------|-----------------------------------------------------------------------|
+//! | `noop`       | nothing; exit 0, no output                                            |
+//! | `echo`       | copies stdin to stdout byte for byte                                  |
+//! | `sleep MS`   | sleeps MS milliseconds, then exits 0                                  |
+//! | `spin`       | computes forever without calling the host (for timeouts and kills)    |
+//! | `alloc MB`   | allocates and touches MB MiB, then writes the byte count (decimal, no newline) |
+//! | `exit N`     | logs `exiting with N` to stderr and exits with code N                 |
+//! | `panic`      | panics with `testkit panic requested` (a trap, as guests abort)       |
+//! | `print N`    | writes N bytes `x` to stdout, in chunks of up to 64 KiB               |
+//! | `eprint N`   | writes N bytes `e` to stderr, in chunks of up to 64 KiB               |
+//! | `env`        | writes the `FLINT_*` variables as sorted `KEY=VALUE` lines, then `ARGS=` and argv\[1..\] joined by spaces; extra arguments are allowed |
+//! | `info`       | writes `{"job":…,"index":…,"count":…,"attempt":…}` from `flint_sdk::TaskInfo` |
+//! | `read PATH`  | writes the bytes of the file at PATH to stdout (e.g. `/files/<name>`) |
+//! | `write PATH` | creates or truncates the file at PATH and writes `flint` into it      |
+//! | `recurse`    | recurses without bound until the wasm stack overflows (a trap); never returns |
 //!
-//! Exit codes of its own: 2 for a missing or unknown command, a bad or missing number or
-//! unexpected extra arguments (the message on stderr names the valid commands); 1 when
-//! writing output fails or, for `info`, when the `FLINT_*` variables are missing.
+//! Exit codes of its own: 2 for a missing or unknown command, a bad or missing number, a
+//! missing path or unexpected extra arguments (the message on stderr names the valid
+//! commands); 1 when writing output fails, when `read` or `write` cannot use PATH
+//! (`testkit: cannot read PATH: <error>`, or `cannot write`), or, for `info`, when the
+//! `FLINT_*` variables are missing. PATH is passed to the filesystem as given, so what
+//! it reaches is whatever the runtime preopened.
 //! An `alloc` the memory limit cannot hold aborts, as does one over wasm32's 2 GiB
 //! maximum `Vec`; both are traps. `exit` passes N through as given: WASI defines codes
 //! 0 to 125 only, and a runtime may turn a larger one into a trap.
+//!
+//! `recurse` puts nothing on Rust's shadow stack, the 1 MiB region at the bottom of
+//! linear memory that holds locals whose address is taken: overflowing that one shows
+//! up as an out-of-bounds memory access, not as a stack overflow. Its frames live only
+//! on the engine's own call stack, so the trap it ends in is the stack-overflow one.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::fs;
 use std::hint::black_box;
 use std::io::{self, Write};
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flint_sdk::TaskInfo;
 
 const USAGE: &str = "valid commands: noop, echo, sleep MS, spin, alloc MB, exit N, panic, \
-                     print N, eprint N, env, info";
+                     print N, eprint N, env, info, read PATH, write PATH, recurse";
 
 const MIB: usize = 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
 /// One write per 4 KiB commits every page whatever the host's page size (wasm pages
 /// are 64 KiB, host pages usually 4 KiB), so the memory is used, not just reserved.
 const TOUCH_STRIDE: usize = 4096;
+/// What `write` puts into its file.
+const WRITTEN: &[u8] = b"flint";
 
 fn main() -> ExitCode {
     let args = flint_sdk::args();
@@ -62,7 +77,7 @@ fn main() -> ExitCode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Command {
     Noop,
     Echo,
@@ -75,6 +90,9 @@ enum Command {
     Eprint(u64),
     Env,
     Info,
+    Read(String),
+    Write(String),
+    Recurse,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +100,9 @@ enum UsageError {
     NoCommand,
     UnknownCommand(String),
     MissingNumber {
+        command: &'static str,
+    },
+    MissingPath {
         command: &'static str,
     },
     BadNumber {
@@ -99,6 +120,7 @@ impl fmt::Display for UsageError {
             UsageError::NoCommand => write!(f, "no command given"),
             UsageError::UnknownCommand(name) => write!(f, "unknown command {name:?}"),
             UsageError::MissingNumber { command } => write!(f, "{command} needs a number"),
+            UsageError::MissingPath { command } => write!(f, "{command} needs a path"),
             UsageError::BadNumber { command, value } => {
                 write!(f, "{command}: {value:?} is not a valid number here")
             }
@@ -133,9 +155,12 @@ impl Command {
             // `env` exists to show what argv the task received, so it takes anything.
             "env" => return Ok(Command::Env),
             "info" => Command::Info,
+            "read" => Command::Read(path("read", rest)?),
+            "write" => Command::Write(path("write", rest)?),
+            "recurse" => Command::Recurse,
             other => return Err(UsageError::UnknownCommand(other.to_owned())),
         };
-        let expected = usize::from(command.takes_number());
+        let expected = usize::from(command.takes_argument());
         if rest.len() > expected {
             return Err(UsageError::ExtraArguments {
                 command: command.name(),
@@ -144,7 +169,7 @@ impl Command {
         Ok(command)
     }
 
-    fn takes_number(self) -> bool {
+    fn takes_argument(&self) -> bool {
         matches!(
             self,
             Command::Sleep(_)
@@ -152,10 +177,12 @@ impl Command {
                 | Command::Exit(_)
                 | Command::Print(_)
                 | Command::Eprint(_)
+                | Command::Read(_)
+                | Command::Write(_)
         )
     }
 
-    fn name(self) -> &'static str {
+    fn name(&self) -> &'static str {
         match self {
             Command::Noop => "noop",
             Command::Echo => "echo",
@@ -168,6 +195,9 @@ impl Command {
             Command::Eprint(_) => "eprint",
             Command::Env => "env",
             Command::Info => "info",
+            Command::Read(_) => "read",
+            Command::Write(_) => "write",
+            Command::Recurse => "recurse",
         }
     }
 
@@ -197,6 +227,16 @@ impl Command {
                 flint_sdk::write_result(env_report(std::env::vars_os(), args).as_bytes())?
             }
             Command::Info => flint_sdk::write_result(info_json(&TaskInfo::from_env()?).as_bytes())?,
+            Command::Read(path) => {
+                let bytes = fs::read(&path).map_err(|err| format!("cannot read {path}: {err}"))?;
+                flint_sdk::write_result(&bytes)?;
+            }
+            Command::Write(path) => {
+                fs::write(&path, WRITTEN).map_err(|err| format!("cannot write {path}: {err}"))?
+            }
+            Command::Recurse => {
+                recurse();
+            }
         }
         Ok(())
     }
@@ -211,6 +251,13 @@ fn number<T: FromStr>(command: &'static str, rest: &[String]) -> Result<T, Usage
     })
 }
 
+/// The single path argument of `command`, taken as given.
+fn path(command: &'static str, rest: &[String]) -> Result<String, UsageError> {
+    rest.first()
+        .cloned()
+        .ok_or(UsageError::MissingPath { command })
+}
+
 fn spin() -> ! {
     // An LCG step per iteration; `black_box` keeps the compiler from proving the loop
     // has no effect, and nothing in it calls the host, so only an epoch deadline (or
@@ -223,6 +270,26 @@ fn spin() -> ! {
                 .wrapping_add(1_442_695_040_888_963_407),
         );
     }
+}
+
+/// How deep `recurse` has gone.
+static DEPTH: AtomicU64 = AtomicU64::new(0);
+
+/// Calls itself until the engine's call stack runs out.
+///
+/// Updating a static before and after the inner call gives every frame an effect the
+/// optimizer must keep, and the update after it makes the call a non-tail call, which
+/// no optimisation can turn into a loop. Nothing here takes an address, so no frame
+/// uses the shadow stack in linear memory (see the module doc). Never returns.
+#[expect(
+    unconditional_recursion,
+    reason = "running out of stack is the purpose"
+)]
+fn recurse() -> u64 {
+    let depth = DEPTH.fetch_add(1, Ordering::Relaxed);
+    let below = recurse();
+    DEPTH.store(depth, Ordering::Relaxed);
+    below.rotate_left(1) ^ depth
 }
 
 fn alloc(bytes: usize) -> io::Result<()> {
@@ -286,131 +353,4 @@ fn info_json(info: &TaskInfo) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Command, UsageError> {
-        let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-        Command::parse(&args)
-    }
-
-    #[test]
-    fn parses_every_command() {
-        assert_eq!(parse(&["noop"]), Ok(Command::Noop));
-        assert_eq!(parse(&["echo"]), Ok(Command::Echo));
-        assert_eq!(
-            parse(&["sleep", "250"]),
-            Ok(Command::Sleep(Duration::from_millis(250)))
-        );
-        assert_eq!(parse(&["spin"]), Ok(Command::Spin));
-        assert_eq!(
-            parse(&["alloc", "3"]),
-            Ok(Command::Alloc { bytes: 3 * MIB })
-        );
-        assert_eq!(parse(&["exit", "7"]), Ok(Command::Exit(7)));
-        assert_eq!(parse(&["panic"]), Ok(Command::Panic));
-        assert_eq!(parse(&["print", "70000"]), Ok(Command::Print(70_000)));
-        assert_eq!(parse(&["eprint", "0"]), Ok(Command::Eprint(0)));
-        assert_eq!(parse(&["env", "a", "b"]), Ok(Command::Env));
-        assert_eq!(parse(&["info"]), Ok(Command::Info));
-    }
-
-    #[test]
-    fn rejects_missing_and_unknown_commands() {
-        assert_eq!(parse(&[]), Err(UsageError::NoCommand));
-        assert_eq!(
-            parse(&["Noop"]),
-            Err(UsageError::UnknownCommand("Noop".into()))
-        );
-    }
-
-    #[test]
-    fn rejects_bad_numbers() {
-        assert_eq!(
-            parse(&["sleep"]),
-            Err(UsageError::MissingNumber { command: "sleep" })
-        );
-        assert_eq!(
-            parse(&["print", "-1"]),
-            Err(UsageError::BadNumber {
-                command: "print",
-                value: "-1".into()
-            })
-        );
-        assert_eq!(
-            parse(&["exit", "x"]),
-            Err(UsageError::BadNumber {
-                command: "exit",
-                value: "x".into()
-            })
-        );
-        let too_big = (usize::MAX / MIB + 1).to_string();
-        assert_eq!(
-            parse(&["alloc", &too_big]),
-            Err(UsageError::BadNumber {
-                command: "alloc",
-                value: too_big.clone()
-            })
-        );
-    }
-
-    #[test]
-    fn rejects_extra_arguments() {
-        assert_eq!(
-            parse(&["noop", "1"]),
-            Err(UsageError::ExtraArguments { command: "noop" })
-        );
-        assert_eq!(
-            parse(&["exit", "1", "2"]),
-            Err(UsageError::ExtraArguments { command: "exit" })
-        );
-    }
-
-    #[test]
-    fn repeat_writes_exactly_count_bytes_in_bounded_chunks() {
-        for count in [0, 1, CHUNK as u64 - 1, CHUNK as u64, 3 * CHUNK as u64 + 5] {
-            let mut out = Vec::new();
-            repeat(b'x', count, |chunk| {
-                assert!(!chunk.is_empty() && chunk.len() <= CHUNK);
-                out.extend_from_slice(chunk);
-                Ok(())
-            })
-            .unwrap();
-            assert_eq!(out.len() as u64, count);
-            assert!(out.iter().all(|&b| b == b'x'));
-        }
-    }
-
-    #[test]
-    fn env_report_sorts_flint_vars_and_lists_args() {
-        let vars = [
-            ("FLINT_TASK_INDEX", "1"),
-            ("PATH", "/bin"),
-            ("FLINT_ATTEMPT", "0"),
-            ("FLINT_JOB_ID", "j"),
-            ("FLINT_JOB", "k"),
-            ("FLINT_JOB1", "l"),
-        ];
-        let args = ["env".to_string(), "a b".to_string(), "c".to_string()];
-        assert_eq!(
-            env_report(vars, &args),
-            "FLINT_ATTEMPT=0\nFLINT_JOB=k\nFLINT_JOB1=l\nFLINT_JOB_ID=j\nFLINT_TASK_INDEX=1\n\
-             ARGS=env a b c\n"
-        );
-    }
-
-    #[test]
-    fn info_json_escapes_the_job_id() {
-        let info = TaskInfo::from_vars([
-            ("FLINT_JOB_ID", "a\"b\\c\n"),
-            ("FLINT_TASK_INDEX", "2"),
-            ("FLINT_TASK_COUNT", "4"),
-            ("FLINT_ATTEMPT", "1"),
-        ])
-        .unwrap();
-        assert_eq!(
-            info_json(&info),
-            r#"{"job":"a\"b\\c\n","index":2,"count":4,"attempt":1}"#
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,257 @@
+//! Turning a module's bytes into something runnable, as cheaply as it can be had:
+//! compiled artifacts on disk, keyed by (SHA-256 of the module, the engine's
+//! compatibility hash), written by this executor and verified by digest before loading;
+//! a miss compiles in a subprocess that is killed at a time bound.
+//!
+//! Why a subprocess: cranelift cannot be interrupted, so a module built to be slow to
+//! compile would otherwise hold a core for as long as it likes. A child process can be
+//! killed at the bound (the task fails as `compile_limit`), and a compiler crash or
+//! memory blow-up takes down only the child.
+//!
+//! `Module::deserialize` trusts its input completely, so an artifact is loaded only when
+//! its bytes hash to the digest recorded beside it when this executor wrote it, and the
+//! bytes loaded are the very bytes that were hashed.
+
+use std::ffi::OsString;
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flint_protocol::{Digest, FailureKind, TaskFailure};
+use sha2::{Digest as _, Sha256};
+use wasmtime::Module;
+
+use crate::sandbox::{Compiled, Sandbox, SandboxConfig};
+
+/// Exit code of the compiler subprocess when the module itself is at fault.
+pub const EXIT_INVALID_MODULE: i32 = 65;
+
+/// How modules get compiled on a cache miss.
+#[derive(Clone, Debug)]
+pub enum CompilerMode {
+    /// In this process, unbounded (tests and embedding).
+    InProcess,
+    /// `program args... --slots N --max-memory-bytes M --out OUT INPUT`, killed after
+    /// `timeout`. `flint compile-module` is such a program.
+    Subprocess {
+        program: PathBuf,
+        args: Vec<OsString>,
+        timeout: Duration,
+    },
+}
+
+/// Where a runnable module came from, for the executor's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    DiskCache,
+    Compiled,
+}
+
+pub struct ModuleCompiler {
+    sandbox: Arc<Sandbox>,
+    config: SandboxConfig,
+    dir: PathBuf,
+    engine_key: String,
+    mode: CompilerMode,
+}
+
+impl ModuleCompiler {
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        config: SandboxConfig,
+        dir: PathBuf,
+        mode: CompilerMode,
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let mut hasher = Sha256Hasher(Sha256::new());
+        std::hash::Hash::hash(
+            &sandbox.engine().precompile_compatibility_hash(),
+            &mut hasher,
+        );
+        let engine_key = hex::encode(&hasher.0.finalize()[..8]);
+        Ok(ModuleCompiler {
+            sandbox,
+            config,
+            dir,
+            engine_key,
+            mode,
+        })
+    }
+
+    /// A runnable module for the wasm at `wasm_path` (whose digest is `digest`).
+    pub async fn load(
+        &self,
+        digest: Digest,
+        wasm_path: &Path,
+    ) -> Result<(Compiled, Source), TaskFailure> {
+        let artifact = self
+            .dir
+            .join(format!("{}-{}.cwasm", digest.hex(), self.engine_key));
+        let sandbox = self.sandbox.clone();
+        let cached = {
+            let artifact = artifact.clone();
+            blocking(move || Ok(load_verified(&sandbox, &artifact))).await?
+        };
+        if let Some(module) = cached {
+            return Ok((self.sandbox.link(&module)?, Source::DiskCache));
+        }
+        let bytes = match &self.mode {
+            CompilerMode::InProcess => {
+                let wasm = read(wasm_path)?;
+                let sandbox = self.sandbox.clone();
+                blocking(move || {
+                    crate::sandbox::precompile(sandbox.engine(), &wasm)
+                        .map_err(|m| TaskFailure::new(FailureKind::InvalidModule, m))
+                })
+                .await?
+            }
+            CompilerMode::Subprocess {
+                program,
+                args,
+                timeout,
+            } => {
+                self.compile_in_child(program, args, *timeout, wasm_path)
+                    .await?
+            }
+        };
+        let sandbox = self.sandbox.clone();
+        let module = blocking(move || store_and_load(&sandbox, &artifact, bytes)).await?;
+        Ok((self.sandbox.link(&module)?, Source::Compiled))
+    }
+
+    async fn compile_in_child(
+        &self,
+        program: &Path,
+        args: &[OsString],
+        timeout: Duration,
+        wasm_path: &Path,
+    ) -> Result<Vec<u8>, TaskFailure> {
+        let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
+        let out = tempfile::Builder::new()
+            .suffix(".cwasm.tmp")
+            .tempfile_in(&self.dir)
+            .map_err(|e| host(format!("compiler output file: {e}")))?
+            .into_temp_path();
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .arg("--slots")
+            .arg(self.config.slots.to_string())
+            .arg("--max-memory-bytes")
+            .arg(self.config.max_memory_bytes.to_string())
+            .arg("--out")
+            .arg(&out)
+            .arg(wasm_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| host(format!("starting the compiler {}: {e}", program.display())))?;
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let status = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => status.map_err(|e| host(format!("waiting for the compiler: {e}")))?,
+            Err(_) => {
+                let _ = child.kill().await;
+                return Err(TaskFailure::new(
+                    FailureKind::CompileLimit,
+                    format!(
+                        "compiling the module took longer than the {} ms limit",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+        };
+        let mut message = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut message).await;
+        match status.code() {
+            Some(0) => tokio::fs::read(&out)
+                .await
+                .map_err(|e| host(format!("reading the compiled artifact: {e}"))),
+            Some(EXIT_INVALID_MODULE) => Err(TaskFailure::new(
+                FailureKind::InvalidModule,
+                message.trim().to_owned(),
+            )),
+            _ => Err(host(format!(
+                "the compiler failed ({status}): {}",
+                message.trim()
+            ))),
+        }
+    }
+}
+
+/// The artifact at `path` if it is there and its bytes match the digest recorded beside
+/// it; a damaged or unrecorded one is removed so that it gets rebuilt.
+fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Module> {
+    let recorded = std::fs::read_to_string(digest_path(path)).ok()?;
+    let bytes = std::fs::read(path).ok()?;
+    if Digest::of(&bytes).hex() != recorded.trim() {
+        tracing::warn!(artifact = %path.display(), "compiled artifact does not match its digest; recompiling");
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(digest_path(path));
+        return None;
+    }
+    // SAFETY: these bytes are exactly the ones this executor's compiler wrote (their
+    // digest was recorded when they were written and was just checked), for an engine
+    // with the same compatibility hash (part of the file name).
+    unsafe { Module::deserialize(sandbox.engine(), &bytes) }.ok()
+}
+
+/// Writes the artifact then its digest (each atomically: temp file, fsync, rename), so a
+/// crash in between leaves an artifact without a digest, which is never loaded.
+fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Module, TaskFailure> {
+    let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
+    let digest = Digest::of(&bytes);
+    write_atomically(path, &bytes).map_err(|e| host(format!("storing artifact: {e}")))?;
+    write_atomically(&digest_path(path), digest.hex().as_bytes())
+        .map_err(|e| host(format!("storing artifact digest: {e}")))?;
+    // SAFETY: the bytes come from this executor's own compiler for this engine's
+    // configuration, and are the ones just hashed and written.
+    unsafe { Module::deserialize(sandbox.engine(), &bytes) }
+        .map_err(|e| host(format!("loading the compiled artifact: {e:#}")))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("artifacts live in a directory");
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+fn digest_path(artifact: &Path) -> PathBuf {
+    artifact.with_extension("cwasm.sha256")
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TaskFailure> {
+    std::fs::read(path).map_err(|e| {
+        TaskFailure::new(
+            FailureKind::HostError,
+            format!("reading module {}: {e}", path.display()),
+        )
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TaskFailure> + Send + 'static,
+) -> Result<T, TaskFailure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TaskFailure::new(FailureKind::HostError, format!("compiler thread: {e}")))?
+}
+
+/// Feeds `Hash` output into SHA-256, for a key that is stable across processes.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("SHA-256 is 32 bytes"))
+    }
+}
