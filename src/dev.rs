@@ -81,10 +81,8 @@ impl Cluster {
                 &exe,
                 &id,
                 &executor_addr.to_string(),
-                args.cores,
                 &work_dir,
-                &args.driver,
-                &args.executor_args,
+                args,
                 driver.clone(),
             )
             .with_context(|| format!("starting executor {id}"))?;
@@ -124,10 +122,8 @@ fn spawn_executor(
     exe: &Path,
     id: &ExecutorId,
     driver_addr: &str,
-    cores: u32,
     work_dir: &Path,
-    driver_args: &DriverArgs,
-    extra_args: &[String],
+    args: &DevArgs,
     driver: Arc<Driver>,
 ) -> anyhow::Result<ExecutorProcess> {
     std::fs::create_dir_all(work_dir)
@@ -139,16 +135,16 @@ fn spawn_executor(
         .arg("executor")
         .args(["--driver-url", &format!("flint://{driver_addr}")])
         .args(["--executor-id", &id.0])
-        .args(["--cores", &cores.to_string()])
+        .args(["--cores", &args.cores.to_string()])
         .args(["--hostname", "127.0.0.1"])
         .arg("--work-dir")
         .arg(work_dir)
-        .args(extra_args)
+        .args(&args.executor_args)
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .kill_on_drop(true);
-    if let Some(secret) = &driver_args.cluster_secret {
+    if let Some(secret) = &args.driver.cluster_secret {
         command.env("FLINT_CLUSTER_SECRET", secret);
     }
     // SAFETY: prctl is async-signal-safe, which is all that may run between fork and exec.
