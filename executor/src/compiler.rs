@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use flint_protocol::{Digest, FailureKind, TaskFailure};
 use sha2::{Digest as _, Sha256};
-use wasmtime::Module;
 
 use crate::sandbox::{Compiled, Sandbox, SandboxConfig};
 
@@ -94,8 +93,12 @@ impl ModuleCompiler {
             let artifact = artifact.clone();
             blocking(move || Ok(load_verified(&sandbox, &artifact))).await?
         };
-        if let Some(module) = cached {
-            return Ok((self.sandbox.link(&module)?, Source::DiskCache));
+        match cached {
+            Some(Ok(compiled)) => return Ok((compiled, Source::DiskCache)),
+            // A guest's own fault (no `_start`, an unknown import) would only repeat.
+            Some(Err(failure)) if failure.kind != FailureKind::HostError => return Err(failure),
+            // Not there, damaged, or of another engine: compile afresh.
+            _ => {}
         }
         let bytes = match &self.mode {
             CompilerMode::InProcess => {
@@ -117,8 +120,8 @@ impl ModuleCompiler {
             }
         };
         let sandbox = self.sandbox.clone();
-        let module = blocking(move || store_and_load(&sandbox, &artifact, bytes)).await?;
-        Ok((self.sandbox.link(&module)?, Source::Compiled))
+        let compiled = blocking(move || store_and_load(&sandbox, &artifact, bytes)).await?;
+        Ok((compiled, Source::Compiled))
     }
 
     async fn compile_in_child(
@@ -183,7 +186,7 @@ impl ModuleCompiler {
 
 /// The artifact at `path` if it is there and its bytes match the digest recorded beside
 /// it; a damaged or unrecorded one is removed so that it gets rebuilt.
-fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Module> {
+fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Result<Compiled, TaskFailure>> {
     let recorded = std::fs::read_to_string(digest_path(path)).ok()?;
     let bytes = std::fs::read(path).ok()?;
     if Digest::of(&bytes).hex() != recorded.trim() {
@@ -195,12 +198,12 @@ fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Module> {
     // SAFETY: these bytes are exactly the ones this executor's compiler wrote (their
     // digest was recorded when they were written and was just checked), for an engine
     // with the same compatibility hash (part of the file name).
-    unsafe { Module::deserialize(sandbox.engine(), &bytes) }.ok()
+    Some(unsafe { sandbox.load_artifact(&bytes) })
 }
 
 /// Writes the artifact then its digest (each atomically: temp file, fsync, rename), so a
 /// crash in between leaves an artifact without a digest, which is never loaded.
-fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Module, TaskFailure> {
+fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Compiled, TaskFailure> {
     let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
     let digest = Digest::of(&bytes);
     write_atomically(path, &bytes).map_err(|e| host(format!("storing artifact: {e}")))?;
@@ -208,8 +211,7 @@ fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Modu
         .map_err(|e| host(format!("storing artifact digest: {e}")))?;
     // SAFETY: the bytes come from this executor's own compiler for this engine's
     // configuration, and are the ones just hashed and written.
-    unsafe { Module::deserialize(sandbox.engine(), &bytes) }
-        .map_err(|e| host(format!("loading the compiled artifact: {e:#}")))
+    unsafe { sandbox.load_artifact(&bytes) }
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod compiler;
+mod outcome;
 mod pipes;
 pub mod runner;
 pub mod sandbox;

@@ -1,24 +1,27 @@
-//! The wasmtime side: one engine per executor, compiling modules, and running one task
-//! attempt in a fresh `Store`, classified into exactly one outcome.
+//! The wasmtime side: one engine per executor, compiling modules and components, and
+//! running one task attempt in a fresh `Store`, classified into exactly one outcome.
 //!
 //! Every bound is ours to set (wasmtime bounds nothing by default): memory through the
 //! store's limiter, wall-clock time and kills through epoch interruption, stdout through a
-//! capped pipe that traps, stderr through a capped pipe that truncates.
+//! capped pipe that traps, stderr through a capped pipe that truncates. Preview-1 core
+//! modules and preview-2 command components run under the same guest ABI.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flint_protocol::{FailureKind, TaskFailure, TaskResult};
+use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
-    PoolingAllocationConfig, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap,
-    UpdateDeadline,
+    PoolingAllocationConfig, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline,
 };
-use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use crate::outcome::{TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
 
 /// How often the epoch advances: the granularity of timeouts and kills.
@@ -28,18 +31,66 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 pub const MAX_WASM_STACK: usize = 1 << 20;
 pub const TASK_THREAD_STACK: usize = 8 << 20;
 
-/// Per-store state.
-pub struct TaskCtx {
+/// Instances, memories and tables one task may create. A preview-1 module needs one
+/// instance and one memory; the margins leave room for components, which link several
+/// core instances. The pooling allocator is sized from these times the task slots.
+const INSTANCES_PER_TASK: u32 = 16;
+const MEMORIES_PER_TASK: u32 = 4;
+const TABLES_PER_TASK: u32 = 8;
+const TABLE_ELEMENTS: usize = 100_000;
+/// Linear memory a finished task leaves mapped for the next one in its slot; with
+/// pagemap_scan only the pages the guest dirtied are reset.
+const KEEP_RESIDENT_BYTES: usize = 1 << 20;
+
+/// Store state of a preview-1 task.
+pub struct ModuleCtx {
     wasi: WasiP1Ctx,
     limits: TaskLimiter,
 }
 
-/// A compiled module, ready to instantiate cheaply for every task.
-pub type Compiled = InstancePre<TaskCtx>;
+/// Store state of a preview-2 component task.
+pub struct ComponentCtx {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: TaskLimiter,
+}
+
+impl WasiView for ComponentCtx {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Anything a task's store holds limits in.
+trait Limited: 'static {
+    fn limits(&mut self) -> &mut TaskLimiter;
+}
+
+impl Limited for ModuleCtx {
+    fn limits(&mut self) -> &mut TaskLimiter {
+        &mut self.limits
+    }
+}
+
+impl Limited for ComponentCtx {
+    fn limits(&mut self) -> &mut TaskLimiter {
+        &mut self.limits
+    }
+}
+
+/// A compiled and linked task, ready to instantiate cheaply for every attempt.
+pub enum Compiled {
+    Module(InstancePre<ModuleCtx>),
+    Component(CommandPre<ComponentCtx>),
+}
 
 pub struct Sandbox {
     engine: Engine,
-    linker: Linker<TaskCtx>,
+    modules: Linker<ModuleCtx>,
+    components: wasmtime::component::Linker<ComponentCtx>,
     max_memory_bytes: usize,
     _ticker: EpochTicker,
 }
@@ -62,17 +113,6 @@ pub struct RunReport {
     pub log: Vec<u8>,
     pub log_truncated: bool,
 }
-
-/// Instances, memories and tables one task may create. A preview-1 module needs one
-/// instance and one memory; the margins leave room for components, which link several
-/// core instances. The pooling allocator is sized from these times the task slots.
-const INSTANCES_PER_TASK: u32 = 16;
-const MEMORIES_PER_TASK: u32 = 4;
-const TABLES_PER_TASK: u32 = 8;
-const TABLE_ELEMENTS: usize = 100_000;
-/// Linear memory a finished task leaves mapped for the next one in its slot; with
-/// pagemap_scan only the pages the guest dirtied are reset.
-const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 
 /// What the engine is sized for.
 #[derive(Clone, Copy, Debug)]
@@ -105,23 +145,29 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
     Ok(Engine::new(&config)?)
 }
 
-/// Compiles `wasm` to an artifact for [`engine`]`(sandbox)`; what the compiler
-/// subprocess runs. An error is the module's fault (it is not valid wasm).
+/// Compiles `wasm` (a core module or a component) to an artifact for an engine made by
+/// [`engine`]; what the compiler subprocess runs. An error is the module's fault.
 pub fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
-    engine
-        .precompile_module(wasm)
-        .map_err(|e| format!("invalid module: {e:#}"))
+    let artifact = if wasmparser::Parser::is_component(wasm) {
+        engine.precompile_component(wasm)
+    } else {
+        engine.precompile_module(wasm)
+    };
+    artifact.map_err(|e| format!("invalid module: {e:#}"))
 }
 
 impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
         let engine = engine(sandbox)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut TaskCtx| &mut ctx.wasi)?;
+        let mut modules = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
+        let mut components = wasmtime::component::Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut components)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             engine,
-            linker,
+            modules,
+            components,
             max_memory_bytes: sandbox.max_memory_bytes,
             _ticker: ticker,
         })
@@ -131,26 +177,73 @@ impl Sandbox {
         &self.engine
     }
 
-    /// Compiles and links a module in this process. Slow (milliseconds to seconds) and
-    /// unbounded: the executor compiles in a subprocess it can stop (see `compiler`);
-    /// this is for embedding and benchmarks.
+    /// Compiles and links in this process. Slow (milliseconds to seconds) and unbounded:
+    /// the executor compiles in a subprocess it can stop (see `compiler`); this is for
+    /// embedding and benchmarks.
     pub fn compile(&self, wasm: &[u8]) -> Result<Compiled, TaskFailure> {
-        let module = Module::new(&self.engine, wasm).map_err(|e| {
-            TaskFailure::new(FailureKind::InvalidModule, format!("invalid module: {e:#}"))
-        })?;
-        self.link(&module)
+        let artifact = precompile(&self.engine, wasm)
+            .map_err(|m| TaskFailure::new(FailureKind::InvalidModule, m))?;
+        // SAFETY: the artifact was produced by this engine a moment ago.
+        unsafe { self.load_artifact(&artifact) }
     }
 
-    /// Checks that a compiled module is a WASI command and links it against WASI.
-    pub fn link(&self, module: &Module) -> Result<Compiled, TaskFailure> {
+    /// Loads and links a compiled artifact.
+    ///
+    /// # Safety
+    ///
+    /// `artifact` must come from [`precompile`] for an engine with this engine's
+    /// configuration: wasmtime trusts it completely.
+    pub unsafe fn load_artifact(&self, artifact: &[u8]) -> Result<Compiled, TaskFailure> {
+        let host = |e: wasmtime::Error| {
+            TaskFailure::new(
+                FailureKind::HostError,
+                format!("loading compiled code: {e:#}"),
+            )
+        };
+        match Engine::detect_precompiled(artifact) {
+            Some(Precompiled::Module) => {
+                // SAFETY: forwarded from this function's contract.
+                let module =
+                    unsafe { Module::deserialize(&self.engine, artifact) }.map_err(host)?;
+                self.link_module(&module)
+            }
+            Some(Precompiled::Component) => {
+                // SAFETY: forwarded from this function's contract.
+                let component =
+                    unsafe { Component::deserialize(&self.engine, artifact) }.map_err(host)?;
+                self.link_component(&component)
+            }
+            None => Err(TaskFailure::new(
+                FailureKind::HostError,
+                "not a compiled artifact of this wasmtime",
+            )),
+        }
+    }
+
+    fn link_module(&self, module: &Module) -> Result<Compiled, TaskFailure> {
         if module.get_export("_start").is_none() {
             return Err(TaskFailure::new(
                 FailureKind::InvalidModule,
                 "module exports no `_start`: it is not a WASI command",
             ));
         }
-        self.linker.instantiate_pre(module).map_err(|e| {
+        self.modules
+            .instantiate_pre(module)
+            .map(Compiled::Module)
+            .map_err(|e| {
+                TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
+            })
+    }
+
+    fn link_component(&self, component: &Component) -> Result<Compiled, TaskFailure> {
+        let pre = self.components.instantiate_pre(component).map_err(|e| {
             TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
+        })?;
+        CommandPre::new(pre).map(Compiled::Component).map_err(|e| {
+            TaskFailure::new(
+                FailureKind::InvalidModule,
+                format!("component does not export wasi:cli/run (not a WASI command): {e:#}"),
+            )
         })
     }
 
@@ -179,41 +272,45 @@ impl Sandbox {
             memory_bytes,
             memory_limit_hit: false,
         };
-        let mut store = Store::new(
-            &self.engine,
-            TaskCtx {
-                wasi: wasi.build_p1(),
-                limits,
-            },
-        );
-        store.limiter(|ctx| &mut ctx.limits);
         let deadline = Instant::now() + run.timeout;
-        // Runs on every epoch tick the guest sees: go on, or interrupt (the classification
-        // below reads the kill flag to tell a kill from a timeout).
-        let kill = run.kill.clone();
-        store.epoch_deadline_callback(move |_| {
-            if kill.load(Ordering::Relaxed) || Instant::now() >= deadline {
-                return Ok(UpdateDeadline::Interrupt);
+        let (result, memory_limit_hit) = match compiled {
+            Compiled::Module(pre) => {
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                };
+                let mut store = self.store(ctx, deadline, &run.kill);
+                let result = pre
+                    .instantiate(&mut store)
+                    .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
+                    .and_then(|start| start.call(&mut store, ()));
+                (result, store.data().limits.memory_limit_hit)
             }
-            Ok(UpdateDeadline::Continue(1))
-        });
-        store.set_epoch_deadline(1);
-
-        let result = compiled
-            .instantiate(&mut store)
-            .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
-            .and_then(|start| start.call(&mut store, ()));
+            Compiled::Component(pre) => {
+                let ctx = ComponentCtx {
+                    wasi: wasi.build(),
+                    table: ResourceTable::new(),
+                    limits,
+                };
+                let mut store = self.store(ctx, deadline, &run.kill);
+                let result = pre
+                    .instantiate(&mut store)
+                    .and_then(|command| command.wasi_cli_run().call_run(&mut store))
+                    // `run` returning its error variant is how a component's main fails.
+                    .and_then(|ran| ran.map_err(|()| wasmtime_wasi::I32Exit(1).into()));
+                (result, store.data().limits.memory_limit_hit)
+            }
+        };
         let outcome = match result {
             Ok(()) => Ok(()),
             Err(e) => classify(
                 e,
-                store.data().limits.memory_limit_hit,
+                memory_limit_hit,
                 stdout.overflowed(),
                 run.kill.load(Ordering::Relaxed),
                 &run_limits_text(memory_bytes, run.timeout, run.max_output_bytes),
             ),
         };
-        drop(store);
         let (mut log, log_truncated) = stderr.into_contents();
         if log_truncated {
             // Whoever reads the log must see that it is not the whole story.
@@ -227,114 +324,22 @@ impl Sandbox {
             log_truncated,
         }
     }
-}
 
-struct RunLimitsText {
-    memory: String,
-    timeout: String,
-    output: String,
-}
-
-fn run_limits_text(memory: usize, timeout: Duration, output: usize) -> RunLimitsText {
-    RunLimitsText {
-        memory: format!("{} MiB", memory >> 20),
-        timeout: format!("{} ms", timeout.as_millis()),
-        output: format!("{output} bytes"),
-    }
-}
-
-/// Turns whatever ended an attempt into one outcome. The order matters: a limit or kill
-/// surfaces as a generic trap or error, so the flags the host set win over the error.
-fn classify(
-    error: wasmtime::Error,
-    memory_limit_hit: bool,
-    output_overflowed: bool,
-    killed: bool,
-    limits: &RunLimitsText,
-) -> Result<(), TaskFailure> {
-    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        return match exit.0 {
-            0 => Ok(()),
-            code => Err(TaskFailure {
-                kind: FailureKind::Exit,
-                message: format!("exited with code {code}"),
-                exit_code: Some(code),
-            }),
-        };
-    }
-    let failure = |kind, message: String| Err(TaskFailure::new(kind, message));
-    let trap = error.downcast_ref::<Trap>().copied();
-    if trap == Some(Trap::Interrupt) {
-        return if killed {
-            failure(FailureKind::Killed, "killed".into())
-        } else {
-            failure(
-                FailureKind::Timeout,
-                format!("ran past its {} time limit", limits.timeout),
-            )
-        };
-    }
-    if memory_limit_hit {
-        return failure(
-            FailureKind::MemoryLimit,
-            format!("tried to use more than its {} memory limit", limits.memory),
-        );
-    }
-    if output_overflowed {
-        return failure(
-            FailureKind::OutputLimit,
-            format!("wrote more than its {} output limit", limits.output),
-        );
-    }
-    match trap {
-        Some(Trap::StackOverflow) => failure(
-            FailureKind::StackOverflow,
-            "wasm stack overflow (unbounded recursion?)".into(),
-        ),
-        Some(trap) => failure(FailureKind::Trap, trap.to_string()),
-        None => failure(FailureKind::Trap, format!("{error:#}")),
-    }
-}
-
-/// StoreLimits, plus a record of whether the memory limit was what stopped the guest.
-struct TaskLimiter {
-    inner: StoreLimits,
-    memory_bytes: usize,
-    memory_limit_hit: bool,
-}
-
-impl ResourceLimiter for TaskLimiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes {
-            self.memory_limit_hit = true;
-        }
-        self.inner.memory_growing(current, desired, maximum)
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        self.inner.table_growing(current, desired, maximum)
-    }
-
-    fn instances(&self) -> usize {
-        self.inner.instances()
-    }
-
-    fn tables(&self) -> usize {
-        self.inner.tables()
-    }
-
-    fn memories(&self) -> usize {
-        self.inner.memories()
+    /// A fresh store for one attempt: limits on, and an epoch callback that interrupts
+    /// the guest when it is killed or past its deadline (the classification reads the
+    /// kill flag to tell the two apart).
+    fn store<T: Limited>(&self, data: T, deadline: Instant, kill: &Arc<AtomicBool>) -> Store<T> {
+        let mut store = Store::new(&self.engine, data);
+        store.limiter(|ctx| ctx.limits());
+        let kill = kill.clone();
+        store.epoch_deadline_callback(move |_| {
+            if kill.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            Ok(UpdateDeadline::Continue(1))
+        });
+        store.set_epoch_deadline(1);
+        store
     }
 }
 

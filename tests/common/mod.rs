@@ -16,6 +16,9 @@ pub const FLINT: &str = env!("CARGO_BIN_EXE_flint");
 pub struct Guests {
     pub wordcount: PathBuf,
     pub testkit: PathBuf,
+    /// The same guests built for wasm32-wasip2: command components.
+    pub wordcount_component: PathBuf,
+    pub testkit_component: PathBuf,
 }
 
 pub fn guests() -> &'static Guests {
@@ -30,18 +33,22 @@ fn build_guests() -> Guests {
         .args(["target", "list", "--installed"])
         .output()
         .expect("running rustup");
-    if !String::from_utf8_lossy(&installed.stdout).contains("wasm32-wasip1") {
-        let status = Command::new("rustup")
-            .args(["target", "add", "wasm32-wasip1"])
-            .status()
-            .expect("running rustup target add");
-        assert!(status.success(), "rustup target add wasm32-wasip1 failed");
+    let installed = String::from_utf8_lossy(&installed.stdout).into_owned();
+    for target in ["wasm32-wasip1", "wasm32-wasip2"] {
+        if !installed.contains(target) {
+            let status = Command::new("rustup")
+                .args(["target", "add", target])
+                .status()
+                .expect("running rustup target add");
+            assert!(status.success(), "rustup target add {target} failed");
+        }
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         // The guests' own .cargo/config.toml is found from the working directory.
         .current_dir(root.join("guest-examples"))
-        .args(["build", "--release", "--target", "wasm32-wasip1"])
+        .args(["build", "--release"])
+        .args(["--target", "wasm32-wasip1", "--target", "wasm32-wasip2"])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env_remove("RUSTFLAGS")
         .output()
@@ -51,10 +58,13 @@ fn build_guests() -> Guests {
         "building guest-examples failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let out = target_dir.join("wasm32-wasip1/release");
+    let p1 = target_dir.join("wasm32-wasip1/release");
+    let p2 = target_dir.join("wasm32-wasip2/release");
     Guests {
-        wordcount: out.join("wordcount.wasm"),
-        testkit: out.join("testkit.wasm"),
+        wordcount: p1.join("wordcount.wasm"),
+        testkit: p1.join("testkit.wasm"),
+        wordcount_component: p2.join("wordcount.wasm"),
+        testkit_component: p2.join("testkit.wasm"),
     }
 }
 

@@ -1,0 +1,116 @@
+//! How an attempt ended: the store limiter that remembers whether the memory limit was
+//! what stopped the guest, and the one place where an error becomes a classified outcome.
+
+use std::time::Duration;
+
+use flint_protocol::{FailureKind, TaskFailure};
+use wasmtime::{ResourceLimiter, StoreLimits, Trap};
+
+pub struct RunLimitsText {
+    memory: String,
+    timeout: String,
+    output: String,
+}
+
+pub fn run_limits_text(memory: usize, timeout: Duration, output: usize) -> RunLimitsText {
+    RunLimitsText {
+        memory: format!("{} MiB", memory >> 20),
+        timeout: format!("{} ms", timeout.as_millis()),
+        output: format!("{output} bytes"),
+    }
+}
+
+/// Turns whatever ended an attempt into one outcome. The order matters: a limit or kill
+/// surfaces as a generic trap or error, so the flags the host set win over the error.
+pub fn classify(
+    error: wasmtime::Error,
+    memory_limit_hit: bool,
+    output_overflowed: bool,
+    killed: bool,
+    limits: &RunLimitsText,
+) -> Result<(), TaskFailure> {
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return match exit.0 {
+            0 => Ok(()),
+            code => Err(TaskFailure {
+                kind: FailureKind::Exit,
+                message: format!("exited with code {code}"),
+                exit_code: Some(code),
+            }),
+        };
+    }
+    let failure = |kind, message: String| Err(TaskFailure::new(kind, message));
+    let trap = error.downcast_ref::<Trap>().copied();
+    if trap == Some(Trap::Interrupt) {
+        return if killed {
+            failure(FailureKind::Killed, "killed".into())
+        } else {
+            failure(
+                FailureKind::Timeout,
+                format!("ran past its {} time limit", limits.timeout),
+            )
+        };
+    }
+    if memory_limit_hit {
+        return failure(
+            FailureKind::MemoryLimit,
+            format!("tried to use more than its {} memory limit", limits.memory),
+        );
+    }
+    if output_overflowed {
+        return failure(
+            FailureKind::OutputLimit,
+            format!("wrote more than its {} output limit", limits.output),
+        );
+    }
+    match trap {
+        Some(Trap::StackOverflow) => failure(
+            FailureKind::StackOverflow,
+            "wasm stack overflow (unbounded recursion?)".into(),
+        ),
+        Some(trap) => failure(FailureKind::Trap, trap.to_string()),
+        None => failure(FailureKind::Trap, format!("{error:#}")),
+    }
+}
+
+/// StoreLimits, plus a record of whether the memory limit was what stopped the guest.
+pub struct TaskLimiter {
+    pub inner: StoreLimits,
+    pub memory_bytes: usize,
+    pub memory_limit_hit: bool,
+}
+
+impl ResourceLimiter for TaskLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.memory_limit_hit = true;
+        }
+        self.inner.memory_growing(current, desired, maximum)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
