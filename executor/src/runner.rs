@@ -122,6 +122,17 @@ impl TaskRunner {
         });
     }
 
+    /// Puts an already compiled module in the in-memory cache, as if a task had loaded
+    /// it: for embedders that compile ahead of time, and for benchmarks of the per-task
+    /// path alone.
+    pub fn preload(&self, digest: Digest, compiled: Compiled) {
+        let cell = Arc::new(OnceCell::new_with(Some(Arc::new(compiled))));
+        self.modules
+            .lock()
+            .expect("module cache lock poisoned")
+            .put(digest, cell);
+    }
+
     /// Interrupts an attempt. A queued one ends as killed when its turn comes; a running
     /// one at the next epoch tick.
     pub fn kill(&self, task: &TaskId, attempt: u32) {
@@ -181,7 +192,7 @@ impl TaskRunner {
 
     fn run(&self, work: Work) {
         let Work {
-            desc,
+            mut desc,
             compiled,
             kill,
         } = work;
@@ -194,7 +205,8 @@ impl TaskRunner {
         let mut args = Vec::with_capacity(desc.args.len() + 1);
         args.push(desc.name.clone());
         args.extend(desc.args.iter().cloned());
-        let TaskInput::Inline(stdin) = desc.input.clone();
+        let TaskInput::Inline(stdin) =
+            std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new()));
         let resources = desc.resources;
         let report = self.sandbox.run(
             &compiled,

@@ -1,0 +1,305 @@
+//! What one task costs the executor, against what wasmtime itself costs, measured in
+//! one run so that the ratio means something on a noisy machine.
+//!
+//! ```sh
+//! cargo bench -p flint-executor --bench task_cost -- [--tasks N] [--module testkit.wasm] [--component testkit-p2.wasm]
+//! ```
+//!
+//! - floor: a fresh `Store` + instantiate from a cached `InstancePre` + `_start` of a
+//!   no-op module, on the executor's own engine (pooling with keep-resident memory and
+//!   pagemap_scan, epoch interruption, store limits): the least any executor can pay.
+//! - runner: the same no-op task through `TaskRunner` (launch, the task thread, WASI
+//!   context with capped pipes, env and argv, status update back): what Flint pays.
+//! - compile vs disk cache: a module compiled from scratch against the same module
+//!   loaded from the verified on-disk artifact by a new executor (a restart).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flint_executor::compiler::{CompilerMode, ModuleCompiler, Source};
+use flint_executor::runner::TaskRunner;
+use flint_executor::sandbox::{self, Compiled, Sandbox, SandboxConfig};
+use flint_fetch_cache::{FetchCache, FetchOptions};
+use flint_protocol::{
+    Digest, ExecutorMessage, JobId, ModuleRef, Resources, TaskDescription, TaskId, TaskInput,
+};
+use wasmtime::{Linker, Module, Store, StoreLimitsBuilder};
+
+const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+
+struct Args {
+    tasks: usize,
+    module: Option<PathBuf>,
+    component: Option<PathBuf>,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        tasks: 20_000,
+        module: None,
+        component: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--tasks" => args.tasks = it.next().and_then(|n| n.parse().ok()).expect("--tasks N"),
+            "--module" => args.module = it.next().map(PathBuf::from),
+            "--component" => args.component = it.next().map(PathBuf::from),
+            // cargo bench passes --bench; anything else is a mistake worth hearing about.
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    args
+}
+
+fn config() -> SandboxConfig {
+    SandboxConfig {
+        slots: 1,
+        max_memory_bytes: 256 << 20,
+    }
+}
+
+/// Bare wasmtime: the same engine, a minimal WASI context, limits and an epoch deadline.
+fn floor_per_task(tasks: usize) -> Duration {
+    struct Ctx {
+        wasi: wasmtime_wasi::p1::WasiP1Ctx,
+        limits: wasmtime::StoreLimits,
+    }
+    let engine = sandbox::engine(config()).unwrap();
+    let module = Module::new(&engine, wat::parse_str(NOOP).unwrap()).unwrap();
+    let mut linker = Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |c: &mut Ctx| &mut c.wasi).unwrap();
+    let pre = linker.instantiate_pre(&module).unwrap();
+    let run = || {
+        let ctx = Ctx {
+            wasi: wasmtime_wasi::WasiCtxBuilder::new().build_p1(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(256 << 20)
+                .trap_on_grow_failure(true)
+                .build(),
+        };
+        let mut store = Store::new(&engine, ctx);
+        store.limiter(|c| &mut c.limits);
+        store.set_epoch_deadline(1_000_000);
+        let instance = pre.instantiate(&mut store).unwrap();
+        let start = instance
+            .get_typed_func::<(), ()>(&mut store, "_start")
+            .unwrap();
+        start.call(&mut store, ()).unwrap();
+    };
+    time_per(tasks, run)
+}
+
+/// The executor's own per-task path, one task thread, module already compiled.
+/// With `poll`, the consumer of status updates polls instead of parking, which takes
+/// the cross-thread wake-up per status out of the figure: the difference between the
+/// two is what waking a parked consumer costs.
+fn runner_per_task(
+    tasks: usize,
+    digest: Digest,
+    compiled: Compiled,
+    sandbox: Arc<Sandbox>,
+    poll: bool,
+) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let fetcher = FetchCache::open(dir.path().join("cache"), FetchOptions::default()).unwrap();
+    let compiler = ModuleCompiler::new(
+        sandbox.clone(),
+        config(),
+        dir.path().join("compiled"),
+        CompilerMode::InProcess,
+    )
+    .unwrap();
+    let (updates, mut statuses) = tokio::sync::mpsc::unbounded_channel();
+    let runner = TaskRunner::start(sandbox, fetcher, compiler, 1, 1 << 20, updates);
+    runner.preload(digest, compiled);
+    let description = |index: u32| TaskDescription {
+        task: TaskId {
+            job: JobId("bench".into()),
+            index,
+        },
+        attempt: 1,
+        task_count: tasks as u32,
+        name: "bench".into(),
+        module: ModuleRef {
+            digest,
+            url: "http://unused.invalid/".into(),
+            timestamp_ms: 0,
+            size: 0,
+        },
+        args: vec!["noop".into()],
+        env: vec![],
+        input: TaskInput::Inline(Vec::new()),
+        resources: Resources::default(),
+    };
+    // A deep queue, so that the task thread never waits for the next launch: the figure
+    // is the per-task cost, not the launch latency.
+    const AHEAD: u32 = 256;
+    // Built beforehand, so that the figure is the runner's cost, not the bench's.
+    let mut descriptions: Vec<TaskDescription> = (0..tasks as u32).rev().map(description).collect();
+    let started = Instant::now();
+    let mut launched = 0;
+    let mut done = 0;
+    while done < tasks as u32 {
+        while launched < tasks as u32 && launched - done < AHEAD {
+            runner.launch(descriptions.pop().expect("one per task"));
+            launched += 1;
+        }
+        let next = if poll {
+            loop {
+                match statuses.try_recv() {
+                    Ok(message) => break Some(message),
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => std::hint::spin_loop(),
+                    Err(_) => break None,
+                }
+            }
+        } else {
+            statuses.blocking_recv()
+        };
+        match next {
+            Some(ExecutorMessage::StatusUpdate(status)) => {
+                assert!(status.end.outcome.is_ok(), "{:?}", status.end.outcome);
+                done += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    started.elapsed() / tasks as u32
+}
+
+/// `Sandbox::run` alone: the WASI context, pipes and limits Flint sets up, without the
+/// task thread hand-off or the status message.
+fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) -> Duration {
+    let args = vec!["bench".to_owned(), "noop".to_owned()];
+    let kill = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    time_per(tasks, || {
+        let report = sandbox.run(
+            compiled,
+            sandbox::TaskRun {
+                args: &args,
+                env: &[],
+                stdin: Vec::new(),
+                memory_bytes: 256 << 20,
+                timeout: Duration::from_secs(60),
+                max_output_bytes: 1 << 20,
+                max_log_bytes: 1 << 20,
+                kill: kill.clone(),
+            },
+        );
+        assert!(report.outcome.is_ok());
+    })
+}
+
+fn time_per(n: usize, mut f: impl FnMut()) -> Duration {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let started = Instant::now();
+    for _ in 0..n {
+        black_box(f());
+    }
+    started.elapsed() / n as u32
+}
+
+fn compile_vs_disk_cache(module: &PathBuf) -> (Duration, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let digest = Digest::of(&std::fs::read(module).unwrap());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let load = |expect: Source| {
+        // A new sandbox and compiler each time: nothing is shared but the directory, as
+        // after an executor restart.
+        let sandbox = Arc::new(Sandbox::new(config()).unwrap());
+        let compiler = ModuleCompiler::new(
+            sandbox,
+            config(),
+            dir.path().to_owned(),
+            CompilerMode::InProcess,
+        )
+        .unwrap();
+        let started = Instant::now();
+        let (_, source) = runtime.block_on(compiler.load(digest, module)).unwrap();
+        let took = started.elapsed();
+        assert_eq!(source, expect);
+        took
+    };
+    let compile = load(Source::Compiled);
+    let mut cached: Vec<Duration> = (0..20).map(|_| load(Source::DiskCache)).collect();
+    cached.sort();
+    (compile, cached[cached.len() / 2])
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let args = parse_args();
+    println!(
+        "task_cost: {} no-op tasks per measurement, 1 task thread",
+        args.tasks
+    );
+    let floor = floor_per_task(args.tasks);
+    let sandbox = Arc::new(Sandbox::new(config()).unwrap());
+    let wasm = wat::parse_str(NOOP).unwrap();
+    let compiled = sandbox.compile(&wasm).unwrap();
+    let run_only = sandbox_run_per_task(args.tasks, &sandbox, &compiled);
+    let digest = Digest::of(&wasm);
+    let polled = runner_per_task(
+        args.tasks,
+        digest,
+        sandbox.compile(&wasm).unwrap(),
+        sandbox.clone(),
+        true,
+    );
+    let parked = runner_per_task(args.tasks, digest, compiled, sandbox.clone(), false);
+    let ratio = |d: Duration| d.as_secs_f64() / floor.as_secs_f64();
+    println!(
+        "  p1 no-op, wasmtime floor:              {:6.1} us/task",
+        us(floor)
+    );
+    println!(
+        "  p1 no-op, Sandbox::run:                {:6.1} us/task  {:.2}x floor",
+        us(run_only),
+        ratio(run_only)
+    );
+    println!(
+        "  p1 no-op, runner, consumer polling:    {:6.1} us/task  {:.2}x floor",
+        us(polled),
+        ratio(polled)
+    );
+    println!(
+        "  p1 no-op, runner, consumer parked:     {:6.1} us/task  {:.2}x floor",
+        us(parked),
+        ratio(parked)
+    );
+    if let Some(component) = &args.component {
+        let wasm = std::fs::read(component).unwrap();
+        let compiled = sandbox.compile(&wasm).unwrap();
+        let runner = runner_per_task(
+            args.tasks,
+            Digest::of(&wasm),
+            compiled,
+            sandbox.clone(),
+            false,
+        );
+        println!(
+            "  p2 testkit noop component, runner, consumer parked: {:.1} us/task",
+            us(runner)
+        );
+    }
+    if let Some(module) = &args.module {
+        let (compile, cached) = compile_vs_disk_cache(module);
+        println!(
+            "  {}: compile {:.1} ms, load from disk cache after restart {:.3} ms, {:.0}x faster",
+            module.file_name().unwrap().to_string_lossy(),
+            compile.as_secs_f64() * 1e3,
+            cached.as_secs_f64() * 1e3,
+            compile.as_secs_f64() / cached.as_secs_f64()
+        );
+    }
+}
