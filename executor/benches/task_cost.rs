@@ -13,7 +13,6 @@
 //! - compile vs disk cache: a module compiled from scratch against the same module
 //!   loaded from the verified on-disk artifact by a new executor (a restart).
 
-use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -199,7 +198,7 @@ fn time_per(n: usize, mut f: impl FnMut()) -> Duration {
     }
     let started = Instant::now();
     for _ in 0..n {
-        black_box(f());
+        f();
     }
     started.elapsed() / n as u32
 }
