@@ -39,6 +39,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             executor_listen: "127.0.0.1:0".parse()?,
             data_dir: data_dir.path().to_owned(),
             cluster_secret: None,
+            executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
         },
         executors: args.executors,
         cores: args.cores,

@@ -107,12 +107,18 @@ pub struct DriverArgs {
     /// Secret every executor must present; required when set.
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
+    /// An executor silent for this long (no heartbeat, no frame) is lost and its tasks
+    /// run elsewhere.
+    #[arg(long, env = "FLINT_EXECUTOR_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub executor_timeout_ms: u64,
 }
 
 impl DriverArgs {
     pub fn config(&self) -> DriverConfig {
         let mut config = DriverConfig::new(self.data_dir.clone());
         config.cluster_secret = self.cluster_secret.clone();
+        config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config
     }
 }

@@ -149,3 +149,51 @@ fn the_cli_says_when_the_driver_is_unreachable() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot reach the Flint driver"), "{stderr}");
 }
+
+#[test]
+fn a_hung_executor_is_declared_lost_and_its_task_runs_elsewhere() {
+    let cluster = DevCluster::start_with(2, 1, &["--executor-timeout-ms", "2000"]);
+    let module = cluster.upload(&guests().testkit);
+    let (status, job) = cluster.post_raw(
+        "/v1/jobs",
+        spec(&module, &["sleep", "3000"], &["", ""]).to_string(),
+    );
+    assert_eq!(status, 202, "{job}");
+    wait_until(Duration::from_secs(30), "both tasks to run", || {
+        cluster.executors().iter().all(|e| e["running"] == 1)
+    });
+    let hung = cluster
+        .executors()
+        .into_iter()
+        .find(|e| e["id"] == "exec-1")
+        .unwrap();
+    let pid = hung["pid"].as_u64().unwrap() as u32;
+    signal(pid, libc::SIGSTOP);
+    let stopped = std::time::Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        "exec-1 to be declared lost",
+        || cluster.executors()[0]["state"] != "alive",
+    );
+    let detected = stopped.elapsed();
+    assert!(
+        detected < Duration::from_secs(10),
+        "lost after {detected:?}"
+    );
+    signal(pid, libc::SIGCONT);
+
+    let id = job["id"].as_str().unwrap();
+    let job = cluster.get(&format!("/v1/jobs/{id}?wait=60")).1;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let tasks = cluster.tasks(&job);
+    let moved: Vec<_> = tasks.iter().filter(|t| t["attempts"] == 2).collect();
+    assert_eq!(moved.len(), 1, "{tasks:?}");
+    assert_eq!(moved[0]["executor"], "exec-2", "{tasks:?}");
+    // The woken executor finds its connection gone and exits with its documented code;
+    // its late result was never taken.
+    wait_until(Duration::from_secs(20), "exec-1 to exit", || {
+        cluster.executors()[0]["state"] == "exited"
+    });
+    assert_eq!(cluster.executors()[0]["exit_code"], 5);
+    assert_eq!(job["counts"]["succeeded"], 2);
+}

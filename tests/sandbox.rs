@@ -211,7 +211,7 @@ fn slow_to_compile_wat() -> String {
 
 #[test]
 fn a_module_too_slow_to_compile_is_stopped_at_the_compile_limit() {
-    let cluster = DevCluster::start_with(2, 1, &["--compile-timeout-ms=1000"]);
+    let cluster = DevCluster::start_with(2, 1, &["--executor-arg=--compile-timeout-ms=1000"]);
     let module = upload_wat(&cluster, &slow_to_compile_wat());
     let started = Instant::now();
     let task = run_beside_a_good_job(&cluster, spec(&module, &[], &[""]));

@@ -123,7 +123,9 @@ async fn handle(
                 Some(Err(e)) => break format!("reading: {e}"),
                 None => break "connection closed".to_owned(),
             },
-            _ = &mut writer => break "writing failed".to_owned(),
+            // The outbox closes when the driver gives up on this executor (heartbeat
+            // timeout) or the socket cannot be written.
+            _ = &mut writer => break "outbox closed".to_owned(),
             () = stopped(&mut stop) => {
                 // Let the Shutdown already queued go out before the socket is dropped.
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;

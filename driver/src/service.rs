@@ -25,6 +25,9 @@ pub struct DriverConfig {
     pub heartbeat_interval: Duration,
     /// How often offers are made even when nothing happened (Spark's revive interval).
     pub revive_interval: Duration,
+    /// An executor silent for longer than this is lost (its connection is dropped and
+    /// its tasks run elsewhere).
+    pub executor_timeout: Duration,
 }
 
 impl DriverConfig {
@@ -35,6 +38,7 @@ impl DriverConfig {
             cluster_secret: None,
             heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),
             revive_interval: Duration::from_secs(1),
+            executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
         }
     }
 }
@@ -159,6 +163,19 @@ impl Driver {
         }
     }
 
+    /// Forgets a connection's outbox; its writer ends and the connection closes, so an
+    /// executor that was declared lost cannot keep talking as if it were not.
+    pub fn drop_link(&self, id: &ExecutorId, generation: u64) {
+        let mut inner = self.lock();
+        if inner
+            .links
+            .get(id)
+            .is_some_and(|l| l.generation == generation)
+        {
+            inner.links.remove(id);
+        }
+    }
+
     pub fn executor_exited(&self, id: &ExecutorId, exit_code: Option<i32>) {
         self.lock()
             .state
@@ -176,6 +193,8 @@ impl Driver {
         status: flint_protocol::TaskStatus,
     ) {
         self.apply(|s| {
+            // Any frame shows the executor is alive, not only heartbeats.
+            s.heartbeat(id, generation, Instant::now());
             (
                 (),
                 s.status_update(id, generation, status, SystemTime::now()),
@@ -253,10 +272,26 @@ pub async fn run(
     Ok(())
 }
 
+/// Periodic offers (Spark's revive) and the heartbeat deadline. Checked a few times per
+/// timeout, so a silent executor is lost within about 1.25 timeouts.
 async fn revive_loop(driver: Arc<Driver>) {
-    let mut tick = tokio::time::interval(driver.config.revive_interval);
+    let every = driver
+        .config
+        .revive_interval
+        .min(driver.config.executor_timeout / 4);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        driver.apply(|s| ((), s.make_offers()));
+        let timeout = driver.config.executor_timeout;
+        let expired = driver.apply(|s| {
+            let (expired, mut actions) = s.expire_executors(Instant::now(), timeout);
+            actions.extend(s.make_offers());
+            (expired, actions)
+        });
+        for (id, generation) in expired {
+            tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
+            driver.drop_link(&id, generation);
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! No sockets, no clock reads (time comes in as arguments), so it is tested directly.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
 use flint_protocol::{
@@ -203,6 +203,29 @@ impl ClusterState {
             }
         }
         self.make_offers()
+    }
+
+    /// Live executors whose last heartbeat is older than `timeout`: hung (SIGSTOP) or cut
+    /// off without their connection closing. Each is lost as if its connection had closed.
+    pub fn expire_executors(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+    ) -> (Vec<(ExecutorId, u64)>, Vec<Action>) {
+        let expired: Vec<(ExecutorId, u64)> = self
+            .executors
+            .iter()
+            .filter(|(_, e)| {
+                e.state == ExecutorState::Alive
+                    && now.saturating_duration_since(e.last_heartbeat) > timeout
+            })
+            .map(|(id, e)| (id.clone(), e.generation))
+            .collect();
+        let mut actions = Vec::new();
+        for (id, generation) in &expired {
+            actions.extend(self.executor_lost(id, *generation));
+        }
+        (expired, actions)
     }
 
     /// A process that `flint dev` started has exited.
@@ -757,6 +780,36 @@ mod tests {
                 .1
                 .contains("after 3 attempt(s): fetch_error")
         );
+    }
+
+    #[test]
+    fn a_silent_executor_is_lost_after_the_heartbeat_timeout() {
+        let (mut state, gens) = cluster(2, 1);
+        let placed = launches(&state.submit_job(job("j", 2, 1)));
+        assert_eq!(placed.len(), 2);
+        let t0 = state.executors[&exec(1)].last_heartbeat;
+        let timeout = Duration::from_secs(8);
+        state.heartbeat(&exec(2), gens[1], t0 + Duration::from_secs(7));
+        let (expired, _) = state.expire_executors(t0 + Duration::from_secs(7), timeout);
+        assert!(expired.is_empty(), "nobody is late yet");
+        let (expired, actions) = state.expire_executors(t0 + Duration::from_secs(9), timeout);
+        assert_eq!(expired, vec![(exec(1), gens[0])]);
+        assert_eq!(state.executors[&exec(1)].state, ExecutorState::Lost);
+        assert!(
+            launches(&actions).is_empty(),
+            "exec-2 is busy; the task waits, pending"
+        );
+        assert_eq!(state.jobs[&JobId("j".into())].counts().pending, 1);
+        // Its late result, should it come, is from a lost generation and changes nothing.
+        let index = placed.iter().find(|p| p.0 == exec(1)).unwrap().1;
+        let late = state.status_update(
+            &exec(1),
+            gens[0],
+            status("j", index, 1, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert!(late.is_empty());
+        assert_eq!(state.jobs[&JobId("j".into())].counts().succeeded, 0);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub const MAX_FAILURES: u32 = 4;
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// How often executors send heartbeats.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
+/// An executor silent (no heartbeat, no frame) for this long is lost.
+pub const EXECUTOR_TIMEOUT_MS: u64 = 8_000;
 /// Largest module the driver accepts.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest `POST /v1/jobs` body.

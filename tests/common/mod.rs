@@ -82,8 +82,9 @@ impl DevCluster {
         Self::start_with(executors, cores, &[])
     }
 
-    /// A cluster whose executors all get `executor_args` too.
-    pub fn start_with(executors: u32, cores: u32, executor_args: &[&str]) -> DevCluster {
+    /// A cluster started with more `flint dev` arguments (`--executor-arg=...` for the
+    /// executors' own).
+    pub fn start_with(executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
         let data_dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(FLINT)
             .args([
@@ -99,7 +100,7 @@ impl DevCluster {
                 "--cores",
                 &cores.to_string(),
             ])
-            .args(executor_args.iter().map(|a| format!("--executor-arg={a}")))
+            .args(dev_args)
             .arg("--data-dir")
             .arg(data_dir.path())
             .stdout(Stdio::piped())
