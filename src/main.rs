@@ -91,7 +91,7 @@ const EXECUTOR_EXIT_CODES: &str = "Exit codes:
   2  bad command line
   3  the driver refused the registration (duplicate id, wrong secret, version mismatch)
   4  the driver could not be reached
-  5  the connection to the driver was lost";
+  5  the driver was lost and could not be reached again within --reconnect-timeout-ms";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DriverArgs {
@@ -153,6 +153,9 @@ struct ExecutorArgs {
     /// How long to keep trying to reach the driver at start, in milliseconds.
     #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// How long to keep trying to get back to a lost driver before exiting (code 5).
+    #[arg(long, env = "FLINT_RECONNECT_TIMEOUT_MS", default_value_t = 300_000)]
+    reconnect_timeout_ms: u64,
 }
 
 fn main() {
@@ -222,6 +225,7 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
         work_dir,
         cluster_secret: args.cluster_secret,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+        reconnect_timeout: Duration::from_millis(args.reconnect_timeout_ms),
         max_memory_bytes: (args.max_memory_mb as usize) << 20,
         compiler: CompilerMode::Subprocess {
             program: std::env::current_exe()?,

@@ -115,7 +115,8 @@ async fn handle(
     };
 
     let (sink, mut frames) = conn.split();
-    let mut writer = tokio::spawn(write_batched(sink, outbox));
+    let mut outbox = outbox;
+    let mut writer = tokio::spawn(async move { write_batched(sink, &mut outbox).await });
     let reason = loop {
         tokio::select! {
             frame = frames.next() => match frame {

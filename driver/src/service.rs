@@ -134,13 +134,16 @@ impl Driver {
         cores: u32,
         pid: u32,
     ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
-        let mut inner = self.lock();
-        let generation =
-            inner
-                .state
-                .register_executor(id.clone(), host, cores, pid, Instant::now())?;
         let (outbox, rx) = mpsc::unbounded_channel();
+        let generation = self.apply(|s| {
+            match s.register_executor(id.clone(), host, cores, pid, Instant::now()) {
+                Ok((generation, actions)) => (Ok(generation), actions),
+                Err(reason) => (Err(reason), Vec::new()),
+            }
+        })?;
+        let mut inner = self.lock();
         let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
+        // Replacing a link drops the old outbox, which ends that connection.
         inner.links.insert(id, Link { generation, outbox });
         drop(inner);
         self.apply(|s| ((), s.make_offers()));

@@ -129,7 +129,10 @@ impl ClusterState {
             .max()
     }
 
-    /// Registers an executor; a second live executor with the same id is refused.
+    /// Registers an executor; a second live executor with the same id is refused. The
+    /// same process (host and pid) registering again replaces its old registration: it
+    /// reconnected before its old connection was seen to close, and that generation is
+    /// lost (its tasks run again; the returned actions launch them).
     pub fn register_executor(
         &mut self,
         id: ExecutorId,
@@ -137,18 +140,23 @@ impl ClusterState {
         cores: u32,
         pid: u32,
         now: Instant,
-    ) -> Result<u64, String> {
+    ) -> Result<(u64, Vec<Action>), String> {
         if cores == 0 {
             return Err("an executor needs at least one core".into());
         }
+        let mut actions = Vec::new();
         if let Some(existing) = self.executors.get(&id)
             && existing.state == ExecutorState::Alive
         {
-            return Err(format!(
-                "executor id {id} is already registered (host {}, pid {})",
-                existing.host,
-                existing.pid.map_or("?".into(), |p| p.to_string())
-            ));
+            if existing.pid != Some(pid) || existing.host != host {
+                return Err(format!(
+                    "executor id {id} is already registered (host {}, pid {})",
+                    existing.host,
+                    existing.pid.map_or("?".into(), |p| p.to_string())
+                ));
+            }
+            let old = existing.generation;
+            actions = self.executor_lost(&id, old);
         }
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -167,7 +175,7 @@ impl ClusterState {
                 tasks_finished: 0,
             },
         );
-        Ok(generation)
+        Ok((generation, actions))
     }
 
     pub fn heartbeat(&mut self, id: &ExecutorId, generation: u64, now: Instant) {
@@ -615,6 +623,7 @@ mod tests {
                 state
                     .register_executor(exec(n), "h".into(), cores, n, Instant::now())
                     .unwrap()
+                    .0
             })
             .collect();
         (state, generations)
@@ -632,10 +641,15 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("already registered"), "{err}");
         state.executor_lost(&exec(1), gens[0]);
-        let again = state
+        let (again, _) = state
             .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
             .unwrap();
         assert!(again > gens[0]);
+        // The same process (host and pid) coming back supersedes its live registration.
+        let (third, _) = state
+            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .unwrap();
+        assert!(third > again);
     }
 
     #[test]

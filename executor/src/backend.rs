@@ -31,6 +31,8 @@ pub struct ExecutorOptions {
     pub cluster_secret: Option<String>,
     /// How long to keep trying to reach the driver at start.
     pub connect_timeout: Duration,
+    /// How long to keep trying to get back to the driver after losing it.
+    pub reconnect_timeout: Duration,
     /// Largest linear memory a task may have here, whatever its job asks for.
     pub max_memory_bytes: usize,
     pub compiler: CompilerMode,
@@ -46,7 +48,8 @@ pub enum ExitReason {
     RegistrationRefused(String),
     /// The driver could not be reached at start.
     DriverUnreachable(String),
-    /// The connection to the driver broke after registering.
+    /// The connection to the driver broke and it could not be reached again within the
+    /// reconnect timeout.
     DriverLost(String),
 }
 
@@ -86,7 +89,8 @@ pub async fn run(
     )?;
     let fetcher = FetchCache::open(options.work_dir.join("cache"), FetchOptions::default())?;
 
-    let mut conn = match connect(&options).await {
+    tokio::pin!(shutdown);
+    let mut conn = match connect(&options, options.connect_timeout).await {
         Ok(conn) => conn,
         Err(reason) => return Ok(reason),
     };
@@ -95,7 +99,10 @@ pub async fn run(
         Err(reason) => return Ok(reason),
     };
 
-    let (updates_tx, updates_rx) = mpsc::unbounded_channel();
+    // One channel for the executor's life: statuses of attempts that end while the
+    // driver is away wait in it and go out on the next connection (the driver ignores
+    // those of a lost generation).
+    let (updates_tx, mut updates_rx) = mpsc::unbounded_channel();
     let runner = TaskRunner::start(
         sandbox,
         fetcher,
@@ -104,15 +111,43 @@ pub async fn run(
         usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
         updates_tx.clone(),
     );
-    let (sink, mut stream) = conn.split();
-    let writer = tokio::spawn(write_batched(sink, updates_rx));
     let heartbeats = tokio::spawn(heartbeat_loop(
         runner.clone(),
         updates_tx,
         Duration::from_millis(config.heartbeat_interval_ms.max(10)),
     ));
+    let reason = loop {
+        let why = match serve(conn, &runner, &mut updates_rx, &mut shutdown).await {
+            ExitReason::DriverLost(why) => why,
+            other => break other,
+        };
+        // The driver runs again elsewhere whatever was running here.
+        runner.kill_all();
+        tracing::warn!(why, "lost the driver; reconnecting");
+        let reconnected = tokio::select! {
+            result = reconnect(&options) => result,
+            () = &mut shutdown => Err(ExitReason::Stopped),
+        };
+        conn = match reconnected {
+            Ok(conn) => conn,
+            Err(reason) => break reason,
+        };
+    };
+    heartbeats.abort();
+    Ok(reason)
+}
 
-    tokio::pin!(shutdown);
+/// One connection's life: launches and kills in, statuses and heartbeats out, until the
+/// driver stops this executor, the connection breaks, or `shutdown` resolves.
+async fn serve(
+    conn: Connection,
+    runner: &Arc<TaskRunner>,
+    updates: &mut mpsc::UnboundedReceiver<ExecutorMessage>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> ExitReason {
+    let (sink, mut stream) = conn.split();
+    let writer = write_batched(sink, updates);
+    tokio::pin!(writer);
     let reason = loop {
         tokio::select! {
             message = stream.next() => match message {
@@ -135,28 +170,47 @@ pub async fn run(
                 Some(Err(e)) => break ExitReason::DriverLost(format!("reading from driver: {e}")),
                 None => break ExitReason::DriverLost("driver closed the connection".into()),
             },
-            () = &mut shutdown => break ExitReason::Stopped,
+            () = &mut writer => break ExitReason::DriverLost("writing to the driver failed".into()),
+            () = &mut *shutdown => break ExitReason::Stopped,
         }
     };
-    runner.kill_all();
-    heartbeats.abort();
-    // Let the kills' statuses reach the driver if it is still there; a lost driver
-    // re-queues them anyway.
-    let drained = tokio::time::timeout(Duration::from_secs(2), async {
-        while runner.attempts_in_flight() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    let _ = drained.await;
-    // The writer ends once the runner (the last holder of a sender) is gone and the
-    // queued statuses are written; a stuck socket does not hold the exit up.
-    drop(runner);
-    let _ = tokio::time::timeout(Duration::from_millis(500), writer).await;
-    Ok(reason)
+    if reason == ExitReason::Stopped {
+        // Kill what runs and let the kills' statuses reach the driver if it is still
+        // there (a lost driver re-queues them anyway); a stuck socket does not hold the
+        // exit up for long.
+        runner.kill_all();
+        let drained = async {
+            while runner.attempts_in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            tokio::select! {
+                () = &mut writer => {}
+                () = drained => {}
+            }
+        })
+        .await;
+        let _ = tokio::time::timeout(Duration::from_millis(50), &mut writer).await;
+    }
+    reason
 }
 
-async fn connect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
-    let deadline = tokio::time::Instant::now() + options.connect_timeout;
+/// Connects and registers again after losing the driver, for as long as
+/// `reconnect_timeout` allows; the driver sees a new generation.
+async fn reconnect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
+    let lost = |why: String| ExitReason::DriverLost(format!("reconnecting: {why}"));
+    let mut conn = match connect(options, options.reconnect_timeout).await {
+        Ok(conn) => conn,
+        Err(ExitReason::DriverUnreachable(why)) => return Err(lost(why)),
+        Err(other) => return Err(other),
+    };
+    register(&mut conn, options).await?;
+    Ok(conn)
+}
+
+async fn connect(options: &ExecutorOptions, timeout: Duration) -> Result<Connection, ExitReason> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut backoff = Duration::from_millis(50);
     let stream = loop {
         match TcpStream::connect(&options.driver_addr).await {

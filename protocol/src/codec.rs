@@ -95,7 +95,7 @@ impl<In: DeserializeOwned, Out: Serialize> FrameCodec<In, Out> {
 /// are waiting, so that a burst of launches or status updates costs one syscall, not one
 /// each. Returns when the outbox closes or the sink fails.
 #[cfg(feature = "codec")]
-pub async fn write_batched<S, T>(mut sink: S, mut outbox: tokio::sync::mpsc::UnboundedReceiver<T>)
+pub async fn write_batched<S, T>(mut sink: S, outbox: &mut tokio::sync::mpsc::UnboundedReceiver<T>)
 where
     S: futures_util::Sink<T> + Unpin,
 {
