@@ -72,7 +72,11 @@ impl Driver {
             modules,
             http_base: format!("http://{http_addr}"),
             inner: Mutex::new(Inner {
-                state: ClusterState::default(),
+                state: ClusterState::new(
+                    SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(1, |d| d.as_micros() as u64),
+                ),
                 links: HashMap::new(),
             }),
             jobs_finished: watch::Sender::new(0),

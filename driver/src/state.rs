@@ -120,6 +120,17 @@ impl Job {
 }
 
 impl ClusterState {
+    /// A state whose registrations are numbered from `first_generation` on. The driver
+    /// starts from the wall clock in microseconds, so that generations keep increasing
+    /// across its restarts and a status from before a restart is never taken for one of
+    /// a new registration.
+    pub fn new(first_generation: u64) -> Self {
+        ClusterState {
+            next_generation: first_generation,
+            ..ClusterState::default()
+        }
+    }
+
     /// The largest executor, for refusing jobs that could never be placed.
     pub fn max_executor_cores(&self) -> Option<u32> {
         self.executors
@@ -316,7 +327,9 @@ impl ClusterState {
         let Some(executor) = self.live_executor(executor_id, generation) else {
             return Vec::new();
         };
-        if executor.running.get(&status.task) != Some(&status.attempt) {
+        if executor.running.get(&status.task) != Some(&status.attempt)
+            || status.generation != generation
+        {
             return Vec::new();
         }
         executor.running.remove(&status.task);
@@ -438,7 +451,7 @@ impl ClusterState {
             );
             actions.push(Action::Launch {
                 executor: executor_id.clone(),
-                task: Box::new(describe(job, index)),
+                task: Box::new(describe(job, index, executor.generation)),
             });
         }
         actions
@@ -527,7 +540,7 @@ impl ClusterState {
     }
 }
 
-fn describe(job: &Job, index: u32) -> TaskDescription {
+fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
     let task = &job.tasks[index as usize];
     let mut env = job.def.env.clone();
     env.extend(task.env.iter().cloned());
@@ -537,6 +550,7 @@ fn describe(job: &Job, index: u32) -> TaskDescription {
             index,
         },
         attempt: task.attempts,
+        generation,
         task_count: job.tasks.len() as u32,
         name: job.def.name.clone(),
         module: job.def.module.clone(),
@@ -606,6 +620,7 @@ mod tests {
                 index,
             },
             attempt,
+            generation: 0,
             end: TaskEnd {
                 started_at_us: 1,
                 finished_at_us: 2,
@@ -614,6 +629,18 @@ mod tests {
                 log_truncated: false,
             },
         }
+    }
+
+    /// An executor's report, stamped with the generation its launch carried.
+    fn report(
+        state: &mut ClusterState,
+        executor: &ExecutorId,
+        generation: u64,
+        mut status: TaskStatus,
+        now: SystemTime,
+    ) -> Vec<Action> {
+        status.generation = generation;
+        state.status_update(executor, generation, status, now)
     }
 
     fn cluster(executors: u32, cores: u32) -> (ClusterState, Vec<u64>) {
@@ -660,7 +687,8 @@ mod tests {
         assert_eq!((free(&state, 1), free(&state, 2)), (0, 0));
         let (first, index, attempt) = placed[0].clone();
         let n = if first == exec(1) { 1 } else { 2 };
-        let next = launches(&state.status_update(
+        let next = launches(&report(
+            &mut state,
             &first,
             gens[n as usize - 1],
             status("j", index, attempt, Ok(())),
@@ -678,19 +706,25 @@ mod tests {
     fn stale_reports_change_nothing() {
         let (mut state, gens) = cluster(1, 1);
         state.submit_job(job("j", 1, 1));
-        let wrong_attempt = state.status_update(
+        let wrong_attempt = report(
+            &mut state,
             &exec(1),
             gens[0],
             status("j", 0, 7, Ok(())),
             SystemTime::UNIX_EPOCH,
         );
-        let wrong_generation = state.status_update(
+        let wrong_generation = report(
+            &mut state,
             &exec(1),
             gens[0] + 1,
             status("j", 0, 1, Ok(())),
             SystemTime::UNIX_EPOCH,
         );
-        assert!(wrong_attempt.is_empty() && wrong_generation.is_empty());
+        // A status of an earlier registration arriving on the current connection.
+        let mut earlier = status("j", 0, 1, Ok(()));
+        earlier.generation = gens[0] - 1;
+        let earlier = state.status_update(&exec(1), gens[0], earlier, SystemTime::UNIX_EPOCH);
+        assert!(wrong_attempt.is_empty() && wrong_generation.is_empty() && earlier.is_empty());
         assert_eq!(
             state.jobs[&JobId("j".into())].tasks[0].state,
             TaskState::Running
@@ -707,7 +741,8 @@ mod tests {
         assert!(relaunched.is_empty(), "exec-2 is still busy");
         let lost_index = placed.iter().find(|p| p.0 == exec(1)).unwrap().1;
         let other = placed.iter().find(|p| p.0 == exec(2)).unwrap().1;
-        let relaunched = launches(&state.status_update(
+        let relaunched = launches(&report(
+            &mut state,
             &exec(2),
             gens[1],
             status("j", other, 1, Ok(())),
@@ -729,7 +764,8 @@ mod tests {
             exit_code: Some(3),
         };
         let g = |e: &ExecutorId| if *e == exec(1) { gens[0] } else { gens[1] };
-        let actions = state.status_update(
+        let actions = report(
+            &mut state,
             &failing,
             g(&failing),
             status("j", index, 1, Err(failure)),
@@ -755,7 +791,8 @@ mod tests {
             "held until the executor confirms the kill"
         );
         // Even a success arriving now leaves the task killed; the core comes back.
-        state.status_update(
+        report(
+            &mut state,
             &other,
             g(&other),
             status("j", other_index, 1, Ok(())),
@@ -772,7 +809,8 @@ mod tests {
         state.submit_job(job("j", 1, 1));
         for attempt in 1..=3 {
             let failure = TaskFailure::new(FailureKind::FetchError, "connection refused");
-            let actions = state.status_update(
+            let actions = report(
+                &mut state,
                 &exec(1),
                 gens[0],
                 status("j", 0, attempt, Err(failure)),
@@ -816,7 +854,8 @@ mod tests {
         assert_eq!(state.jobs[&JobId("j".into())].counts().pending, 1);
         // Its late result, should it come, is from a lost generation and changes nothing.
         let index = placed.iter().find(|p| p.0 == exec(1)).unwrap().1;
-        let late = state.status_update(
+        let late = report(
+            &mut state,
             &exec(1),
             gens[0],
             status("j", index, 1, Ok(())),
@@ -839,7 +878,8 @@ mod tests {
         assert_eq!(job.counts().killed, 2);
         assert_eq!(free(&state, 1), 0);
         let killed = TaskFailure::new(FailureKind::Killed, "killed");
-        state.status_update(
+        report(
+            &mut state,
             &exec(1),
             gens[0],
             status("j", 0, 1, Err(killed)),

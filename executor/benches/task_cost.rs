@@ -121,6 +121,7 @@ fn runner_per_task(
             index,
         },
         attempt: 1,
+        generation: 1,
         task_count: tasks as u32,
         name: "bench".into(),
         module: ModuleRef {

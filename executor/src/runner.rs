@@ -244,6 +244,7 @@ impl TaskRunner {
         let status = TaskStatus {
             task: desc.task.clone(),
             attempt: desc.attempt,
+            generation: desc.generation,
             end: TaskEnd {
                 started_at_us: if started_at_us == 0 {
                     finished_at_us

@@ -177,6 +177,7 @@ mod tests {
         TaskDescription {
             task: task_id(3),
             attempt: 1,
+            generation: 7,
             task_count: 8,
             name: "wordcount".into(),
             module: ModuleRef {
@@ -246,11 +247,13 @@ mod tests {
             ExecutorMessage::StatusUpdate(TaskStatus {
                 task: task_id(0),
                 attempt: 1,
+                generation: 7,
                 end: ok,
             }),
             ExecutorMessage::StatusUpdate(TaskStatus {
                 task: task_id(1),
                 attempt: 1,
+                generation: 7,
                 end: failed,
             }),
             ExecutorMessage::Heartbeat(Heartbeat {

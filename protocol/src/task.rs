@@ -13,6 +13,10 @@ pub struct TaskDescription {
     pub task: TaskId,
     /// 1 for the first attempt; every relaunch of the task gets the next number.
     pub attempt: u32,
+    /// The executor registration this launch belongs to, echoed in the status: a status
+    /// that outlives its registration (the executor reconnected, the driver restarted)
+    /// is recognised as stale even if an attempt with the same number runs now.
+    pub generation: u64,
     /// Tasks in the job, for `FLINT_TASK_COUNT`.
     pub task_count: u32,
     /// The guest's `argv[0]`: the job's name.
@@ -75,6 +79,8 @@ impl Default for Resources {
 pub struct TaskStatus {
     pub task: TaskId,
     pub attempt: u32,
+    /// The `generation` of the launch.
+    pub generation: u64,
     pub end: TaskEnd,
 }
 
