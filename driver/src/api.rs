@@ -193,7 +193,13 @@ async fn submit_job(
             ),
         ));
     }
-    driver.apply(|s| ((), s.submit_job(job)));
+    driver.submit(job).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage",
+            format!("job not accepted: {e}"),
+        )
+    })?;
     tracing::info!(job = %id, "job accepted");
     let view = wait_for_job(&driver, &id, query.wait).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(view)))

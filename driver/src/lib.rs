@@ -9,6 +9,8 @@
 //! - [`policy`]: pure placement of pending tasks onto free cores.
 //! - [`executors`]: the executor listener: hello, registration, frames in and out.
 //! - [`modules`]: the content-addressed module store.
+//! - [`store`]: the job store (redb): accepted jobs, task and job ends; [`durable`]
+//!   converts between it and the state, and rebuilds the state after a restart.
 //!
 //! Invariants: an executor's free cores are its cores minus the cores of the tasks it
 //! runs, and a task is only launched where that leaves it non-negative; every status is
@@ -16,10 +18,12 @@
 //! imports the executor.
 
 pub mod api;
+pub mod durable;
 pub mod executors;
 pub mod modules;
 pub mod policy;
 pub mod service;
 pub mod state;
+pub mod store;
 
 pub use service::{Driver, DriverConfig, run};

@@ -12,8 +12,10 @@ use flint_protocol::{DriverMessage, ExecutorId, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+use crate::durable;
 use crate::modules::ModuleStore;
-use crate::state::{Action, ClusterState};
+use crate::state::{Action, ClusterState, NewJob};
+use crate::store::{JobStore, StoreError};
 
 /// Settings of one driver, validated by whoever parsed them.
 #[derive(Clone, Debug)]
@@ -28,6 +30,8 @@ pub struct DriverConfig {
     /// An executor silent for longer than this is lost (its connection is dropped and
     /// its tasks run elsewhere).
     pub executor_timeout: Duration,
+    /// Origins executors may fetch from besides the driver (`--fetch-allow`).
+    pub fetch_allow: Vec<String>,
 }
 
 impl DriverConfig {
@@ -39,6 +43,7 @@ impl DriverConfig {
             heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),
             revive_interval: Duration::from_secs(1),
             executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
+            fetch_allow: Vec::new(),
         }
     }
 }
@@ -57,6 +62,7 @@ struct Inner {
 pub struct Driver {
     pub config: DriverConfig,
     pub modules: ModuleStore,
+    store: JobStore,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
     inner: Mutex<Inner>,
@@ -65,11 +71,18 @@ pub struct Driver {
 }
 
 impl Driver {
+    /// Opens the data dir and rebuilds every stored job: tasks that had ended keep their
+    /// results, the rest run again once executors register.
     pub fn new(config: DriverConfig, http_addr: SocketAddr) -> anyhow::Result<Arc<Self>> {
         let modules = ModuleStore::open(config.data_dir.join("modules"))?;
-        Ok(Arc::new(Driver {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let store = JobStore::open(&config.data_dir.join("jobs.redb"))?;
+        let stored = store.load()?;
+        let restored = stored.len();
+        let driver = Arc::new(Driver {
             config,
             modules,
+            store,
             http_base: format!("http://{http_addr}"),
             inner: Mutex::new(Inner {
                 state: ClusterState::new(
@@ -80,7 +93,23 @@ impl Driver {
                 links: HashMap::new(),
             }),
             jobs_finished: watch::Sender::new(0),
-        }))
+        });
+        driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
+        if restored > 0 {
+            tracing::info!(jobs = restored, "restored jobs from the job store");
+        }
+        Ok(driver)
+    }
+
+    /// Accepts a job: stored durably first, then scheduled.
+    pub async fn submit(self: &Arc<Self>, job: NewJob) -> Result<(), StoreError> {
+        let record = durable::job_record(&job);
+        let driver = self.clone();
+        tokio::task::spawn_blocking(move || driver.store.put_job(&record))
+            .await
+            .map_err(|e| StoreError::Db(format!("job store thread: {e}")))??;
+        self.apply(|s| ((), s.submit_job(job)));
+        Ok(())
     }
 
     pub fn executor_config(&self) -> ExecutorConfig {
@@ -88,6 +117,8 @@ impl Driver {
             app_id: self.config.app_id.clone(),
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
             max_log_bytes: defaults::TASK_MAX_LOG_BYTES,
+            driver_http_url: self.http_base.clone(),
+            fetch_allow: self.config.fetch_allow.clone(),
         }
     }
 
@@ -119,7 +150,32 @@ impl Driver {
                         reason: "job ended".into(),
                     },
                 ),
-                Action::JobFinished(_) => finished = true,
+                Action::TaskEnded(task) => {
+                    if let Some(t) = inner
+                        .state
+                        .jobs
+                        .get(&task.job)
+                        .and_then(|j| j.tasks.get(task.index as usize))
+                    {
+                        self.store.task_ended(
+                            task.job.clone(),
+                            task.index,
+                            durable::task_end_record(t),
+                        );
+                    }
+                }
+                Action::JobFinished(job) => {
+                    if let Some(j) = inner.state.jobs.get(&job) {
+                        match &j.error {
+                            Some((kind, message)) => {
+                                tracing::warn!(job = %job, state = ?j.state, kind, message, "job ended")
+                            }
+                            None => tracing::info!(job = %job, state = ?j.state, "job ended"),
+                        }
+                        self.store.job_ended(job, durable::job_end_record(j));
+                    }
+                    finished = true;
+                }
             }
         }
         drop(inner);

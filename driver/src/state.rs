@@ -25,6 +25,9 @@ pub enum Action {
         task: TaskId,
         attempt: u32,
     },
+    /// A task reached `succeeded` or `failed`: its end is worth keeping.
+    TaskEnded(TaskId),
+    /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
 }
 
@@ -68,7 +71,7 @@ pub struct NewTask {
 pub struct Job {
     pub def: JobDef,
     pub tasks: Vec<Task>,
-    pending: VecDeque<u32>,
+    pub(crate) pending: VecDeque<u32>,
     pub state: JobState,
     pub finished_at: Option<SystemTime>,
     pub error: Option<(String, String)>,
@@ -99,7 +102,7 @@ pub struct ClusterState {
     /// Jobs in submission order, newest last.
     pub job_order: Vec<JobId>,
     /// Jobs that may still have pending tasks, oldest first.
-    queue: VecDeque<JobId>,
+    pub(crate) queue: VecDeque<JobId>,
     next_generation: u64,
 }
 
@@ -272,6 +275,12 @@ impl ClusterState {
     }
 
     pub fn submit_job(&mut self, job: NewJob) -> Vec<Action> {
+        self.insert_job(job);
+        self.make_offers()
+    }
+
+    /// Adds a job with every task pending, and nothing launched yet.
+    pub(crate) fn insert_job(&mut self, job: NewJob) {
         let tasks = job
             .tasks
             .into_iter()
@@ -305,7 +314,6 @@ impl ClusterState {
                 error: None,
             },
         );
-        self.make_offers()
     }
 
     /// A task attempt ended on an executor. Stale reports (an old attempt, another
@@ -355,6 +363,7 @@ impl ClusterState {
                 task.result_digest = Some(Digest::of(&bytes));
                 task.result = Some(bytes);
                 task.failure = None;
+                actions.push(Action::TaskEnded(status.task.clone()));
             }
             Err(failure)
                 if failure.kind.is_retryable() && task.host_failures + 1 < job.def.max_failures =>
@@ -374,6 +383,7 @@ impl ClusterState {
                     status.task.index, task.attempts, failure.kind, failure.message
                 );
                 task.failure = Some(failure);
+                actions.push(Action::TaskEnded(status.task.clone()));
                 actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
                 self.clear_running(&status.task.job, &mut actions);
             }
@@ -464,7 +474,7 @@ impl ClusterState {
     }
 
     /// Marks a job final; its pending tasks are killed without running.
-    fn end_job(
+    pub(crate) fn end_job(
         job: &mut Job,
         state: JobState,
         reason: Option<String>,

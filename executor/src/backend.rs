@@ -197,16 +197,33 @@ async fn serve(
 }
 
 /// Connects and registers again after losing the driver, for as long as
-/// `reconnect_timeout` allows; the driver sees a new generation.
+/// `reconnect_timeout` allows; the driver sees a new generation. A driver that is just
+/// dying or just starting may reset connections or close them mid-handshake: anything
+/// but a refusal is tried again.
 async fn reconnect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
-    let lost = |why: String| ExitReason::DriverLost(format!("reconnecting: {why}"));
-    let mut conn = match connect(options, options.reconnect_timeout).await {
-        Ok(conn) => conn,
-        Err(ExitReason::DriverUnreachable(why)) => return Err(lost(why)),
-        Err(other) => return Err(other),
-    };
-    register(&mut conn, options).await?;
-    Ok(conn)
+    let deadline = tokio::time::Instant::now() + options.reconnect_timeout;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let why = match connect(options, remaining).await {
+            Ok(mut conn) => match register(&mut conn, options).await {
+                Ok(_) => return Ok(conn),
+                Err(ExitReason::RegistrationRefused(why)) => {
+                    return Err(ExitReason::RegistrationRefused(why));
+                }
+                Err(other) => format!("{other:?}"),
+            },
+            Err(ExitReason::RegistrationRefused(why)) => {
+                return Err(ExitReason::RegistrationRefused(why));
+            }
+            Err(other) => format!("{other:?}"),
+        };
+        if tokio::time::Instant::now() + backoff >= deadline {
+            return Err(ExitReason::DriverLost(format!("reconnecting: {why}")));
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
 }
 
 async fn connect(options: &ExecutorOptions, timeout: Duration) -> Result<Connection, ExitReason> {

@@ -200,6 +200,8 @@ mod tests {
                 app_id: "app".into(),
                 heartbeat_interval_ms: 1000,
                 max_log_bytes: 1 << 20,
+                driver_http_url: "http://127.0.0.1:7070".into(),
+                fetch_allow: vec!["s3://bucket".into()],
             }),
             DriverMessage::RegisteredExecutor { generation: 7 },
             DriverMessage::RegisterExecutorFailed {

@@ -7,6 +7,7 @@
 //!   CoarseGrainedClusterMessages, and the versioned [`Hello`] that opens a connection.
 //! - [`codec`]: length-delimited frames of postcard-encoded messages.
 //! - [`api`]: the JSON shapes of the HTTP API (`JobSpec`, job / task / executor views).
+//! - [`records`]: what the driver's job store keeps on disk.
 //!
 //! Invariants: this crate does no I/O and has no runtime; it is the only crate whose types
 //! derive `Serialize`/`Deserialize`, so a wire change is always visible here. Defaults that
@@ -17,6 +18,7 @@ pub mod codec;
 pub mod defaults;
 pub mod ids;
 pub mod messages;
+pub mod records;
 pub mod task;
 
 pub use ids::{Digest, ExecutorId, JobId, TaskId};

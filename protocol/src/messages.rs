@@ -109,4 +109,9 @@ pub struct ExecutorConfig {
     pub heartbeat_interval_ms: u64,
     /// Largest stderr kept per task.
     pub max_log_bytes: u64,
+    /// The driver's HTTP origin (`http://HOST:PORT`): modules, files and blocks are
+    /// fetched from it, so the executor's URL policy always allows it.
+    pub driver_http_url: String,
+    /// Origins the operator allows fetching from besides the driver (`--fetch-allow`).
+    pub fetch_allow: Vec<String>,
 }

@@ -1,0 +1,163 @@
+//! Between the scheduler's state and the job store's records: the one place where
+//! in-memory jobs and tasks become records and records become jobs again after a restart.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use flint_protocol::api::{JobState, TaskState};
+use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
+use flint_protocol::{Digest, FailureKind, TaskFailure};
+
+use crate::state::{Action, ClusterState, Job, JobDef, NewJob, NewTask, Task};
+use crate::store::StoredJob;
+
+pub fn job_record(job: &NewJob) -> JobRecord {
+    let def = &job.def;
+    JobRecord {
+        id: def.id.clone(),
+        name: def.name.clone(),
+        module: def.module.clone(),
+        args: def.args.clone(),
+        env: def.env.clone(),
+        resources: def.resources,
+        max_failures: def.max_failures,
+        created_at_ms: unix_ms(def.created_at),
+        tasks: job
+            .tasks
+            .iter()
+            .map(|t| TaskInputRecord {
+                input: t.input.clone(),
+                args: t.args.clone(),
+                env: t.env.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub fn task_end_record(task: &Task) -> TaskEndRecord {
+    TaskEndRecord {
+        state: task.state,
+        attempts: task.attempts,
+        executor: task.executor.clone(),
+        failure: task.failure.clone(),
+        started_at_us: task.started_at_us,
+        finished_at_us: task.finished_at_us,
+        result: task.result.clone(),
+        log: task.log.clone(),
+    }
+}
+
+pub fn job_end_record(job: &Job) -> JobEndRecord {
+    JobEndRecord {
+        state: job.state,
+        finished_at_ms: job.finished_at.map_or(0, unix_ms),
+        error: job.error.clone(),
+    }
+}
+
+impl ClusterState {
+    /// Rebuilds jobs from the store. Tasks that had ended keep their end; every other
+    /// task is pending again (whatever ran it belonged to the previous driver). Returns
+    /// the actions for jobs found complete whose end had not been stored yet.
+    pub fn restore(&mut self, mut stored: Vec<StoredJob>, now: SystemTime) -> Vec<Action> {
+        stored.sort_by_key(|s| s.job.created_at_ms);
+        let mut actions = Vec::new();
+        for StoredJob { job, tasks, end } in stored {
+            let id = job.id.clone();
+            self.insert_job(new_job(job));
+            let entry = self.jobs.get_mut(&id).expect("just inserted");
+            for (index, record) in tasks {
+                let Some(task) = entry.tasks.get_mut(index as usize) else {
+                    continue;
+                };
+                restore_task(task, record);
+            }
+            entry
+                .pending
+                .retain(|&i| !entry.tasks[i as usize].state.is_final());
+            match end {
+                Some(end) => {
+                    entry.state = end.state;
+                    entry.finished_at =
+                        Some(UNIX_EPOCH + Duration::from_millis(end.finished_at_ms));
+                    entry.error = end.error;
+                    for index in entry.pending.drain(..) {
+                        let task = &mut entry.tasks[index as usize];
+                        task.state = TaskState::Killed;
+                        task.failure = Some(TaskFailure::new(
+                            FailureKind::Killed,
+                            "not run: the job ended before this task started",
+                        ));
+                    }
+                }
+                None if entry.pending.is_empty() => {
+                    let failed = entry
+                        .tasks
+                        .iter()
+                        .enumerate()
+                        .find(|(_, t)| t.state == TaskState::Failed);
+                    let (state, reason) = match failed {
+                        Some((index, task)) => (
+                            JobState::Failed,
+                            Some(format!(
+                                "task {index} failed: {}",
+                                task.failure.as_ref().map_or("", |f| f.message.as_str())
+                            )),
+                        ),
+                        None => (JobState::Succeeded, None),
+                    };
+                    actions.extend(Self::end_job(entry, state, reason, now));
+                }
+                None => {
+                    if entry.tasks.iter().any(|t| t.state.is_final()) {
+                        entry.state = JobState::Running;
+                    }
+                }
+            }
+            if entry.state.is_final() || entry.pending.is_empty() {
+                self.queue.retain(|q| *q != id);
+            }
+        }
+        actions
+    }
+}
+
+fn new_job(job: JobRecord) -> NewJob {
+    NewJob {
+        def: JobDef {
+            id: job.id,
+            name: job.name,
+            module: job.module,
+            args: job.args,
+            env: job.env,
+            resources: job.resources,
+            max_failures: job.max_failures,
+            created_at: UNIX_EPOCH + Duration::from_millis(job.created_at_ms),
+        },
+        tasks: job
+            .tasks
+            .into_iter()
+            .map(|t| NewTask {
+                input: t.input,
+                args: t.args,
+                env: t.env,
+            })
+            .collect(),
+    }
+}
+
+fn restore_task(task: &mut Task, record: TaskEndRecord) {
+    task.state = record.state;
+    task.attempts = record.attempts;
+    task.executor = record.executor;
+    task.failure = record.failure;
+    task.started_at_us = record.started_at_us;
+    task.finished_at_us = record.finished_at_us;
+    task.result_digest = record.result.as_deref().map(Digest::of);
+    task.result = record.result;
+    task.log = record.log;
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,54 @@
+//! What the driver keeps in its job store, so that a restart loses no accepted job and no
+//! finished result. Encoded with postcard; a change here needs a new table name in the
+//! driver's store (the old one is then read and migrated, or refused with a clear error).
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{JobState, TaskState};
+use crate::ids::{ExecutorId, JobId};
+use crate::task::{ModuleRef, Resources, TaskFailure};
+
+/// A job as accepted, written before the API answers 202.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub name: String,
+    pub module: ModuleRef,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub resources: Resources,
+    pub max_failures: u32,
+    pub created_at_ms: u64,
+    pub tasks: Vec<TaskInputRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInputRecord {
+    #[serde(with = "serde_bytes")]
+    pub input: Vec<u8>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// A task that reached a final state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEndRecord {
+    pub state: TaskState,
+    pub attempts: u32,
+    pub executor: Option<ExecutorId>,
+    pub failure: Option<TaskFailure>,
+    pub started_at_us: Option<u64>,
+    pub finished_at_us: Option<u64>,
+    #[serde(with = "serde_bytes")]
+    pub result: Option<Vec<u8>>,
+    #[serde(with = "serde_bytes")]
+    pub log: Vec<u8>,
+}
+
+/// A job that reached a final state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEndRecord {
+    pub state: JobState,
+    pub finished_at_ms: u64,
+    pub error: Option<(String, String)>,
+}

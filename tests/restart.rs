@@ -1,0 +1,227 @@
+//! End to end: the driver is SIGKILLed mid-job and restarted on the same data dir, again
+//! and again; every job it accepted ends `succeeded` with the right results, and the
+//! executors (standalone processes) find the new driver by themselves.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{FLINT, guests, wait_until};
+use serde_json::{Value, json};
+
+/// Kills the process on drop, so a failing test leaves nothing running.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Appends to `<dir>/<name>.log`, kept with the test's temp dir for a failure's post mortem.
+fn log(dir: &Path, name: &str) -> Stdio {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .unwrap();
+    Stdio::from(file)
+}
+
+/// Keeps the directory (and its logs) when the test fails.
+struct KeepOnPanic(Option<tempfile::TempDir>);
+
+impl KeepOnPanic {
+    fn path(&self) -> &Path {
+        self.0.as_ref().expect("present until drop").path()
+    }
+}
+
+impl Drop for KeepOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("kept {}", dir.keep().display());
+        }
+    }
+}
+
+fn scopeguard_keep(dir: tempfile::TempDir) -> KeepOnPanic {
+    KeepOnPanic(Some(dir))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_driver(http: u16, executors: u16, data_dir: &Path) -> Process {
+    let child = Command::new(FLINT)
+        .args(["driver", "--listen", &format!("127.0.0.1:{http}")])
+        .args(["--executor-listen", &format!("127.0.0.1:{executors}")])
+        .args(["--executor-timeout-ms", "3000"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(log(data_dir.parent().unwrap(), "driver"))
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+fn start_executor(id: &str, executors: u16, work_dir: &Path) -> Process {
+    let child = Command::new(FLINT)
+        .args([
+            "executor",
+            "--driver-url",
+            &format!("flint://127.0.0.1:{executors}"),
+        ])
+        .args([
+            "--executor-id",
+            id,
+            "--cores",
+            "1",
+            "--reconnect-timeout-ms",
+            "120000",
+        ])
+        .arg("--work-dir")
+        .arg(work_dir.join(id))
+        .stdout(Stdio::null())
+        .stderr(log(work_dir, id))
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+#[test]
+fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
+    let dir = tempfile::Builder::new()
+        .prefix("flint-restart")
+        .tempdir()
+        .unwrap();
+    eprintln!("logs in {}", dir.path().display());
+    let dir = scopeguard_keep(dir);
+    let (http, exec_port) = (free_port(), free_port());
+    let base = format!("http://127.0.0.1:{http}");
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let alive_executors = |client: &reqwest::blocking::Client| -> usize {
+        client
+            .get(format!("{base}/v1/executors"))
+            .send()
+            .ok()
+            .and_then(|r| r.json::<Value>().ok())
+            .map_or(0, |v| {
+                v["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["state"] == "alive")
+                    .count()
+            })
+    };
+
+    let mut driver = start_driver(http, exec_port, &dir.path().join("data"));
+    let _executors = [
+        start_executor("exec-1", exec_port, dir.path()),
+        start_executor("exec-2", exec_port, dir.path()),
+    ];
+    wait_until(Duration::from_secs(30), "executors to register", || {
+        alive_executors(&client) == 2
+    });
+    let wasm = std::fs::read(&guests().wordcount).unwrap();
+    let module: Value = client
+        .put(format!("{base}/v1/modules"))
+        .body(wasm)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let module = module["id"].as_str().unwrap().to_owned();
+
+    // job id -> the inputs it was given.
+    let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut unfinished_at_crash = 0;
+    for cycle in 0..5 {
+        for j in 0..2 {
+            let inputs: Vec<String> = (0..300)
+                .map(|t| format!("c{cycle} j{j} t{t} ").repeat(200))
+                .collect();
+            let spec = json!({
+                "module": module,
+                "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
+            });
+            let response = client
+                .post(format!("{base}/v1/jobs"))
+                .json(&spec)
+                .send()
+                .unwrap();
+            assert_eq!(response.status(), 202);
+            let job: Value = response.json().unwrap();
+            accepted.insert(job["id"].as_str().unwrap().to_owned(), inputs);
+        }
+        // Let some tasks finish and others be mid-flight, then crash.
+        std::thread::sleep(Duration::from_millis(150));
+        let jobs: Value = client
+            .get(format!("{base}/v1/jobs"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        unfinished_at_crash += jobs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| !common::is_final(j))
+            .count();
+        common::signal(driver.0.id(), libc::SIGKILL);
+        let _ = driver.0.wait();
+        driver = start_driver(http, exec_port, &dir.path().join("data"));
+        wait_until(
+            Duration::from_secs(30),
+            "executors to find the new driver",
+            || alive_executors(&client) == 2,
+        );
+    }
+
+    for (id, inputs) in &accepted {
+        let job: Value = client
+            .get(format!("{base}/v1/jobs/{id}?wait=120"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(job["state"], "succeeded", "{job}");
+        for (index, input) in inputs.iter().enumerate() {
+            let bytes = client
+                .get(format!("{base}/v1/jobs/{id}/tasks/{index}/result"))
+                .send()
+                .unwrap()
+                .bytes()
+                .unwrap();
+            let counts: BTreeMap<String, u64> = serde_json::from_slice(&bytes).unwrap();
+            let want: BTreeMap<String, u64> =
+                input.split_whitespace().fold(BTreeMap::new(), |mut m, w| {
+                    *m.entry(w.to_owned()).or_insert(0) += 1;
+                    m
+                });
+            assert_eq!(counts, want, "job {id} task {index}");
+        }
+    }
+    assert_eq!(accepted.len(), 10);
+    assert!(
+        unfinished_at_crash > 0,
+        "no crash happened mid-job; the test proved nothing"
+    );
+}
