@@ -98,6 +98,13 @@ pub async fn run(
         Ok(config) => config,
         Err(reason) => return Ok(reason),
     };
+    // The fetch policy refuses loopback and private addresses unless told otherwise:
+    // the driver (often on one of those) and what the operator allows are told here.
+    for origin in std::iter::once(&config.driver_http_url).chain(&config.fetch_allow) {
+        if let Err(e) = fetcher.allow_origin(origin) {
+            anyhow::bail!("the driver's fetch allow-list has a bad entry {origin:?}: {e}");
+        }
+    }
 
     // One channel for the executor's life: statuses of attempts that end while the
     // driver is away wait in it and go out on the next connection (the driver ignores
