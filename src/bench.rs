@@ -40,6 +40,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             data_dir: data_dir.path().to_owned(),
             cluster_secret: None,
             executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
+            fetch_allow: Vec::new(),
         },
         executors: args.executors,
         cores: args.cores,

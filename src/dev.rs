@@ -63,10 +63,11 @@ struct ExecutorProcess {
 
 impl Cluster {
     pub async fn start(args: &DevArgs) -> anyhow::Result<Cluster> {
+        let config = args.driver.config()?;
         let listeners = bind(&args.driver).await?;
         let http_addr = listeners.http.local_addr()?;
         let executor_addr = listeners.executors.local_addr()?;
-        let driver = Driver::new(args.driver.config(), http_addr)?;
+        let driver = Driver::new(config, http_addr)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let driver_task = tokio::spawn(flint_driver::run(driver.clone(), listeners, async {
             let _ = stopped.await;

@@ -112,14 +112,24 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_EXECUTOR_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(100..))]
     pub executor_timeout_ms: u64,
+    /// Origins executors may fetch from besides the driver, comma-separated:
+    /// `http://127.0.0.1:8000`, `https://data.example.com`, `file:///srv/data`. Without
+    /// it, only public http(s) addresses are fetched (loopback, link-local and private
+    /// ones are refused).
+    #[arg(long, env = "FLINT_FETCH_ALLOW", value_delimiter = ',')]
+    pub fetch_allow: Vec<String>,
 }
 
 impl DriverArgs {
-    pub fn config(&self) -> DriverConfig {
+    pub fn config(&self) -> anyhow::Result<DriverConfig> {
+        // Checked here so that a typo stops the driver, not every executor.
+        flint_fetch_cache::UrlPolicy::parse_allow_list(&self.fetch_allow.join(","))
+            .map_err(|e| anyhow::anyhow!("--fetch-allow: {e}"))?;
         let mut config = DriverConfig::new(self.data_dir.clone());
         config.cluster_secret = self.cluster_secret.clone();
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
-        config
+        config.fetch_allow = self.fetch_allow.clone();
+        Ok(config)
     }
 }
 
@@ -202,8 +212,9 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
 }
 
 async fn run_driver(args: DriverArgs) -> anyhow::Result<()> {
+    let config = args.config()?;
     let listeners = dev::bind(&args).await?;
-    let driver = flint_driver::Driver::new(args.config(), listeners.http.local_addr()?)?;
+    let driver = flint_driver::Driver::new(config, listeners.http.local_addr()?)?;
     flint_driver::run(driver, listeners, shutdown_signal()).await
 }
 
