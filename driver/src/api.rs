@@ -315,7 +315,9 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         env: spec.env.into_iter().collect(),
         resources,
         max_failures,
-        created_at: SystemTime::now(),
+        created_at_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
     };
     Ok(NewJob { def, tasks })
 }
@@ -532,7 +534,10 @@ fn job_view(job: &Job) -> JobView {
         id: job.def.id.clone(),
         name: job.def.name.clone(),
         state: job.state,
-        created_at: humantime::format_rfc3339_millis(job.def.created_at).to_string(),
+        created_at: humantime::format_rfc3339_millis(
+            SystemTime::UNIX_EPOCH + Duration::from_millis(job.def.created_at_ms),
+        )
+        .to_string(),
         finished_at: job
             .finished_at
             .map(|t| humantime::format_rfc3339_millis(t).to_string()),

@@ -3,24 +3,16 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use flint_protocol::Digest;
 use flint_protocol::api::{JobState, TaskState};
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
-use flint_protocol::{Digest, FailureKind, TaskFailure};
 
-use crate::state::{Action, ClusterState, Job, JobDef, NewJob, NewTask, Task};
+use crate::state::{Action, ClusterState, Job, NewJob, NewTask, Task};
 use crate::store::StoredJob;
 
 pub fn job_record(job: &NewJob) -> JobRecord {
-    let def = &job.def;
     JobRecord {
-        id: def.id.clone(),
-        name: def.name.clone(),
-        module: def.module.clone(),
-        args: def.args.clone(),
-        env: def.env.clone(),
-        resources: def.resources,
-        max_failures: def.max_failures,
-        created_at_ms: unix_ms(def.created_at),
+        def: job.def.clone(),
         tasks: job
             .tasks
             .iter()
@@ -59,10 +51,10 @@ impl ClusterState {
     /// task is pending again (whatever ran it belonged to the previous driver). Returns
     /// the actions for jobs found complete whose end had not been stored yet.
     pub fn restore(&mut self, mut stored: Vec<StoredJob>, now: SystemTime) -> Vec<Action> {
-        stored.sort_by_key(|s| s.job.created_at_ms);
+        stored.sort_by_key(|s| s.job.def.created_at_ms);
         let mut actions = Vec::new();
         for StoredJob { job, tasks, end } in stored {
-            let id = job.id.clone();
+            let id = job.def.id.clone();
             self.insert_job(new_job(job));
             let entry = self.jobs.get_mut(&id).expect("just inserted");
             for (index, record) in tasks {
@@ -80,14 +72,7 @@ impl ClusterState {
                     entry.finished_at =
                         Some(UNIX_EPOCH + Duration::from_millis(end.finished_at_ms));
                     entry.error = end.error;
-                    for index in entry.pending.drain(..) {
-                        let task = &mut entry.tasks[index as usize];
-                        task.state = TaskState::Killed;
-                        task.failure = Some(TaskFailure::new(
-                            FailureKind::Killed,
-                            "not run: the job ended before this task started",
-                        ));
-                    }
+                    entry.kill_pending();
                 }
                 None if entry.pending.is_empty() => {
                     let failed = entry
@@ -123,16 +108,7 @@ impl ClusterState {
 
 fn new_job(job: JobRecord) -> NewJob {
     NewJob {
-        def: JobDef {
-            id: job.id,
-            name: job.name,
-            module: job.module,
-            args: job.args,
-            env: job.env,
-            resources: job.resources,
-            max_failures: job.max_failures,
-            created_at: UNIX_EPOCH + Duration::from_millis(job.created_at_ms),
-        },
+        def: job.def,
         tasks: job
             .tasks
             .into_iter()

@@ -212,18 +212,8 @@ impl Driver {
 
     pub fn executor_lost(&self, id: &ExecutorId, generation: u64, reason: &str) {
         tracing::warn!(executor = %id, generation, reason, "executor lost");
-        self.apply(|s| {
-            let actions = s.executor_lost(id, generation);
-            ((), actions)
-        });
-        let mut inner = self.lock();
-        if inner
-            .links
-            .get(id)
-            .is_some_and(|l| l.generation == generation)
-        {
-            inner.links.remove(id);
-        }
+        self.apply(|s| ((), s.executor_lost(id, generation)));
+        self.drop_link(id, generation);
     }
 
     /// Forgets a connection's outbox; its writer ends and the connection closes, so an

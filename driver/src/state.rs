@@ -7,9 +7,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
 use flint_protocol::{
-    Digest, ExecutorId, FailureKind, JobId, ModuleRef, Resources, TaskDescription, TaskFailure,
-    TaskId, TaskInput, TaskResult, TaskStatus,
+    Digest, ExecutorId, FailureKind, JobId, TaskDescription, TaskFailure, TaskId, TaskInput,
+    TaskResult, TaskStatus,
 };
+
+pub use flint_protocol::records::JobDef;
 
 use crate::policy::{self, Demand, Offer};
 
@@ -42,18 +44,6 @@ pub struct ExecutorData {
     pub pid: Option<u32>,
     pub exit_code: Option<i32>,
     pub tasks_finished: u64,
-}
-
-/// What a job is, as accepted; fixed for the job's life.
-pub struct JobDef {
-    pub id: JobId,
-    pub name: String,
-    pub module: ModuleRef,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub resources: Resources,
-    pub max_failures: u32,
-    pub created_at: SystemTime,
 }
 
 /// A job as accepted: its definition and its tasks' own parts.
@@ -107,6 +97,18 @@ pub struct ClusterState {
 }
 
 impl Job {
+    /// Ends every task that has not started: its job is over.
+    pub(crate) fn kill_pending(&mut self) {
+        for index in self.pending.drain(..) {
+            let task = &mut self.tasks[index as usize];
+            task.state = TaskState::Killed;
+            task.failure = Some(TaskFailure::new(
+                FailureKind::Killed,
+                "not run: the job ended before this task started",
+            ));
+        }
+    }
+
     pub fn counts(&self) -> TaskCounts {
         let mut counts = TaskCounts::default();
         for task in &self.tasks {
@@ -489,14 +491,7 @@ impl ClusterState {
             };
             (kind.to_owned(), r)
         });
-        for index in job.pending.drain(..) {
-            let task = &mut job.tasks[index as usize];
-            task.state = TaskState::Killed;
-            task.failure = Some(TaskFailure::new(
-                FailureKind::Killed,
-                "not run: the job ended before this task started",
-            ));
-        }
+        job.kill_pending();
         Some(Action::JobFinished(job.def.id.clone()))
     }
 
@@ -573,7 +568,7 @@ fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
 
 #[cfg(test)]
 mod tests {
-    use flint_protocol::TaskEnd;
+    use flint_protocol::{ModuleRef, Resources, TaskEnd};
 
     use super::*;
 
@@ -599,7 +594,7 @@ mod tests {
                     ..Resources::default()
                 },
                 max_failures: 3,
-                created_at: SystemTime::UNIX_EPOCH,
+                created_at_ms: 0,
             },
             tasks: (0..tasks)
                 .map(|_| NewTask {

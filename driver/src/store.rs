@@ -73,7 +73,7 @@ impl JobStore {
         let txn = self.db.begin_write().map_err(db_error)?;
         txn.open_table(JOBS)
             .map_err(db_error)?
-            .insert(job.id.0.as_str(), bytes.as_slice())
+            .insert(job.def.id.0.as_str(), bytes.as_slice())
             .map_err(db_error)?;
         txn.commit().map_err(db_error)
     }

@@ -8,9 +8,10 @@ use crate::api::{JobState, TaskState};
 use crate::ids::{ExecutorId, JobId};
 use crate::task::{ModuleRef, Resources, TaskFailure};
 
-/// A job as accepted, written before the API answers 202.
+/// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
+/// as it is stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobRecord {
+pub struct JobDef {
     pub id: JobId,
     pub name: String,
     pub module: ModuleRef,
@@ -19,6 +20,12 @@ pub struct JobRecord {
     pub resources: Resources,
     pub max_failures: u32,
     pub created_at_ms: u64,
+}
+
+/// A job as accepted, written before the API answers 202.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub def: JobDef,
     pub tasks: Vec<TaskInputRecord>,
 }
 
