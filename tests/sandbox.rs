@@ -350,3 +350,32 @@ fn memory_bombs_keep_executor_rss_under_cores_times_limit_plus_overhead() {
         );
     }
 }
+
+#[test]
+fn a_fuel_budget_is_a_deterministic_limit_on_metering_executors() {
+    let cluster = DevCluster::start_with(2, 1, &["--executor-arg=--fuel"]);
+    let module = cluster.upload(&guests().testkit);
+    let job = with_resources(spec(&module, &["spin"], &[""]), json!({"fuel": 1_000_000}));
+    let task = run_beside_a_good_job(&cluster, job);
+    assert_failed_with(&task, "fuel_limit", "fuel budget of 1000000");
+    let job = cluster.run_job(with_resources(
+        spec(&module, &["echo"], &["within budget"]),
+        json!({"fuel": 10_000_000}),
+    ));
+    assert_eq!(cluster.result(&job, 0), b"within budget");
+
+    // Without metering executors, a budget cannot be honoured: refused, not queued forever.
+    let plain = DevCluster::start(1, 1);
+    let module = plain.upload(&guests().testkit);
+    let job = with_resources(spec(&module, &["noop"], &[""]), json!({"fuel": 1000}));
+    let (status, body) = plain.post_raw("/v1/jobs", job.to_string());
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["kind"], "unschedulable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--fuel"),
+        "{body}"
+    );
+}

@@ -181,7 +181,14 @@ async fn submit_job(
     })?;
     let job = accept(&driver, spec)?;
     let id = job.def.id.clone();
-    let max_cores = driver.read(ClusterState::max_executor_cores);
+    let (max_cores, any_fuel) =
+        driver.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
+    if max_cores.is_some() && job.def.resources.fuel.is_some() && !any_fuel {
+        return Err(ApiError::invalid(
+            "unschedulable",
+            "tasks have a fuel budget but no executor meters fuel (start executors with --fuel)",
+        ));
+    }
     if let Some(max) = max_cores
         && job.def.resources.cores > max
     {
@@ -272,7 +279,14 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         memory_mb: r.memory_mb.unwrap_or(d.memory_mb),
         timeout_ms: r.timeout_ms.unwrap_or(d.timeout_ms),
         max_output_bytes: r.max_output_bytes.unwrap_or(d.max_output_bytes),
+        fuel: r.fuel,
     };
+    if resources.fuel == Some(0) {
+        return Err(ApiError::invalid(
+            "invalid_spec",
+            "resources.fuel must be at least 1 (leave it out for no budget)",
+        ));
+    }
     for (name, value) in [
         ("cores", u64::from(resources.cores)),
         ("memory_mb", u64::from(resources.memory_mb)),

@@ -87,10 +87,11 @@ async fn handle(
                 hostname,
                 cores,
                 pid,
+                meters_fuel,
                 ..
             })) => {
                 let host = if hostname.is_empty() { host } else { hostname };
-                match driver.register_executor(executor_id.clone(), host, cores, pid) {
+                match driver.register_executor(executor_id.clone(), host, cores, pid, meters_fuel) {
                     Ok((generation, outbox)) => {
                         tracing::info!(executor = %executor_id, cores, generation, "executor registered");
                         break (executor_id, generation, outbox);

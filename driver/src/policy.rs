@@ -10,6 +10,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Offer {
     pub free_cores: u32,
+    /// The executor meters fuel, so it may run tasks with fuel budgets.
+    pub meters_fuel: bool,
 }
 
 /// A job's pending tasks: `count` tasks needing `cores` cores each.
@@ -17,6 +19,8 @@ pub struct Offer {
 pub struct Demand {
     pub cores: u32,
     pub count: usize,
+    /// The tasks have fuel budgets: only executors that meter fuel may take them.
+    pub needs_fuel: bool,
 }
 
 /// One task of demand `demand` goes to offer `offer`.
@@ -41,7 +45,9 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Vec<Placement> {
         for _ in 0..demand.count {
             let fits = (0..free.len())
                 .map(|k| (cursor + k) % free.len())
-                .find(|&e| free[e] >= demand.cores);
+                .find(|&e| {
+                    free[e] >= demand.cores && (offers[e].meters_fuel || !demand.needs_fuel)
+                });
             let Some(e) = fits else { break };
             free[e] -= demand.cores;
             placements.push(Placement {
@@ -65,30 +71,54 @@ mod tests {
 
     fn offers(free: &[u32]) -> Vec<Offer> {
         free.iter()
-            .map(|&free_cores| Offer { free_cores })
+            .map(|&free_cores| Offer {
+                free_cores,
+                meters_fuel: false,
+            })
             .collect()
+    }
+
+    fn demand(cores: u32, count: usize) -> Demand {
+        Demand {
+            cores,
+            count,
+            needs_fuel: false,
+        }
+    }
+
+    #[test]
+    fn budgeted_tasks_go_only_to_executors_that_meter_fuel() {
+        let mut metered = offers(&[2, 2]);
+        metered[1].meters_fuel = true;
+        let placed = place(
+            &metered,
+            &[Demand {
+                cores: 1,
+                count: 3,
+                needs_fuel: true,
+            }],
+        );
+        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
+        assert_eq!(targets, vec![1, 1]);
     }
 
     #[test]
     fn two_core_tasks_take_a_whole_two_core_executor_each() {
-        let placed = place(&offers(&[2, 2]), &[Demand { cores: 2, count: 5 }]);
+        let placed = place(&offers(&[2, 2]), &[demand(2, 5)]);
         let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
         assert_eq!(targets, vec![0, 1]);
     }
 
     #[test]
     fn placements_rotate_across_executors() {
-        let placed = place(&offers(&[2, 2, 2]), &[Demand { cores: 1, count: 4 }]);
+        let placed = place(&offers(&[2, 2, 2]), &[demand(1, 4)]);
         let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
         assert_eq!(targets, vec![0, 1, 2, 0]);
     }
 
     #[test]
     fn a_later_smaller_job_fills_what_a_larger_one_cannot_use() {
-        let placed = place(
-            &offers(&[1, 1]),
-            &[Demand { cores: 2, count: 3 }, Demand { cores: 1, count: 3 }],
-        );
+        let placed = place(&offers(&[1, 1]), &[demand(2, 3), demand(1, 3)]);
         assert_eq!(placed.len(), 2);
         assert!(placed.iter().all(|p| p.demand == 1));
     }
@@ -96,19 +126,25 @@ mod tests {
     proptest! {
         #[test]
         fn never_over_commits_and_fills_in_job_order(
-            free in proptest::collection::vec(0u32..8, 0..6),
-            demands in proptest::collection::vec((1u32..5, 0usize..10), 0..5),
+            free in proptest::collection::vec((0u32..8, any::<bool>()), 0..6),
+            demands in proptest::collection::vec((1u32..5, 0usize..10, any::<bool>()), 0..5),
         ) {
             let demands: Vec<Demand> = demands
                 .into_iter()
-                .map(|(cores, count)| Demand { cores, count })
+                .map(|(cores, count, needs_fuel)| Demand { cores, count, needs_fuel })
                 .collect();
-            let placed = place(&offers(&free), &demands);
+            let all: Vec<Offer> = free
+                .iter()
+                .map(|&(free_cores, meters_fuel)| Offer { free_cores, meters_fuel })
+                .collect();
+            let free: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
+            let placed = place(&all, &demands);
             let mut used = vec![0u32; free.len()];
             let mut per_demand = vec![0usize; demands.len()];
             for p in &placed {
                 used[p.offer] += demands[p.demand].cores;
                 per_demand[p.demand] += 1;
+                prop_assert!(all[p.offer].meters_fuel || !demands[p.demand].needs_fuel);
             }
             for (u, f) in used.iter().zip(&free) {
                 prop_assert!(u <= f, "over-committed: used {u} of {f}");
@@ -122,7 +158,10 @@ mod tests {
                     for p in placed.iter().filter(|p| p.demand <= d) {
                         left[p.offer] -= demands[p.demand].cores;
                     }
-                    prop_assert!(left.iter().all(|&l| l < demand.cores));
+                    prop_assert!(left
+                        .iter()
+                        .zip(&all)
+                        .all(|(&l, o)| l < demand.cores || (demand.needs_fuel && !o.meters_fuel)));
                 }
             }
             // FIFO: placements of an earlier job come before those of a later one.

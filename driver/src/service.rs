@@ -193,10 +193,11 @@ impl Driver {
         host: String,
         cores: u32,
         pid: u32,
+        meters_fuel: bool,
     ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
         let (outbox, rx) = mpsc::unbounded_channel();
         let generation = self.apply(|s| {
-            match s.register_executor(id.clone(), host, cores, pid, Instant::now()) {
+            match s.register_executor(id.clone(), host, cores, pid, meters_fuel, Instant::now()) {
                 Ok((generation, actions)) => (Ok(generation), actions),
                 Err(reason) => (Err(reason), Vec::new()),
             }

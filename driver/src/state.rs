@@ -44,6 +44,7 @@ pub struct ExecutorData {
     pub pid: Option<u32>,
     pub exit_code: Option<i32>,
     pub tasks_finished: u64,
+    pub meters_fuel: bool,
 }
 
 /// A job as accepted: its definition and its tasks' own parts.
@@ -136,6 +137,13 @@ impl ClusterState {
         }
     }
 
+    /// Whether any live executor meters fuel (runs tasks with fuel budgets).
+    pub fn any_executor_meters_fuel(&self) -> bool {
+        self.executors
+            .values()
+            .any(|e| e.state == ExecutorState::Alive && e.meters_fuel)
+    }
+
     /// The largest executor, for refusing jobs that could never be placed.
     pub fn max_executor_cores(&self) -> Option<u32> {
         self.executors
@@ -155,6 +163,7 @@ impl ClusterState {
         host: String,
         cores: u32,
         pid: u32,
+        meters_fuel: bool,
         now: Instant,
     ) -> Result<(u64, Vec<Action>), String> {
         if cores == 0 {
@@ -189,6 +198,7 @@ impl ClusterState {
                 pid: Some(pid),
                 exit_code: None,
                 tasks_finished: 0,
+                meters_fuel,
             },
         );
         Ok((generation, actions))
@@ -269,6 +279,7 @@ impl ClusterState {
                 pid: None,
                 exit_code: None,
                 tasks_finished: 0,
+                meters_fuel: false,
             });
         executor.exit_code = exit_code;
         if executor.state != ExecutorState::Alive {
@@ -421,6 +432,7 @@ impl ClusterState {
             .iter()
             .map(|id| Offer {
                 free_cores: self.executors[*id].free_cores,
+                meters_fuel: self.executors[*id].meters_fuel,
             })
             .collect();
         let demands: Vec<Demand> = self
@@ -431,6 +443,7 @@ impl ClusterState {
                 Demand {
                     cores: job.def.resources.cores,
                     count: job.pending.len(),
+                    needs_fuel: job.def.resources.fuel.is_some(),
                 }
             })
             .collect();
@@ -653,7 +666,7 @@ mod tests {
         let generations = (1..=executors)
             .map(|n| {
                 state
-                    .register_executor(exec(n), "h".into(), cores, n, Instant::now())
+                    .register_executor(exec(n), "h".into(), cores, n, false, Instant::now())
                     .unwrap()
                     .0
             })
@@ -669,17 +682,17 @@ mod tests {
     fn a_duplicate_live_id_is_refused_and_a_lost_one_comes_back_newer() {
         let (mut state, gens) = cluster(1, 2);
         let err = state
-            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .register_executor(exec(1), "h".into(), 2, 9, false, Instant::now())
             .unwrap_err();
         assert!(err.contains("already registered"), "{err}");
         state.executor_lost(&exec(1), gens[0]);
         let (again, _) = state
-            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .register_executor(exec(1), "h".into(), 2, 9, false, Instant::now())
             .unwrap();
         assert!(again > gens[0]);
         // The same process (host and pid) coming back supersedes its live registration.
         let (third, _) = state
-            .register_executor(exec(1), "h".into(), 2, 9, Instant::now())
+            .register_executor(exec(1), "h".into(), 2, 9, false, Instant::now())
             .unwrap();
         assert!(third > again);
     }

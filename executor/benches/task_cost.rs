@@ -58,6 +58,7 @@ fn config() -> SandboxConfig {
     SandboxConfig {
         slots: 1,
         max_memory_bytes: 256 << 20,
+        fuel: false,
     }
 }
 
@@ -187,6 +188,7 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
                 max_output_bytes: 1 << 20,
                 max_log_bytes: 1 << 20,
                 kill: kill.clone(),
+                fuel: None,
             },
         );
         assert!(report.outcome.is_ok());

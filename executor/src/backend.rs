@@ -35,6 +35,8 @@ pub struct ExecutorOptions {
     pub reconnect_timeout: Duration,
     /// Largest linear memory a task may have here, whatever its job asks for.
     pub max_memory_bytes: usize,
+    /// Meter fuel, so that tasks with fuel budgets can run here.
+    pub fuel: bool,
     pub compiler: CompilerMode,
 }
 
@@ -79,6 +81,7 @@ pub async fn run(
     let sandbox_config = SandboxConfig {
         slots: options.cores,
         max_memory_bytes: options.max_memory_bytes,
+        fuel: options.fuel,
     };
     let sandbox = Arc::new(Sandbox::new(sandbox_config)?);
     let compiler = ModuleCompiler::new(
@@ -290,6 +293,7 @@ async fn register(
         cores: options.cores,
         app_id: options.app_id.clone(),
         pid: std::process::id(),
+        meters_fuel: options.fuel,
     })
     .await
     .map_err(|e| lost(e.to_string()))?;

@@ -32,7 +32,7 @@ pub const EXIT_INVALID_MODULE: i32 = 65;
 pub enum CompilerMode {
     /// In this process, unbounded (tests and embedding).
     InProcess,
-    /// `program args... --slots N --max-memory-bytes M --out OUT INPUT`, killed after
+    /// `program args... --slots N --max-memory-bytes M [--fuel] --out OUT INPUT`, killed after
     /// `timeout`. `flint compile-module` is such a program.
     Subprocess {
         program: PathBuf,
@@ -143,6 +143,7 @@ impl ModuleCompiler {
             .arg(self.config.slots.to_string())
             .arg("--max-memory-bytes")
             .arg(self.config.max_memory_bytes.to_string())
+            .args(self.config.fuel.then_some("--fuel"))
             .arg("--out")
             .arg(&out)
             .arg(wasm_path)

@@ -10,13 +10,20 @@ pub struct RunLimitsText {
     memory: String,
     timeout: String,
     output: String,
+    fuel: String,
 }
 
-pub fn run_limits_text(memory: usize, timeout: Duration, output: usize) -> RunLimitsText {
+pub fn run_limits_text(
+    memory: usize,
+    timeout: Duration,
+    output: usize,
+    fuel: Option<u64>,
+) -> RunLimitsText {
     RunLimitsText {
         memory: format!("{} MiB", memory >> 20),
         timeout: format!("{} ms", timeout.as_millis()),
         output: format!("{output} bytes"),
+        fuel: fuel.map_or_else(|| "unlimited".into(), |f| f.to_string()),
     }
 }
 
@@ -41,6 +48,12 @@ pub fn classify(
     }
     let failure = |kind, message: String| Err(TaskFailure::new(kind, message));
     let trap = error.downcast_ref::<Trap>().copied();
+    if trap == Some(Trap::OutOfFuel) {
+        return failure(
+            FailureKind::FuelLimit,
+            format!("used up its fuel budget of {}", limits.fuel),
+        );
+    }
     if trap == Some(Trap::Interrupt) {
         return if killed {
             failure(FailureKind::Killed, "killed".into())

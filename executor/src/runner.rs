@@ -219,6 +219,7 @@ impl TaskRunner {
                 max_output_bytes: usize::try_from(resources.max_output_bytes).unwrap_or(usize::MAX),
                 max_log_bytes: self.max_log_bytes,
                 kill,
+                fuel: resources.fuel,
             },
         );
         self.report(

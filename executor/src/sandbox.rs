@@ -92,6 +92,7 @@ pub struct Sandbox {
     modules: Linker<ModuleCtx>,
     components: wasmtime::component::Linker<ComponentCtx>,
     max_memory_bytes: usize,
+    meters_fuel: bool,
     _ticker: EpochTicker,
 }
 
@@ -106,6 +107,8 @@ pub struct TaskRun<'a> {
     pub max_log_bytes: usize,
     /// Set by KillTask; the next epoch tick interrupts the guest.
     pub kill: Arc<AtomicBool>,
+    /// Fuel budget; only on an engine that meters fuel.
+    pub fuel: Option<u64>,
 }
 
 pub struct RunReport {
@@ -121,6 +124,9 @@ pub struct SandboxConfig {
     pub slots: u32,
     /// Largest linear memory any task may have; a task asking for more is held to this.
     pub max_memory_bytes: usize,
+    /// Meter wasm work with fuel, so that tasks can have deterministic budgets. Costs
+    /// about 12 % on tight compute loops (BENCHMARKS.md), so executors opt in.
+    pub fuel: bool,
 }
 
 /// The engine every task of an executor runs in. The compiler subprocess builds its
@@ -141,6 +147,7 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
     config
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .epoch_interruption(true)
+        .consume_fuel(sandbox.fuel)
         .max_wasm_stack(MAX_WASM_STACK);
     Ok(Engine::new(&config)?)
 }
@@ -169,6 +176,7 @@ impl Sandbox {
             modules,
             components,
             max_memory_bytes: sandbox.max_memory_bytes,
+            meters_fuel: sandbox.fuel,
             _ticker: ticker,
         })
     }
@@ -250,6 +258,18 @@ impl Sandbox {
     /// Runs one attempt to its end. Blocks the calling thread, which must have a stack of
     /// at least [`TASK_THREAD_STACK`].
     pub fn run(&self, compiled: &Compiled, run: TaskRun<'_>) -> RunReport {
+        if run.fuel.is_some() && !self.meters_fuel {
+            // The driver places budgeted tasks only on metering executors; should one
+            // arrive here anyway, another executor can run it.
+            return RunReport {
+                outcome: Err(TaskFailure::new(
+                    FailureKind::HostError,
+                    "the task has a fuel budget but this executor does not meter fuel (--fuel)",
+                )),
+                log: Vec::new(),
+                log_truncated: false,
+            };
+        }
         let stdout = CappedPipe::new(run.max_output_bytes, Overflow::Trap);
         let stderr = CappedPipe::new(run.max_log_bytes, Overflow::Truncate);
         let mut wasi = WasiCtxBuilder::new();
@@ -279,7 +299,7 @@ impl Sandbox {
                     wasi: wasi.build_p1(),
                     limits,
                 };
-                let mut store = self.store(ctx, deadline, &run.kill);
+                let mut store = self.store(ctx, deadline, &run.kill, run.fuel);
                 let result = pre
                     .instantiate(&mut store)
                     .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
@@ -292,7 +312,7 @@ impl Sandbox {
                     table: ResourceTable::new(),
                     limits,
                 };
-                let mut store = self.store(ctx, deadline, &run.kill);
+                let mut store = self.store(ctx, deadline, &run.kill, run.fuel);
                 let result = pre
                     .instantiate(&mut store)
                     .and_then(|command| command.wasi_cli_run().call_run(&mut store))
@@ -308,7 +328,7 @@ impl Sandbox {
                 memory_limit_hit,
                 stdout.overflowed(),
                 run.kill.load(Ordering::Relaxed),
-                &run_limits_text(memory_bytes, run.timeout, run.max_output_bytes),
+                &run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel),
             ),
         };
         let (mut log, log_truncated) = stderr.into_contents();
@@ -328,9 +348,20 @@ impl Sandbox {
     /// A fresh store for one attempt: limits on, and an epoch callback that interrupts
     /// the guest when it is killed or past its deadline (the classification reads the
     /// kill flag to tell the two apart).
-    fn store<T: Limited>(&self, data: T, deadline: Instant, kill: &Arc<AtomicBool>) -> Store<T> {
+    fn store<T: Limited>(
+        &self,
+        data: T,
+        deadline: Instant,
+        kill: &Arc<AtomicBool>,
+        fuel: Option<u64>,
+    ) -> Store<T> {
         let mut store = Store::new(&self.engine, data);
         store.limiter(|ctx| ctx.limits());
+        if self.meters_fuel {
+            store
+                .set_fuel(fuel.unwrap_or(u64::MAX))
+                .expect("the engine meters fuel");
+        }
         let kill = kill.clone();
         store.epoch_deadline_callback(move |_| {
             if kill.load(Ordering::Relaxed) || Instant::now() >= deadline {

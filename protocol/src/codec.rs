@@ -245,6 +245,7 @@ mod tests {
                 cores: 2,
                 app_id: Some("app".into()),
                 pid: 42,
+                meters_fuel: true,
             },
             ExecutorMessage::StatusUpdate(TaskStatus {
                 task: task_id(0),

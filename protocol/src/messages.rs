@@ -20,7 +20,7 @@ use crate::ids::{ExecutorId, TaskId};
 use crate::task::{TaskDescription, TaskStatus};
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +62,8 @@ pub enum ExecutorMessage {
         cores: u32,
         app_id: Option<String>,
         pid: u32,
+        /// Started with `--fuel`: runs tasks with a fuel budget.
+        meters_fuel: bool,
     },
     /// A task attempt ended.
     StatusUpdate(TaskStatus),

@@ -61,6 +61,9 @@ pub struct Resources {
     pub memory_mb: u32,
     pub timeout_ms: u64,
     pub max_output_bytes: u64,
+    /// A deterministic budget of wasm work (wasmtime fuel); only executors started with
+    /// `--fuel` run tasks that have one.
+    pub fuel: Option<u64>,
 }
 
 impl Default for Resources {
@@ -70,6 +73,7 @@ impl Default for Resources {
             memory_mb: defaults::TASK_MEMORY_MB,
             timeout_ms: defaults::TASK_TIMEOUT_MS,
             max_output_bytes: defaults::TASK_MAX_OUTPUT_BYTES,
+            fuel: None,
         }
     }
 }
@@ -167,6 +171,8 @@ pub enum FailureKind {
     UnknownImport,
     /// Compiling the module took longer than the executor allows.
     CompileLimit,
+    /// The guest used up its fuel budget.
+    FuelLimit,
     /// The executor could not fetch the module or an input.
     FetchError,
     /// Something failed on the executor's side, not the guest's.
@@ -186,6 +192,7 @@ impl FailureKind {
             FailureKind::InvalidModule => "invalid_module",
             FailureKind::UnknownImport => "unknown_import",
             FailureKind::CompileLimit => "compile_limit",
+            FailureKind::FuelLimit => "fuel_limit",
             FailureKind::FetchError => "fetch_error",
             FailureKind::HostError => "host_error",
         }
