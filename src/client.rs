@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use flint_protocol::api::{ErrorResponse, JobSpec, JobView, List, TaskView, Uploaded};
+use flint_protocol::api::{
+    ErrorResponse, ExecutorView, JobSpec, JobView, List, TaskView, Uploaded,
+};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
@@ -70,6 +72,27 @@ impl Client {
             .await
             .map_err(|e| self.unreachable(e))?;
         Ok(check(response).await?.bytes().await?.to_vec())
+    }
+
+    pub async fn log(&self, id: &str, index: u32) -> anyhow::Result<Vec<u8>> {
+        let url = self.url(&format!("/v1/jobs/{id}/tasks/{index}/log"));
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(check(response).await?.bytes().await?.to_vec())
+    }
+
+    pub async fn kill(&self, id: &str) -> anyhow::Result<JobView> {
+        let url = self.url(&format!("/v1/jobs/{id}/kill"));
+        self.send(self.http.post(url)).await
+    }
+
+    pub async fn executors(&self) -> anyhow::Result<Vec<ExecutorView>> {
+        let list: List<ExecutorView> = self.send(self.http.get(self.url("/v1/executors"))).await?;
+        Ok(list.items)
     }
 
     fn url(&self, path: &str) -> String {

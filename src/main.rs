@@ -5,6 +5,7 @@
 mod bench;
 mod client;
 mod dev;
+mod jobs;
 mod submit;
 
 use std::net::SocketAddr;
@@ -39,6 +40,16 @@ enum Command {
     Executor(ExecutorArgs),
     /// Upload a module, submit a job with one task per input, and print the results.
     Submit(submit::SubmitArgs),
+    /// A job's state, counts and failed tasks.
+    Status(jobs::StatusArgs),
+    /// A job's results, in task order (or one file per task with --out).
+    Results(jobs::ResultsArgs),
+    /// A task's log (its stderr).
+    Logs(jobs::LogsArgs),
+    /// Kill a job: pending tasks never start, running ones stop.
+    Kill(jobs::KillArgs),
+    /// The executors, their cores and state.
+    Executors(jobs::ExecutorsArgs),
     /// Start a local cluster and measure throughput and latency of no-op tasks.
     Bench(bench::BenchArgs),
     /// Compile a module for an executor's engine (run by executors, killed at their
@@ -184,7 +195,10 @@ fn main() {
     if let Command::CompileModule(args) = cli.command {
         std::process::exit(compile_module(args));
     }
-    let quiet = matches!(cli.command, Command::Submit(_));
+    let quiet = !matches!(
+        cli.command,
+        Command::Dev(_) | Command::Driver(_) | Command::Executor(_) | Command::Bench(_)
+    );
     init_tracing(if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -206,6 +220,11 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
                 .expect("the submit subcommand was parsed");
             submit::run(args, sub).await
         }
+        Command::Status(args) => jobs::status(args).await,
+        Command::Results(args) => jobs::results(args).await,
+        Command::Logs(args) => jobs::logs(args).await,
+        Command::Kill(args) => jobs::kill(args).await,
+        Command::Executors(args) => jobs::executors(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
         Command::CompileModule(_) => unreachable!("handled before the runtime starts"),
     };

@@ -210,3 +210,70 @@ fn a_hung_executor_is_declared_lost_and_its_task_runs_elsewhere() {
     let job = cluster.run_job(spec(&module, &["echo"], &["a", "b", "c", "d"]));
     assert_eq!(job["state"], "succeeded", "{job}");
 }
+
+#[test]
+fn the_cli_follows_a_job_through_status_results_logs_and_kill() {
+    let cluster = DevCluster::start(2, 1);
+    let flint = |args: &[&str]| {
+        let output = Command::new(FLINT)
+            .args(args)
+            .env("FLINT_URL", &cluster.http)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let (code, id, err) = flint(&[
+        "submit",
+        &testkit,
+        "--arg",
+        "echo",
+        "--input-text",
+        "a",
+        "--input-text",
+        "b",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let id = id.trim().to_owned();
+    wait_until(Duration::from_secs(30), "the job to end", || {
+        flint(&["status", &id]).1.contains("(succeeded)")
+    });
+    let (_, status, _) = flint(&["status", &id]);
+    assert!(status.contains("2 tasks: 2 succeeded"), "{status}");
+    let (code, results, _) = flint(&["results", &id]);
+    assert_eq!((code, results.as_str()), (Some(0), "a\nb\n"));
+    let out = tempfile::tempdir().unwrap();
+    let (code, _, err) = flint(&["results", &id, "--out", out.path().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(std::fs::read(out.path().join("1")).unwrap(), b"b");
+
+    let (code, id, _) = flint(&["submit", &testkit, "--arg", "exit", "--arg", "4"]);
+    assert_eq!(code, Some(0));
+    let id = id.trim().to_owned();
+    wait_until(Duration::from_secs(30), "the failing job to end", || {
+        flint(&["status", &id]).1.contains("(failed)")
+    });
+    assert_eq!(flint(&["logs", &id, "0"]).1.trim(), "exiting with 4");
+    let (code, _, err) = flint(&["results", &id]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("1 of 1 tasks have no result"), "{err}");
+
+    let (_, id, _) = flint(&["submit", &testkit, "--arg", "spin"]);
+    let id = id.trim().to_owned();
+    let (code, killed, _) = flint(&["kill", &id]);
+    assert_eq!(code, Some(0));
+    assert!(killed.contains("(killed)"), "{killed}");
+    let (code, executors, _) = flint(&["executors"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        executors.contains("exec-1") && executors.contains("alive"),
+        "{executors}"
+    );
+    let (code, _, err) = flint(&["status", "job-does-not-exist"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("job_not_found"), "{err}");
+}

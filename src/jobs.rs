@@ -1,0 +1,189 @@
+//! The rest of a job's life from the command line: `flint status`, `results`, `logs`,
+//! `kill`, and `executors`. Each prints what a person wants to read, or JSON with `--json`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use flint_protocol::api::{JobView, TaskView};
+
+use crate::client::Client;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DriverUrl {
+    /// The driver's HTTP address.
+    #[arg(long, env = "FLINT_URL", default_value = "http://127.0.0.1:7070")]
+    pub driver: String,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatusArgs {
+    job: String,
+    /// Print the job and its tasks as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ResultsArgs {
+    job: String,
+    /// Write each task's result to DIR/<index> instead of printing them in task order.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct LogsArgs {
+    job: String,
+    task: u32,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct KillArgs {
+    job: String,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ExecutorsArgs {
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+pub async fn status(args: StatusArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.url.driver);
+    let job = client.job(&args.job, None).await?;
+    let tasks = client.tasks(&args.job).await?;
+    if args.json {
+        let both = serde_json::json!({"job": job, "tasks": tasks});
+        println!("{}", serde_json::to_string_pretty(&both)?);
+        return Ok(0);
+    }
+    print_job(&job);
+    for task in tasks.iter().filter(|t| t.error.is_some()) {
+        print_failure(task);
+    }
+    Ok(0)
+}
+
+fn print_job(job: &JobView) {
+    let c = &job.counts;
+    println!(
+        "{} {} ({}): {} tasks: {} succeeded, {} failed, {} killed, {} running, {} pending",
+        job.id,
+        job.name,
+        wire_name(job.state),
+        job.tasks,
+        c.succeeded,
+        c.failed,
+        c.killed,
+        c.running,
+        c.pending
+    );
+    if let Some(error) = &job.error {
+        println!("  {}: {}", error.kind, error.message);
+    }
+}
+
+/// A state as the API spells it (`succeeded`, `alive`, ...).
+fn wire_name(state: impl serde::Serialize) -> String {
+    match serde_json::to_value(state) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => "?".into(),
+    }
+}
+
+fn print_failure(task: &TaskView) {
+    if let Some(error) = &task.error {
+        println!("  task {}: {}: {}", task.index, error.kind, error.message);
+    }
+}
+
+pub async fn results(args: ResultsArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.url.driver);
+    let tasks = client.tasks(&args.job).await?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let mut missing = 0;
+    for task in &tasks {
+        if task.result.is_none() {
+            missing += 1;
+            continue;
+        }
+        let bytes = client.result(&args.job, task.index).await?;
+        match &args.out {
+            Some(dir) => {
+                let path = dir.join(task.index.to_string());
+                std::fs::write(&path, &bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            None => {
+                stdout.write_all(&bytes)?;
+                if !bytes.ends_with(b"\n") {
+                    stdout.write_all(b"\n")?;
+                }
+            }
+        }
+    }
+    stdout.flush()?;
+    if missing > 0 {
+        eprintln!(
+            "{missing} of {} tasks have no result (see `flint status {}`)",
+            tasks.len(),
+            args.job
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+pub async fn logs(args: LogsArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.url.driver);
+    let log = client.log(&args.job, args.task).await?;
+    std::io::stdout().write_all(&log)?;
+    Ok(0)
+}
+
+pub async fn kill(args: KillArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.url.driver);
+    let job = client.kill(&args.job).await?;
+    print_job(&job);
+    Ok(0)
+}
+
+pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.url.driver);
+    let executors = client.executors().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&executors)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<12} {:<8} {:>5} {:>5} {:>7} {:>9}  host",
+        "id", "state", "cores", "free", "running", "heartbeat"
+    );
+    for e in executors {
+        println!(
+            "{:<12} {:<8} {:>5} {:>5} {:>7} {:>7}ms  {}",
+            e.id,
+            wire_name(e.state),
+            e.cores,
+            e.free_cores,
+            e.running,
+            e.last_heartbeat_ms.unwrap_or(0),
+            e.host
+        );
+    }
+    Ok(0)
+}
