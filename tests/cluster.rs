@@ -239,9 +239,14 @@ fn the_cli_follows_a_job_through_status_results_logs_and_kill() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     let id = id.trim().to_owned();
-    wait_until(Duration::from_secs(30), "the job to end", || {
-        flint(&["status", &id]).1.contains("(succeeded)")
-    });
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !last.contains("(succeeded)") {
+        assert!(std::time::Instant::now() < deadline, "job did not succeed: {last}");
+        std::thread::sleep(Duration::from_millis(25));
+        let (_, out, err) = flint(&["status", &id]);
+        last = format!("{out}{err}");
+    }
     let (_, status, _) = flint(&["status", &id]);
     assert!(status.contains("2 tasks: 2 succeeded"), "{status}");
     let (code, results, _) = flint(&["results", &id]);
