@@ -242,7 +242,10 @@ fn the_cli_follows_a_job_through_status_results_logs_and_kill() {
     let mut last = String::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !last.contains("(succeeded)") {
-        assert!(std::time::Instant::now() < deadline, "job did not succeed: {last}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job did not succeed: {last}"
+        );
         std::thread::sleep(Duration::from_millis(25));
         let (_, out, err) = flint(&["status", &id]);
         last = format!("{out}{err}");
@@ -281,4 +284,83 @@ fn the_cli_follows_a_job_through_status_results_logs_and_kill() {
     let (code, _, err) = flint(&["status", "job-does-not-exist"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("job_not_found"), "{err}");
+}
+
+#[test]
+fn a_killed_executor_mid_job_loses_no_result() {
+    let cluster = DevCluster::start(3, 1);
+    let module = cluster.upload(&guests().wordcount);
+    let inputs: Vec<String> = (0..300).map(|i| format!("w{i} ").repeat(8000)).collect();
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let (status, job) = cluster.post_raw("/v1/jobs", spec(&module, &[], &refs).to_string());
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(30), "the job to get going", || {
+        cluster.get(&format!("/v1/jobs/{id}")).1["counts"]["succeeded"]
+            .as_u64()
+            .unwrap()
+            >= 20
+    });
+    let victim = cluster
+        .executors()
+        .into_iter()
+        .find(|e| e["id"] == "exec-2")
+        .unwrap();
+    let before = cluster.get(&format!("/v1/jobs/{id}")).1;
+    signal(victim["pid"].as_u64().unwrap() as u32, libc::SIGKILL);
+    let killed = std::time::Instant::now();
+    assert_ne!(before["state"], "succeeded", "the kill came too late to test anything");
+    wait_until(Duration::from_secs(2), "the loss to be seen", || {
+        cluster.executors()[1]["state"] != "alive"
+    });
+    assert!(killed.elapsed() < Duration::from_secs(2));
+
+    let job = cluster.get(&format!("/v1/jobs/{id}?wait=120")).1;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["counts"]["succeeded"], 300, "{job}");
+    for (index, input) in inputs.iter().enumerate() {
+        let counts: serde_json::Value =
+            serde_json::from_slice(&cluster.result(&job, index as u64)).unwrap();
+        let word = input.split_whitespace().next().unwrap();
+        assert_eq!(counts, serde_json::json!({ word: 8000 }), "task {index}");
+    }
+    assert!(
+        cluster
+            .tasks(&job)
+            .iter()
+            .all(|t| t["attempts"].as_u64().unwrap() <= 2),
+        "only the lost executor's tasks ran again"
+    );
+}
+
+#[test]
+fn a_poison_task_fails_its_job_by_name_while_a_healthy_job_succeeds() {
+    let cluster = DevCluster::start(2, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let mut poison = serde_json::json!({
+        "module": testkit,
+        "tasks": [{"args": ["echo"]}, {"args": ["exit", "9"]}, {"args": ["echo"]}],
+    });
+    poison["max_failures"] = serde_json::json!(4);
+    let (_, healthy) = cluster.post_raw(
+        "/v1/jobs",
+        spec(&testkit, &["echo"], &["x"; 20]).to_string(),
+    );
+    let started = std::time::Instant::now();
+    let poisoned = cluster.run_job(poison);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(poisoned["state"], "failed", "{poisoned}");
+    let message = poisoned["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("task 1 failed after 1 attempt(s): exit: exited with code 9"),
+        "{message}"
+    );
+    let healthy = cluster
+        .get(&format!(
+            "/v1/jobs/{}?wait=60",
+            healthy["id"].as_str().unwrap()
+        ))
+        .1;
+    assert_eq!(healthy["state"], "succeeded", "{healthy}");
+    assert_eq!(healthy["counts"]["succeeded"], 20);
 }
