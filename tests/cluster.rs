@@ -309,7 +309,10 @@ fn a_killed_executor_mid_job_loses_no_result() {
     let before = cluster.get(&format!("/v1/jobs/{id}")).1;
     signal(victim["pid"].as_u64().unwrap() as u32, libc::SIGKILL);
     let killed = std::time::Instant::now();
-    assert_ne!(before["state"], "succeeded", "the kill came too late to test anything");
+    assert_ne!(
+        before["state"], "succeeded",
+        "the kill came too late to test anything"
+    );
     wait_until(Duration::from_secs(2), "the loss to be seen", || {
         cluster.executors()[1]["state"] != "alive"
     });

@@ -16,10 +16,10 @@ use flint_protocol::api::{
     ErrorBody, ErrorResponse, ExecutorView, InputSpec, JobSpec, JobView, List, ResultInfo,
     TaskState, TaskView, Uploaded,
 };
-use flint_protocol::{Digest, JobId, ModuleRef, Resources, defaults};
+use flint_protocol::{Digest, FileRef, JobId, ModuleRef, Resources, defaults};
 use serde::Deserialize;
 
-use crate::modules::ModuleError;
+use crate::modules::{ModuleError, ModuleStore};
 use crate::service::Driver;
 use crate::state::{ClusterState, Job, JobDef, NewJob, NewTask};
 
@@ -37,6 +37,11 @@ pub fn router(driver: Arc<Driver>) -> Router {
             put(put_module).layer(DefaultBodyLimit::max(defaults::MAX_MODULE_BYTES)),
         )
         .route("/v1/modules/{id}", get(get_module))
+        .route(
+            "/v1/files",
+            put(put_file).layer(DefaultBodyLimit::max(defaults::MAX_FILE_BYTES)),
+        )
+        .route("/v1/files/{id}", get(get_file))
         .route(
             "/v1/jobs",
             get(list_jobs)
@@ -80,6 +85,7 @@ impl ApiError {
             "job" => "job_not_found",
             "task" => "task_not_found",
             "module" => "module_not_found",
+            "file" => "file_not_found",
             _ => "not_found",
         };
         Self::new(StatusCode::NOT_FOUND, kind, message)
@@ -119,8 +125,23 @@ async fn put_module(
     State(driver): State<Arc<Driver>>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    put_blob(driver, body, |d| &d.modules).await
+}
+
+async fn put_file(
+    State(driver): State<Arc<Driver>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    put_blob(driver, body, |d| &d.files).await
+}
+
+async fn put_blob(
+    driver: Arc<Driver>,
+    body: Result<Bytes, BytesRejection>,
+    store: fn(&Driver) -> &ModuleStore,
+) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
     let body = body.map_err(ApiError::body)?;
-    let stored = tokio::task::spawn_blocking(move || driver.modules.put(&body))
+    let stored = tokio::task::spawn_blocking(move || store(&driver).put(&body))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     match stored {
@@ -144,14 +165,30 @@ async fn get_module(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    let digest = parse_module_id(&id)?;
-    if driver.modules.get(&digest).is_none() {
-        return Err(ApiError::not_found("module", format!("no module {digest}")));
+    get_blob(&driver.modules, "module", &id, "application/wasm").await
+}
+
+async fn get_file(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    get_blob(&driver.files, "file", &id, "application/octet-stream").await
+}
+
+async fn get_blob(
+    store: &ModuleStore,
+    what: &'static str,
+    id: &str,
+    content_type: &'static str,
+) -> ApiResult<Response> {
+    let digest = parse_module_id(id)?;
+    if store.get(&digest).is_none() {
+        return Err(ApiError::not_found(what, format!("no {what} {digest}")));
     }
-    let bytes = tokio::fs::read(driver.modules.path(&digest))
+    let bytes = tokio::fs::read(store.path(&digest))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, "application/wasm")], bytes).into_response())
+    Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
 }
 
 #[derive(Deserialize)]
@@ -221,6 +258,11 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             format!("no module {digest} has been uploaded; PUT it to /v1/modules first"),
         )
     })?;
+    let files = spec
+        .files
+        .iter()
+        .map(|(name, id)| file_ref(driver, name, id))
+        .collect::<ApiResult<Vec<FileRef>>>()?;
     let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -325,6 +367,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             timestamp_ms: info.timestamp_ms,
             size: info.size,
         },
+        files,
         args: spec.args,
         env: spec.env.into_iter().collect(),
         resources,
@@ -334,6 +377,44 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .map_or(0, |d| d.as_millis() as u64),
     };
     Ok(NewJob { def, tasks })
+}
+
+/// A job file: a safe name (it becomes a path under `/files`) and an uploaded file.
+fn file_ref(driver: &Driver, name: &str, id: &str) -> ApiResult<FileRef> {
+    let safe = !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !safe {
+        return Err(ApiError::invalid(
+            "invalid_spec",
+            format!(
+                "files: `{name}` is not a file name: use 1-128 of A-Z a-z 0-9 . _ - (not `.` or `..`)"
+            ),
+        ));
+    }
+    let digest = id.parse::<Digest>().map_err(|_| {
+        ApiError::invalid(
+            "invalid_spec",
+            format!("files.{name}: `{id}` is not a file id; upload the file with PUT /v1/files and use the `sha256:` id it returns"),
+        )
+    })?;
+    let info = driver.files.get(&digest).ok_or_else(|| {
+        ApiError::invalid(
+            "unknown_file",
+            format!("files.{name}: no file {digest} has been uploaded; PUT it to /v1/files first"),
+        )
+    })?;
+    Ok(FileRef {
+        name: name.to_owned(),
+        digest,
+        url: format!("{}/v1/files/{digest}", driver.http_base),
+        timestamp_ms: info.timestamp_ms,
+        size: info.size,
+    })
 }
 
 fn decode_input(input: InputSpec, at: &str) -> ApiResult<Vec<u8>> {

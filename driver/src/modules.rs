@@ -1,5 +1,6 @@
-//! Uploaded modules: validated, stored once per SHA-256 under `<data-dir>/modules/`,
-//! served to executors by digest.
+//! Uploaded modules and files: stored once per SHA-256 (modules under
+//! `<data-dir>/modules/`, validated as wasm first; files under `<data-dir>/files/`, any
+//! bytes), served to executors by digest.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,11 +31,22 @@ pub enum ModuleError {
 pub struct ModuleStore {
     dir: PathBuf,
     index: Mutex<HashMap<Digest, ModuleInfo>>,
+    /// Modules must be valid wasm; files may be anything.
+    wasm_only: bool,
 }
 
 impl ModuleStore {
-    /// Opens the store, indexing the modules a previous run left.
+    /// Opens a store of wasm modules, indexing what a previous run left.
     pub fn open(dir: PathBuf) -> Result<Self, ModuleError> {
+        Self::open_with(dir, true)
+    }
+
+    /// Opens a store of files (any bytes).
+    pub fn open_files(dir: PathBuf) -> Result<Self, ModuleError> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: PathBuf, wasm_only: bool) -> Result<Self, ModuleError> {
         let io = |source| ModuleError::Io {
             path: dir.clone(),
             source,
@@ -64,12 +76,15 @@ impl ModuleStore {
         Ok(ModuleStore {
             dir,
             index: Mutex::new(index),
+            wasm_only,
         })
     }
 
     /// Validates and stores `wasm`; storing the same bytes again changes nothing.
     pub fn put(&self, wasm: &[u8]) -> Result<(Digest, ModuleInfo), ModuleError> {
-        validate(wasm)?;
+        if self.wasm_only {
+            validate(wasm)?;
+        }
         let digest = Digest::of(wasm);
         if let Some(info) = self.get(&digest) {
             return Ok((digest, info));

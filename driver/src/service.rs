@@ -62,6 +62,7 @@ struct Inner {
 pub struct Driver {
     pub config: DriverConfig,
     pub modules: ModuleStore,
+    pub files: ModuleStore,
     store: JobStore,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
@@ -75,6 +76,7 @@ impl Driver {
     /// results, the rest run again once executors register.
     pub fn new(config: DriverConfig, http_addr: SocketAddr) -> anyhow::Result<Arc<Self>> {
         let modules = ModuleStore::open(config.data_dir.join("modules"))?;
+        let files = ModuleStore::open_files(config.data_dir.join("files"))?;
         std::fs::create_dir_all(&config.data_dir)?;
         let store = JobStore::open(&config.data_dir.join("jobs.redb"))?;
         let stored = store.load()?;
@@ -82,6 +84,7 @@ impl Driver {
         let driver = Arc::new(Driver {
             config,
             modules,
+            files,
             store,
             http_base: format!("http://{http_addr}"),
             inner: Mutex::new(Inner {

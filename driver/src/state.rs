@@ -572,6 +572,7 @@ fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
         task_count: job.tasks.len() as u32,
         name: job.def.name.clone(),
         module: job.def.module.clone(),
+        files: job.def.files.clone(),
         args: job.def.args.iter().chain(&task.args).cloned().collect(),
         env,
         input: TaskInput::Inline(task.input.clone()),
@@ -600,6 +601,7 @@ mod tests {
                     timestamp_ms: 1,
                     size: 1,
                 },
+                files: vec![],
                 args: vec![],
                 env: vec![],
                 resources: Resources {

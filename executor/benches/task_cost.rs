@@ -114,7 +114,15 @@ fn runner_per_task(
     )
     .unwrap();
     let (updates, mut statuses) = tokio::sync::mpsc::unbounded_channel();
-    let runner = TaskRunner::start(sandbox, fetcher, compiler, 1, 1 << 20, updates);
+    let runner = TaskRunner::start(
+        sandbox,
+        fetcher,
+        compiler,
+        dir.path().join("files"),
+        1,
+        1 << 20,
+        updates,
+    );
     runner.preload(digest, compiled);
     let description = |index: u32| TaskDescription {
         task: TaskId {
@@ -131,6 +139,7 @@ fn runner_per_task(
             timestamp_ms: 0,
             size: 0,
         },
+        files: vec![],
         args: vec!["noop".into()],
         env: vec![],
         input: TaskInput::Inline(Vec::new()),
@@ -189,6 +198,7 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
                 max_log_bytes: 1 << 20,
                 kill: kill.clone(),
                 fuel: None,
+                files_dir: None,
             },
         );
         assert!(report.outcome.is_ok());

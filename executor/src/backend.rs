@@ -117,6 +117,7 @@ pub async fn run(
         sandbox,
         fetcher,
         compiler,
+        options.work_dir.join("files"),
         options.cores as usize,
         usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
         updates_tx.clone(),

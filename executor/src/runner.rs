@@ -7,15 +7,16 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_fetch_cache::{CacheKey, FetchCache};
+use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, TaskDescription, TaskEnd, TaskFailure, TaskId, TaskInput,
-    TaskStatus,
+    Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure, TaskId,
+    TaskInput, TaskStatus,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
@@ -33,6 +34,9 @@ pub struct TaskRunner {
     fetcher: FetchCache,
     compiler: ModuleCompiler,
     modules: Mutex<LruCache<Digest, Arc<OnceCell<Arc<Compiled>>>>>,
+    job_files: Mutex<LruCache<JobId, Arc<OnceCell<Arc<JobFiles>>>>>,
+    /// Where jobs' file directories live.
+    files_root: PathBuf,
     queue: crossbeam_channel::Sender<Work>,
     /// Kill flags of the attempts this executor holds, from launch to final status.
     attempts: Mutex<HashMap<AttemptKey, Arc<AtomicBool>>>,
@@ -45,8 +49,27 @@ pub struct TaskRunner {
 struct Work {
     desc: TaskDescription,
     compiled: Arc<Compiled>,
+    files: Option<Arc<JobFiles>>,
     kill: Arc<AtomicBool>,
 }
+
+/// A job's files, fetched once per executor and hard-linked under one directory that
+/// every task of the job gets as `/files`, read-only. Removed when the last task holding
+/// it is done and the job has left the cache.
+struct JobFiles {
+    dir: PathBuf,
+    /// Keep the cached blobs from eviction while the job may still run here.
+    _pins: Vec<Fetched>,
+}
+
+impl Drop for JobFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Jobs whose files are kept ready.
+const JOB_FILES_ENTRIES: usize = 64;
 
 impl TaskRunner {
     /// Starts `threads` task threads. Status updates go to `updates`.
@@ -54,6 +77,7 @@ impl TaskRunner {
         sandbox: Arc<Sandbox>,
         fetcher: FetchCache,
         compiler: ModuleCompiler,
+        files_root: PathBuf,
         threads: usize,
         max_log_bytes: usize,
         updates: mpsc::UnboundedSender<ExecutorMessage>,
@@ -67,6 +91,10 @@ impl TaskRunner {
             modules: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
             )),
+            job_files: Mutex::new(LruCache::new(
+                NonZeroUsize::new(JOB_FILES_ENTRIES).expect("non-zero"),
+            )),
+            files_root,
             queue,
             attempts: Mutex::new(HashMap::new()),
             updates,
@@ -105,21 +133,78 @@ impl TaskRunner {
                 .get_or_insert(desc.module.digest, || Arc::new(OnceCell::new()))
                 .clone()
         };
-        if let Some(compiled) = cell.get() {
+        if desc.files.is_empty()
+            && let Some(compiled) = cell.get()
+        {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-            self.enqueue(desc, compiled.clone(), kill);
+            self.enqueue(desc, compiled.clone(), None, kill);
             return;
         }
         let runner = self.clone();
         tokio::spawn(async move {
-            match cell.get_or_try_init(|| runner.load_module(&desc)).await {
-                Ok(compiled) => {
-                    let compiled = compiled.clone();
-                    runner.enqueue(desc, compiled, kill);
-                }
+            let ready = async {
+                let compiled = cell
+                    .get_or_try_init(|| runner.load_module(&desc))
+                    .await?
+                    .clone();
+                let files = match desc.files.is_empty() {
+                    true => None,
+                    false => Some(runner.job_files(&desc).await?),
+                };
+                Ok::<_, TaskFailure>((compiled, files))
+            };
+            match ready.await {
+                Ok((compiled, files)) => runner.enqueue(desc, compiled, files, kill),
                 Err(failure) => runner.report(&desc, 0, Err(failure), Vec::new(), false),
             }
         });
+    }
+
+    /// The job's files, ready under one directory (fetched and linked by the first task
+    /// of the job to need them; the others wait for that).
+    async fn job_files(&self, desc: &TaskDescription) -> Result<Arc<JobFiles>, TaskFailure> {
+        let cell = {
+            let mut jobs = self.job_files.lock().expect("job files lock poisoned");
+            jobs.get_or_insert(desc.task.job.clone(), || Arc::new(OnceCell::new()))
+                .clone()
+        };
+        cell.get_or_try_init(|| async {
+            let dir = self.files_root.join(&desc.task.job.0);
+            let host = |what: &str, e: std::io::Error| {
+                TaskFailure::new(
+                    FailureKind::HostError,
+                    format!("{what} {}: {e}", dir.display()),
+                )
+            };
+            // A directory from an earlier run of this executor is stale: start afresh.
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| host("creating", e))?;
+            let mut pins = Vec::with_capacity(desc.files.len());
+            for file in &desc.files {
+                let key = CacheKey {
+                    url: file.url.clone(),
+                    timestamp_ms: file.timestamp_ms,
+                };
+                let (fetched, _hit) = self
+                    .fetcher
+                    .fetch(&key, Some(file.digest))
+                    .await
+                    .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
+                // The driver checked the name is one path component without dots only.
+                let target = dir.join(&file.name);
+                if tokio::fs::hard_link(&fetched.path, &target).await.is_err() {
+                    tokio::fs::copy(&fetched.path, &target)
+                        .await
+                        .map_err(|e| host("copying a file into", e))?;
+                }
+                pins.push(fetched);
+            }
+            Ok(Arc::new(JobFiles { dir, _pins: pins }))
+        })
+        .await
+        .cloned()
     }
 
     /// Puts an already compiled module in the in-memory cache, as if a task had loaded
@@ -178,10 +263,17 @@ impl TaskRunner {
         Ok(Arc::new(compiled))
     }
 
-    fn enqueue(&self, desc: TaskDescription, compiled: Arc<Compiled>, kill: Arc<AtomicBool>) {
+    fn enqueue(
+        &self,
+        desc: TaskDescription,
+        compiled: Arc<Compiled>,
+        files: Option<Arc<JobFiles>>,
+        kill: Arc<AtomicBool>,
+    ) {
         let work = Work {
             desc,
             compiled,
+            files,
             kill,
         };
         if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
@@ -194,6 +286,7 @@ impl TaskRunner {
         let Work {
             mut desc,
             compiled,
+            files,
             kill,
         } = work;
         if kill.load(Ordering::Relaxed) {
@@ -220,6 +313,7 @@ impl TaskRunner {
                 max_log_bytes: self.max_log_bytes,
                 kill,
                 fuel: resources.fuel,
+                files_dir: files.as_ref().map(|f| f.dir.as_path()),
             },
         );
         self.report(

@@ -6,6 +6,7 @@
 //! capped pipe that traps, stderr through a capped pipe that truncates. Preview-1 core
 //! modules and preview-2 command components run under the same guest ABI.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use wasmtime::{
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::outcome::{TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
@@ -109,6 +110,8 @@ pub struct TaskRun<'a> {
     pub kill: Arc<AtomicBool>,
     /// Fuel budget; only on an engine that meters fuel.
     pub fuel: Option<u64>,
+    /// The job's files, mounted read-only at `/files`.
+    pub files_dir: Option<&'a Path>,
 }
 
 pub struct RunReport {
@@ -279,6 +282,18 @@ impl Sandbox {
             .args(run.args)
             .envs(run.env)
             .allow_blocking_current_thread(true);
+        if let Some(dir) = run.files_dir
+            && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
+        {
+            return RunReport {
+                outcome: Err(TaskFailure::new(
+                    FailureKind::HostError,
+                    format!("mounting the job's files from {}: {e:#}", dir.display()),
+                )),
+                log: Vec::new(),
+                log_truncated: false,
+            };
+        }
         let memory_bytes = run.memory_bytes.min(self.max_memory_bytes);
         let limits = TaskLimiter {
             inner: StoreLimitsBuilder::new()

@@ -14,6 +14,10 @@ pub struct JobSpec {
     pub name: Option<String>,
     /// An uploaded module's id, `sha256:<hex>`.
     pub module: String,
+    /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
+    /// (`PUT /v1/files`). Names are 1-128 of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -186,6 +186,13 @@ mod tests {
                 timestamp_ms: 1_700_000_000_000,
                 size: 6,
             },
+            files: vec![FileRef {
+                name: "stopwords.txt".into(),
+                digest: Digest::of(b"a the"),
+                url: "http://127.0.0.1:7070/v1/files/sha256:00".into(),
+                timestamp_ms: 1_700_000_000_000,
+                size: 5,
+            }],
             args,
             env: vec![("LANG".into(), "C".into())],
             input: TaskInput::Inline(input),

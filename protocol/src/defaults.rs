@@ -22,6 +22,8 @@ pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 pub const EXECUTOR_TIMEOUT_MS: u64 = 8_000;
 /// Largest module the driver accepts.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest file the driver accepts (`PUT /v1/files`); held in memory while uploading.
+pub const MAX_FILE_BYTES: usize = 256 * 1024 * 1024;
 /// Largest `POST /v1/jobs` body.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024 * 1024;
 /// Most tasks in one job.

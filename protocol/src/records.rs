@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{JobState, TaskState};
 use crate::ids::{ExecutorId, JobId};
-use crate::task::{ModuleRef, Resources, TaskFailure};
+use crate::task::{FileRef, ModuleRef, Resources, TaskFailure};
 
 /// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
 /// as it is stored.
@@ -15,6 +15,7 @@ pub struct JobDef {
     pub id: JobId,
     pub name: String,
     pub module: ModuleRef,
+    pub files: Vec<FileRef>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub resources: Resources,

@@ -22,6 +22,8 @@ pub struct TaskDescription {
     /// The guest's `argv[0]`: the job's name.
     pub name: String,
     pub module: ModuleRef,
+    /// The job's files, mounted read-only at `/files/<name>`.
+    pub files: Vec<FileRef>,
     /// Job args followed by task args.
     pub args: Vec<String>,
     /// Job env overlaid with task env. The executor adds the `FLINT_*` variables.
@@ -36,6 +38,17 @@ pub struct ModuleRef {
     pub digest: Digest,
     pub url: String,
     /// When the driver was given the module: the cache key is (url, timestamp).
+    pub timestamp_ms: u64,
+    pub size: u64,
+}
+
+/// One of a job's named files, mounted read-only at `/files/<name>` for its tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    pub name: String,
+    pub digest: Digest,
+    pub url: String,
+    /// When the driver was given the file: the cache key is (url, timestamp).
     pub timestamp_ms: u64,
     pub size: u64,
 }
