@@ -64,21 +64,19 @@ impl Client {
     }
 
     pub async fn result(&self, id: &str, index: u32) -> anyhow::Result<Vec<u8>> {
-        let url = self.url(&format!("/v1/jobs/{id}/tasks/{index}/result"));
-        let response = self
-            .http
-            .get(url)
-            .send()
+        self.bytes(&format!("/v1/jobs/{id}/tasks/{index}/result"))
             .await
-            .map_err(|e| self.unreachable(e))?;
-        Ok(check(response).await?.bytes().await?.to_vec())
     }
 
     pub async fn log(&self, id: &str, index: u32) -> anyhow::Result<Vec<u8>> {
-        let url = self.url(&format!("/v1/jobs/{id}/tasks/{index}/log"));
+        self.bytes(&format!("/v1/jobs/{id}/tasks/{index}/log"))
+            .await
+    }
+
+    async fn bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
         let response = self
             .http
-            .get(url)
+            .get(self.url(path))
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;

@@ -183,16 +183,10 @@ impl TaskRunner {
                 .map_err(|e| host("creating", e))?;
             let mut pins = Vec::with_capacity(desc.files.len());
             for file in &desc.files {
-                let key = CacheKey {
-                    url: file.url.clone(),
-                    timestamp_ms: file.timestamp_ms,
-                };
-                let (fetched, _hit) = self
-                    .fetcher
-                    .fetch(&key, Some(file.digest))
-                    .await
-                    .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
-                // The driver checked the name is one path component without dots only.
+                let fetched = self
+                    .fetch(&file.url, file.timestamp_ms, file.digest)
+                    .await?;
+                // The driver checked the name: one path component, never `.` or `..`.
                 let target = dir.join(&file.name);
                 if tokio::fs::hard_link(&fetched.path, &target).await.is_err() {
                     tokio::fs::copy(&fetched.path, &target)
@@ -244,17 +238,30 @@ impl TaskRunner {
         self.lock_attempts().len()
     }
 
-    async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
-        let module = &desc.module;
+    /// A blob the driver referred to, through the fetch cache; it must hash to `digest`.
+    async fn fetch(
+        &self,
+        url: &str,
+        timestamp_ms: u64,
+        digest: Digest,
+    ) -> Result<Fetched, TaskFailure> {
         let key = CacheKey {
-            url: module.url.clone(),
-            timestamp_ms: module.timestamp_ms,
+            url: url.to_owned(),
+            timestamp_ms,
         };
         let (fetched, _hit) = self
             .fetcher
-            .fetch(&key, Some(module.digest))
+            .fetch(&key, Some(digest))
             .await
             .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
+        Ok(fetched)
+    }
+
+    async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
+        let module = &desc.module;
+        let fetched = self
+            .fetch(&module.url, module.timestamp_ms, module.digest)
+            .await?;
         let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
         if source == Source::Compiled {
             self.modules_compiled.fetch_add(1, Ordering::Relaxed);
