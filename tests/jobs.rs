@@ -107,6 +107,31 @@ fn failing_guests_fail_their_jobs_and_the_executors_survive() {
         assert_eq!(a["state"], "alive");
         assert_eq!((&a["pid"], &a["generation"]), (&b["pid"], &b["generation"]));
     }
+    // Their heartbeats report the compiled-module cache at work: compiled once per
+    // executor, then served from memory.
+    common::wait_until(
+        Duration::from_secs(10),
+        "cache figures in heartbeats",
+        || {
+            let executors = cluster.executors();
+            let sum = |key: &str| {
+                executors
+                    .iter()
+                    .map(|e| e[key].as_u64().unwrap())
+                    .sum::<u64>()
+            };
+            sum("modules_compiled") >= 1 && sum("module_cache_hits") >= 1
+        },
+    );
+    let compiled: Vec<u64> = cluster
+        .executors()
+        .iter()
+        .map(|e| e["modules_compiled"].as_u64().unwrap())
+        .collect();
+    assert!(
+        compiled.iter().all(|&n| n <= 1),
+        "one module, compiled at most once each: {compiled:?}"
+    );
 }
 
 #[test]

@@ -607,6 +607,9 @@ async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<Ex
                     pid: e.pid,
                     exit_code: e.exit_code,
                     tasks_finished: e.tasks_finished,
+                    meters_fuel: e.meters_fuel,
+                    modules_compiled: e.reported.modules_compiled,
+                    module_cache_hits: e.reported.module_cache_hits,
                 })
                 .collect(),
             next: None,

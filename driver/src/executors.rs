@@ -147,7 +147,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 fn on_message(driver: &Driver, id: &ExecutorId, generation: u64, message: ExecutorMessage) {
     match message {
         ExecutorMessage::StatusUpdate(status) => driver.status_update(id, generation, status),
-        ExecutorMessage::Heartbeat(_) => driver.heartbeat(id, generation),
+        ExecutorMessage::Heartbeat(report) => driver.heartbeat(id, generation, report),
         other => tracing::warn!(executor = %id, ?other, "unexpected message after registration"),
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use flint_protocol::messages::ExecutorConfig;
+use flint_protocol::messages::{ExecutorConfig, Heartbeat};
 use flint_protocol::{DriverMessage, ExecutorId, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -239,8 +239,10 @@ impl Driver {
             .executor_exited(id, exit_code, Instant::now());
     }
 
-    pub fn heartbeat(&self, id: &ExecutorId, generation: u64) {
-        self.lock().state.heartbeat(id, generation, Instant::now());
+    pub fn heartbeat(&self, id: &ExecutorId, generation: u64, report: Heartbeat) {
+        self.lock()
+            .state
+            .heartbeat(id, generation, Instant::now(), Some(report));
     }
 
     pub fn status_update(
@@ -251,7 +253,7 @@ impl Driver {
     ) {
         self.apply(|s| {
             // Any frame shows the executor is alive, not only heartbeats.
-            s.heartbeat(id, generation, Instant::now());
+            s.heartbeat(id, generation, Instant::now(), None);
             (
                 (),
                 s.status_update(id, generation, status, SystemTime::now()),

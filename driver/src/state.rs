@@ -13,6 +13,8 @@ use flint_protocol::{
 
 pub use flint_protocol::records::JobDef;
 
+use flint_protocol::messages::Heartbeat;
+
 use crate::policy::{self, Demand, Offer};
 
 /// What the service layer must do after a state change.
@@ -45,6 +47,8 @@ pub struct ExecutorData {
     pub exit_code: Option<i32>,
     pub tasks_finished: u64,
     pub meters_fuel: bool,
+    /// The executor's own figures, as of its latest heartbeat.
+    pub reported: Heartbeat,
 }
 
 /// A job as accepted: its definition and its tasks' own parts.
@@ -199,14 +203,25 @@ impl ClusterState {
                 exit_code: None,
                 tasks_finished: 0,
                 meters_fuel,
+                reported: Heartbeat::default(),
             },
         );
         Ok((generation, actions))
     }
 
-    pub fn heartbeat(&mut self, id: &ExecutorId, generation: u64, now: Instant) {
+    /// The executor is alive; with `report`, its figures are new too.
+    pub fn heartbeat(
+        &mut self,
+        id: &ExecutorId,
+        generation: u64,
+        now: Instant,
+        report: Option<Heartbeat>,
+    ) {
         if let Some(e) = self.live_executor(id, generation) {
             e.last_heartbeat = now;
+            if let Some(report) = report {
+                e.reported = report;
+            }
         }
     }
 
@@ -280,6 +295,7 @@ impl ClusterState {
                 exit_code: None,
                 tasks_finished: 0,
                 meters_fuel: false,
+                reported: Heartbeat::default(),
             });
         executor.exit_code = exit_code;
         if executor.state != ExecutorState::Alive {
@@ -861,7 +877,7 @@ mod tests {
         assert_eq!(placed.len(), 2);
         let t0 = state.executors[&exec(1)].last_heartbeat;
         let timeout = Duration::from_secs(8);
-        state.heartbeat(&exec(2), gens[1], t0 + Duration::from_secs(7));
+        state.heartbeat(&exec(2), gens[1], t0 + Duration::from_secs(7), None);
         let (expired, _) = state.expire_executors(t0 + Duration::from_secs(7), timeout);
         assert!(expired.is_empty(), "nobody is late yet");
         let (expired, actions) = state.expire_executors(t0 + Duration::from_secs(9), timeout);

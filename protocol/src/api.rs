@@ -189,6 +189,12 @@ pub struct ExecutorView {
     /// Exit code of an executor process started by `flint dev`, once it has exited.
     pub exit_code: Option<i32>,
     pub tasks_finished: u64,
+    /// Started with `--fuel`: takes tasks with fuel budgets.
+    pub meters_fuel: bool,
+    /// From its latest heartbeat: modules it compiled, and tasks that found their module
+    /// already compiled in memory.
+    pub modules_compiled: u64,
+    pub module_cache_hits: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,7 +70,7 @@ pub enum ExecutorMessage {
     Heartbeat(Heartbeat),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     /// Task attempts running or queued on the executor right now.
     pub running: u32,
