@@ -3,7 +3,7 @@
 //! bytes), served to executors by digest.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -118,10 +118,6 @@ impl ModuleStore {
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
         self.dir.join(format!("{}.wasm", digest.hex()))
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

@@ -1,7 +1,7 @@
 //! Test helpers: the guest fixtures, and a real `flint dev` cluster driven over HTTP.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -299,11 +299,4 @@ pub fn wait_until(timeout: Duration, what: &str, mut ready: impl FnMut() -> bool
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(25));
     }
-}
-
-/// Reads a whole child pipe to a string (for error messages).
-pub fn read_all(mut r: impl Read) -> String {
-    let mut s = String::new();
-    let _ = r.read_to_string(&mut s);
-    s
 }
