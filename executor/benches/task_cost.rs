@@ -2,7 +2,7 @@
 //! one run so that the ratio means something on a noisy machine.
 //!
 //! ```sh
-//! cargo bench -p flint-executor --bench task_cost -- [--tasks N] [--module testkit.wasm] [--component testkit-p2.wasm]
+//! cargo bench -p flint-executor --bench task_cost -- [--tasks N] [--rounds R] [--module testkit.wasm] [--component testkit-p2.wasm]
 //! ```
 //!
 //! - floor: a fresh `Store` + instantiate from a cached `InstancePre` + `_start` of a
@@ -12,6 +12,9 @@
 //!   context with capped pipes, env and argv, status update back): what Flint pays.
 //! - compile vs disk cache: a module compiled from scratch against the same module
 //!   loaded from the verified on-disk artifact by a new executor (a restart).
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,6 +33,7 @@ const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start
 
 struct Args {
     tasks: usize,
+    rounds: usize,
     module: Option<PathBuf>,
     component: Option<PathBuf>,
 }
@@ -37,6 +41,7 @@ struct Args {
 fn parse_args() -> Args {
     let mut args = Args {
         tasks: 20_000,
+        rounds: 5,
         module: None,
         component: None,
     };
@@ -44,6 +49,7 @@ fn parse_args() -> Args {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--tasks" => args.tasks = it.next().and_then(|n| n.parse().ok()).expect("--tasks N"),
+            "--rounds" => args.rounds = it.next().and_then(|n| n.parse().ok()).expect("--rounds N"),
             "--module" => args.module = it.next().map(PathBuf::from),
             "--component" => args.component = it.next().map(PathBuf::from),
             // cargo bench passes --bench; anything else is a mistake worth hearing about.
@@ -93,16 +99,13 @@ fn floor_per_task(tasks: usize) -> Duration {
     time_per(tasks, run)
 }
 
-/// The executor's own per-task path, one task thread, module already compiled.
-/// With `poll`, the consumer of status updates polls instead of parking, which takes
-/// the cross-thread wake-up per status out of the figure: the difference between the
-/// two is what waking a parked consumer costs.
+/// The executor's own per-task path, one task thread, module already compiled, status
+/// updates consumed as the executor's connection writer does (park, then drain).
 fn runner_per_task(
     tasks: usize,
     digest: Digest,
     compiled: Compiled,
     sandbox: Arc<Sandbox>,
-    poll: bool,
 ) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let fetcher = FetchCache::open(dir.path().join("cache"), FetchOptions::default()).unwrap();
@@ -158,23 +161,20 @@ fn runner_per_task(
             runner.launch(descriptions.pop().expect("one per task"));
             launched += 1;
         }
-        let next = if poll {
-            loop {
-                match statuses.try_recv() {
-                    Ok(message) => break Some(message),
-                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => std::hint::spin_loop(),
-                    Err(_) => break None,
+        let first = statuses.blocking_recv();
+        // Then whatever else is ready, as the executor's writer does (write_batched): one
+        // wake-up serves every status that arrived while the consumer was waking.
+        let batch = first
+            .into_iter()
+            .chain(std::iter::from_fn(|| statuses.try_recv().ok()));
+        for message in batch {
+            match message {
+                ExecutorMessage::StatusUpdate(status) => {
+                    assert!(status.end.outcome.is_ok(), "{:?}", status.end.outcome);
+                    done += 1;
                 }
+                other => panic!("unexpected {other:?}"),
             }
-        } else {
-            statuses.blocking_recv()
-        };
-        match next {
-            Some(ExecutorMessage::StatusUpdate(status)) => {
-                assert!(status.end.outcome.is_ok(), "{:?}", status.end.outcome);
-                done += 1;
-            }
-            other => panic!("unexpected {other:?}"),
         }
     }
     started.elapsed() / tasks as u32
@@ -252,53 +252,50 @@ fn us(d: Duration) -> f64 {
 fn main() {
     let args = parse_args();
     println!(
-        "task_cost: {} no-op tasks per measurement, 1 task thread",
-        args.tasks
+        "task_cost: {} no-op tasks per measurement, median of {} interleaved rounds, 1 task thread",
+        args.tasks, args.rounds
     );
-    let floor = floor_per_task(args.tasks);
+    // Rounds interleave the measurements, so that a noisy second on this shared machine
+    // lands on all of them alike; each figure is the median of its rounds.
     let sandbox = Arc::new(Sandbox::new(config()).unwrap());
     let wasm = wat::parse_str(NOOP).unwrap();
-    let compiled = sandbox.compile(&wasm).unwrap();
-    let run_only = sandbox_run_per_task(args.tasks, &sandbox, &compiled);
     let digest = Digest::of(&wasm);
-    let polled = runner_per_task(
-        args.tasks,
-        digest,
-        sandbox.compile(&wasm).unwrap(),
-        sandbox.clone(),
-        true,
-    );
-    let parked = runner_per_task(args.tasks, digest, compiled, sandbox.clone(), false);
+    let mut rounds: [Vec<Duration>; 3] = Default::default();
+    for _ in 0..args.rounds {
+        rounds[0].push(floor_per_task(args.tasks));
+        let compiled = sandbox.compile(&wasm).unwrap();
+        rounds[1].push(sandbox_run_per_task(args.tasks, &sandbox, &compiled));
+        let compiled = sandbox.compile(&wasm).unwrap();
+        rounds[2].push(runner_per_task(
+            args.tasks,
+            digest,
+            compiled,
+            sandbox.clone(),
+        ));
+    }
+    let [floor, run_only, runner] = rounds.map(|mut r| {
+        r.sort();
+        r[r.len() / 2]
+    });
     let ratio = |d: Duration| d.as_secs_f64() / floor.as_secs_f64();
     println!(
         "  p1 no-op, wasmtime floor:              {:6.1} us/task",
         us(floor)
     );
-    println!(
-        "  p1 no-op, Sandbox::run:                {:6.1} us/task  {:.2}x floor",
-        us(run_only),
-        ratio(run_only)
-    );
-    println!(
-        "  p1 no-op, runner, consumer polling:    {:6.1} us/task  {:.2}x floor",
-        us(polled),
-        ratio(polled)
-    );
-    println!(
-        "  p1 no-op, runner, consumer parked:     {:6.1} us/task  {:.2}x floor",
-        us(parked),
-        ratio(parked)
-    );
+    for (what, d) in [
+        ("Sandbox::run:              ", run_only),
+        ("TaskRunner:                ", runner),
+    ] {
+        println!(
+            "  p1 no-op, {what}  {:6.1} us/task  {:.2}x floor",
+            us(d),
+            ratio(d)
+        );
+    }
     if let Some(component) = &args.component {
         let wasm = std::fs::read(component).unwrap();
         let compiled = sandbox.compile(&wasm).unwrap();
-        let runner = runner_per_task(
-            args.tasks,
-            Digest::of(&wasm),
-            compiled,
-            sandbox.clone(),
-            false,
-        );
+        let runner = runner_per_task(args.tasks, Digest::of(&wasm), compiled, sandbox.clone());
         println!(
             "  p2 testkit noop component, runner, consumer parked: {:.1} us/task",
             us(runner)

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
@@ -41,6 +41,7 @@ pub struct TaskRunner {
     /// Kill flags of the attempts this executor holds, from launch to final status.
     attempts: Mutex<HashMap<AttemptKey, Arc<AtomicBool>>>,
     updates: mpsc::UnboundedSender<ExecutorMessage>,
+    held: Held,
     max_log_bytes: usize,
     modules_compiled: AtomicU64,
     module_cache_hits: AtomicU64,
@@ -67,6 +68,23 @@ impl Drop for JobFiles {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Status updates held back while task threads have more work queued, so that a burst
+/// of short tasks wakes the connection's writer once per batch instead of once per task
+/// (that wake-up, a futex call, cost as much as running a no-op task). A status is held
+/// at most [`HOLD_FOR`] (the flusher thread sends it then) and never when its thread's
+/// queue is empty, so a lone task's status goes out at once.
+#[derive(Default)]
+struct Held {
+    statuses: Mutex<Vec<ExecutorMessage>>,
+    /// Signalled when the first status is held, to start the flusher's clock.
+    first: Condvar,
+}
+
+/// The most statuses held before they are sent anyway.
+const HOLD_MAX: usize = 64;
+/// The longest a status is held.
+const HOLD_FOR: Duration = Duration::from_millis(1);
 
 /// Jobs whose files are kept ready.
 const JOB_FILES_ENTRIES: usize = 64;
@@ -98,6 +116,7 @@ impl TaskRunner {
             queue,
             attempts: Mutex::new(HashMap::new()),
             updates,
+            held: Held::default(),
             max_log_bytes,
             modules_compiled: AtomicU64::new(0),
             module_cache_hits: AtomicU64::new(0),
@@ -114,11 +133,16 @@ impl TaskRunner {
                         let Some(runner) = runner.upgrade() else {
                             break;
                         };
-                        runner.run(item);
+                        runner.run(item, !work.is_empty());
                     }
                 })
                 .expect("spawning a task thread");
         }
+        let weak = Arc::downgrade(&runner);
+        std::thread::Builder::new()
+            .name("flint-status-flush".into())
+            .spawn(move || flush_held(weak))
+            .expect("spawning the status flusher");
         runner
     }
 
@@ -155,7 +179,7 @@ impl TaskRunner {
             };
             match ready.await {
                 Ok((compiled, files)) => runner.enqueue(desc, compiled, files, kill),
-                Err(failure) => runner.report(&desc, 0, Err(failure), Vec::new(), false),
+                Err(failure) => runner.report(&desc, 0, Err(failure), Vec::new(), false, false),
             }
         });
     }
@@ -285,11 +309,12 @@ impl TaskRunner {
         };
         if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
             let failure = TaskFailure::new(FailureKind::HostError, "executor is shutting down");
-            self.report(&work.desc, 0, Err(failure), Vec::new(), false);
+            self.report(&work.desc, 0, Err(failure), Vec::new(), false, false);
         }
     }
 
-    fn run(&self, work: Work) {
+    /// Runs one task; `more_queued` says whether this thread has another waiting.
+    fn run(&self, work: Work, more_queued: bool) {
         let Work {
             mut desc,
             compiled,
@@ -298,7 +323,7 @@ impl TaskRunner {
         } = work;
         if kill.load(Ordering::Relaxed) {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
-            return self.report(&desc, 0, Err(failure), Vec::new(), false);
+            return self.report(&desc, 0, Err(failure), Vec::new(), false, more_queued);
         }
         let started_at_us = now_us();
         let env = task_env(&desc);
@@ -329,6 +354,7 @@ impl TaskRunner {
             report.outcome,
             report.log,
             report.log_truncated,
+            more_queued,
         );
     }
 
@@ -339,6 +365,7 @@ impl TaskRunner {
         outcome: Result<flint_protocol::TaskResult, TaskFailure>,
         log: Vec<u8>,
         log_truncated: bool,
+        more_queued: bool,
     ) {
         self.lock_attempts()
             .remove(&(desc.task.clone(), desc.attempt));
@@ -359,13 +386,67 @@ impl TaskRunner {
                 log_truncated,
             },
         };
+        let message = ExecutorMessage::StatusUpdate(status);
+        let mut held = self
+            .held
+            .statuses
+            .lock()
+            .expect("held statuses lock poisoned");
+        if more_queued && held.len() < HOLD_MAX {
+            held.push(message);
+            if held.len() == 1 {
+                self.held.first.notify_one();
+            }
+            return;
+        }
+        for earlier in held.drain(..) {
+            self.send(earlier);
+        }
+        drop(held);
+        self.send(message);
+    }
+
+    fn send(&self, message: ExecutorMessage) {
         // A closed channel means the connection is gone and the driver will treat the
         // attempt as lost with this executor; nothing else to do with the status.
-        let _ = self.updates.send(ExecutorMessage::StatusUpdate(status));
+        let _ = self.updates.send(message);
     }
 
     fn lock_attempts(&self) -> std::sync::MutexGuard<'_, HashMap<AttemptKey, Arc<AtomicBool>>> {
         self.attempts.lock().expect("attempts lock poisoned")
+    }
+}
+
+/// Sends held statuses no later than [`HOLD_FOR`] after the first of them was held. Ends
+/// with the runner.
+fn flush_held(runner: Weak<TaskRunner>) {
+    while let Some(runner) = runner.upgrade() {
+        let held = runner
+            .held
+            .statuses
+            .lock()
+            .expect("held statuses lock poisoned");
+        // Wakes now and then to notice that the runner is gone.
+        let (held, _) = runner
+            .held
+            .first
+            .wait_timeout_while(held, Duration::from_millis(200), |h| h.is_empty())
+            .expect("held statuses lock poisoned");
+        if held.is_empty() {
+            continue;
+        }
+        drop(held);
+        std::thread::sleep(HOLD_FOR);
+        let batch = std::mem::take(
+            &mut *runner
+                .held
+                .statuses
+                .lock()
+                .expect("held statuses lock poisoned"),
+        );
+        for message in batch {
+            runner.send(message);
+        }
     }
 }
 
