@@ -41,6 +41,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             cluster_secret: None,
             executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
             fetch_allow: Vec::new(),
+            block_store: "driver".into(),
+            inline_result_bytes: flint_protocol::defaults::INLINE_RESULT_BYTES,
         },
         executors: args.executors,
         cores: args.cores,

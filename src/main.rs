@@ -132,6 +132,15 @@ pub struct DriverArgs {
     /// ones are refused).
     #[arg(long, env = "FLINT_FETCH_ALLOW", value_delimiter = ',')]
     pub fetch_allow: Vec<String>,
+    /// Where results larger than --inline-result-bytes are kept: `driver` (the data
+    /// dir; executors upload to the driver) or `s3://bucket/prefix` (executors write
+    /// there directly; endpoint and credentials from the AWS_* environment of the
+    /// driver and every executor).
+    #[arg(long, env = "FLINT_BLOCK_STORE", default_value = "driver")]
+    pub block_store: String,
+    /// Results up to this size travel inline with the task's status.
+    #[arg(long, env = "FLINT_INLINE_RESULT_BYTES", default_value_t = flint_protocol::defaults::INLINE_RESULT_BYTES)]
+    pub inline_result_bytes: u64,
 }
 
 impl DriverArgs {
@@ -143,6 +152,8 @@ impl DriverArgs {
         config.cluster_secret = self.cluster_secret.clone();
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
+        config.block_store = self.block_store.clone();
+        config.inline_result_bytes = self.inline_result_bytes;
         Ok(config)
     }
 }
@@ -284,22 +295,26 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
     Ok(reason.exit_code())
 }
 
-/// Resolves on the first Ctrl-C or SIGTERM; a second one exits at once.
-pub async fn shutdown_signal() {
-    wait_for_signal().await;
-    tokio::spawn(async {
-        wait_for_signal().await;
-        eprintln!("flint: second signal, exiting now");
-        std::process::exit(130);
-    });
-}
-
-async fn wait_for_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Resolves on the first Ctrl-C or SIGTERM; a second one exits at once. The handlers
+/// are installed when this is called, not when the future is first polled: a SIGTERM
+/// that arrives while an executor is still registering must stop it cleanly too.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            eprintln!("flint: second signal, exiting now");
+            std::process::exit(130);
+        });
     }
 }
 

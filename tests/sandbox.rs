@@ -132,12 +132,18 @@ fn a_stdout_flood_hits_the_output_limit() {
 }
 
 #[test]
-fn a_result_over_the_inline_cap_hits_the_output_limit() {
+fn a_result_over_its_cap_hits_the_output_limit_past_the_inline_size() {
     let cluster = DevCluster::start(2, 1);
     let module = cluster.upload(&guests().testkit);
-    let over = (16 * 1024 * 1024 + 1).to_string();
-    let task = run_beside_a_good_job(&cluster, spec(&module, &["print", &over], &[""]));
-    assert_failed_with(&task, "output_limit", "16777216 bytes output limit");
+    // Past the 1 MiB inline size, so the cap is enforced while the result streams to
+    // the block store; the attempt's partial block must not become a result.
+    let cap = 3 * 1024 * 1024;
+    let over = (cap + 1).to_string();
+    let mut job = spec(&module, &["print", &over], &[""]);
+    job["resources"] = serde_json::json!({ "max_output_bytes": cap });
+    let task = run_beside_a_good_job(&cluster, job);
+    assert_failed_with(&task, "output_limit", "3145728 bytes output limit");
+    assert!(task["result"].is_null(), "{task}");
 }
 
 #[test]

@@ -13,10 +13,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use base64::Engine as _;
 use flint_protocol::api::{
-    ErrorBody, ErrorResponse, ExecutorView, InputSpec, JobSpec, JobView, List, ResultInfo,
-    TaskState, TaskView, Uploaded,
+    ErrorBody, ErrorResponse, ExecutorView, FileSpec, InputSpec, JobSpec, JobView, List,
+    ResultInfo, TaskState, TaskView, Uploaded,
 };
-use flint_protocol::{Digest, FileRef, JobId, ModuleRef, Resources, defaults};
+use flint_protocol::{
+    Digest, FetchRef, FileRef, JobId, ModuleRef, Resources, TaskInput, TaskResult, defaults,
+};
 use serde::Deserialize;
 
 use crate::modules::{ModuleError, ModuleStore};
@@ -54,6 +56,14 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .route("/v1/jobs/{id}/tasks/{index}/result", get(get_result))
         .route("/v1/jobs/{id}/tasks/{index}/log", get(get_log))
         .route("/v1/executors", get(list_executors))
+        // Executors' uploads of large results are streamed, never buffered: the size
+        // limit is the job's own max_output_bytes, checked as the bytes arrive.
+        .route(
+            "/v1/blocks/{job}/{name}",
+            put(put_block)
+                .get(get_block)
+                .layer(DefaultBodyLimit::disable()),
+        )
         .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
         .with_state(driver)
 }
@@ -86,6 +96,7 @@ impl ApiError {
             "task" => "task_not_found",
             "module" => "module_not_found",
             "file" => "file_not_found",
+            "block" => "block_not_found",
             _ => "not_found",
         };
         Self::new(StatusCode::NOT_FOUND, kind, message)
@@ -185,10 +196,91 @@ async fn get_blob(
     if store.get(&digest).is_none() {
         return Err(ApiError::not_found(what, format!("no {what} {digest}")));
     }
-    let bytes = tokio::fs::read(store.path(&digest))
+    let storage = |e: std::io::Error| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
+    };
+    // Streamed: a 256 MiB file costs the driver a buffer, not its size.
+    let file = tokio::fs::File::open(store.path(&digest))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
+        .map_err(storage)?;
+    let len = file.metadata().await.map_err(storage)?.len();
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+    )
+        .into_response())
+}
+
+/// An executor's upload of a large result, streamed into the block store. Answers with
+/// the size and digest the driver saw, for the executor to compare with its own.
+async fn put_block(
+    State(driver): State<Arc<Driver>>,
+    Path((job, name)): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<ResultInfo>)> {
+    let job_id = JobId(job.clone());
+    let max = driver
+        .read(|s| {
+            s.jobs
+                .get(&job_id)
+                .map(|j| j.def.resources.max_output_bytes)
+        })
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {job_id}")))?;
+    let id = format!("{job}/{name}");
+    let (size, digest) = driver
+        .blocks
+        .put_stream(&id, body.into_data_stream(), max)
+        .await
+        .map_err(block_error)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(ResultInfo {
+            size,
+            sha256: digest.hex(),
+        }),
+    ))
+}
+
+async fn get_block(
+    State(driver): State<Arc<Driver>>,
+    Path((job, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    stream_block(&driver, &format!("{job}/{name}")).await
+}
+
+async fn stream_block(driver: &Driver, id: &str) -> ApiResult<Response> {
+    let got = driver.blocks.get(id).await.map_err(block_error)?;
+    let len = got.meta.size;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(got.into_stream()),
+    )
+        .into_response())
+}
+
+fn block_error(e: crate::blocks::BlockError) -> ApiError {
+    use crate::blocks::BlockError;
+    match e {
+        BlockError::BadId(_) => ApiError::invalid("invalid_block_id", e.to_string()),
+        BlockError::TooLarge { .. } => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "output_limit", e.to_string())
+        }
+        BlockError::Upload { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_body", e.to_string())
+        }
+        BlockError::Store(object_store::Error::NotFound { .. }) => {
+            ApiError::not_found("block", e.to_string())
+        }
+        BlockError::Store(_) | BlockError::Io(_) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -261,7 +353,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
     let files = spec
         .files
         .iter()
-        .map(|(name, id)| file_ref(driver, name, id))
+        .map(|(name, spec)| file_ref(driver, name, spec))
         .collect::<ApiResult<Vec<FileRef>>>()?;
     let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
         (Some(_), Some(_)) => {
@@ -276,7 +368,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, input)| {
                 Ok(NewTask {
-                    input: decode_input(input, &format!("inputs[{i}]"))?,
+                    input: decode_input(driver, input, &format!("inputs[{i}]"))?,
                     args: Vec::new(),
                     env: Vec::new(),
                 })
@@ -287,8 +379,8 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, task)| {
                 let input = match task.input {
-                    Some(input) => decode_input(input, &format!("tasks[{i}].input"))?,
-                    None => Vec::new(),
+                    Some(input) => decode_input(driver, input, &format!("tasks[{i}].input"))?,
+                    None => TaskInput::Inline(Vec::new()),
                 };
                 Ok(NewTask {
                     input,
@@ -345,7 +437,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         return Err(ApiError::invalid(
             "invalid_spec",
             format!(
-                "resources.max_output_bytes may be at most {} (results travel inline)",
+                "resources.max_output_bytes may be at most {}",
                 defaults::TASK_MAX_OUTPUT_BYTES
             ),
         ));
@@ -357,6 +449,9 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             "max_failures must be at least 1",
         ));
     }
+    let max_result_bytes = spec
+        .max_result_bytes
+        .unwrap_or(defaults::JOB_MAX_RESULT_BYTES);
     let name = spec.name.unwrap_or_else(|| "job".into());
     let def = JobDef {
         id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
@@ -372,6 +467,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         env: spec.env.into_iter().collect(),
         resources,
         max_failures,
+        max_result_bytes,
         created_at_ms: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
@@ -379,8 +475,9 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
     Ok(NewJob { def, tasks })
 }
 
-/// A job file: a safe name (it becomes a path under `/files`) and an uploaded file.
-fn file_ref(driver: &Driver, name: &str, id: &str) -> ApiResult<FileRef> {
+/// A job file: a safe name (it becomes a path under `/files`) and an uploaded file or a
+/// URL.
+fn file_ref(driver: &Driver, name: &str, spec: &FileSpec) -> ApiResult<FileRef> {
     let safe = !name.is_empty()
         && name.len() <= 128
         && name != "."
@@ -396,6 +493,20 @@ fn file_ref(driver: &Driver, name: &str, id: &str) -> ApiResult<FileRef> {
             ),
         ));
     }
+    let id = match spec {
+        FileSpec::Id(id) => id,
+        FileSpec::Url(u) => {
+            let at = format!("files.{name}");
+            check_url(&u.url, &at)?;
+            return Ok(FileRef {
+                name: name.to_owned(),
+                digest: parse_sha256(u.sha256.as_deref(), &at)?,
+                url: u.url.clone(),
+                timestamp_ms: driver.url_timestamp(&u.url, u.timestamp_ms),
+                size: None,
+            });
+        }
+    };
     let digest = id.parse::<Digest>().map_err(|_| {
         ApiError::invalid(
             "invalid_spec",
@@ -410,19 +521,91 @@ fn file_ref(driver: &Driver, name: &str, id: &str) -> ApiResult<FileRef> {
     })?;
     Ok(FileRef {
         name: name.to_owned(),
-        digest,
+        digest: Some(digest),
         url: format!("{}/v1/files/{digest}", driver.http_base),
         timestamp_ms: info.timestamp_ms,
-        size: info.size,
+        size: Some(info.size),
     })
 }
 
-fn decode_input(input: InputSpec, at: &str) -> ApiResult<Vec<u8>> {
+/// Only the shape is checked here; whether executors may fetch it is their URL policy's
+/// call, made where the fetch happens.
+fn check_url(url: &str, at: &str) -> ApiResult<()> {
+    match url::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https" | "s3" | "file") => Ok(()),
+        Ok(u) => Err(ApiError::invalid(
+            "invalid_spec",
+            format!(
+                "{at}: scheme `{}` is not fetchable (http, https, s3, file)",
+                u.scheme()
+            ),
+        )),
+        Err(e) => Err(ApiError::invalid(
+            "invalid_spec",
+            format!("{at}: `{url}` is not a URL: {e}"),
+        )),
+    }
+}
+
+fn parse_sha256(hex: Option<&str>, at: &str) -> ApiResult<Option<Digest>> {
+    hex.map(|h| {
+        let h = h.strip_prefix("sha256:").unwrap_or(h);
+        format!("sha256:{h}")
+            .parse::<Digest>()
+            .map_err(|e| ApiError::invalid("invalid_spec", format!("{at}.sha256: {e}")))
+    })
+    .transpose()
+}
+
+fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskInput> {
     match input {
-        InputSpec::Text(text) => Ok(text.into_bytes()),
+        InputSpec::Text(text) => Ok(TaskInput::Inline(text.into_bytes())),
         InputSpec::Base64(b64) => base64::engine::general_purpose::STANDARD
             .decode(b64.as_bytes())
+            .map(TaskInput::Inline)
             .map_err(|e| ApiError::invalid("invalid_spec", format!("{at}: invalid base64: {e}"))),
+        InputSpec::Url { url, sha256 } => {
+            check_url(&url, at)?;
+            Ok(TaskInput::Fetch(FetchRef {
+                digest: parse_sha256(sha256.as_deref(), at)?,
+                timestamp_ms: driver.url_timestamp(&url, None),
+                url,
+            }))
+        }
+        InputSpec::Result(r) => driver.read(|s| {
+            let task = s
+                .jobs
+                .get(&r.job)
+                .and_then(|j| j.tasks.get(r.task as usize))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "unknown_result",
+                        format!("{at}: job {} has no task {}", r.job, r.task),
+                    )
+                })?;
+            match (&task.result, task.state) {
+                (Some(TaskResult::Inline(bytes)), TaskState::Succeeded) => {
+                    Ok(TaskInput::Inline(bytes.clone()))
+                }
+                (Some(TaskResult::Block(block)), TaskState::Succeeded) => {
+                    Ok(TaskInput::Fetch(FetchRef {
+                        url: driver.blocks.fetch_url(&block.id),
+                        // A block never changes under its id.
+                        timestamp_ms: 0,
+                        digest: Some(block.digest),
+                    }))
+                }
+                (_, state) => Err(ApiError::invalid(
+                    "result_not_ready",
+                    format!(
+                        "{at}: task {} of {} is {} and has no result yet; submit this job once it has succeeded",
+                        r.task,
+                        r.job,
+                        state_name(state)
+                    ),
+                )),
+            }
+        }),
     }
 }
 
@@ -556,10 +739,10 @@ async fn get_result(
     Path((id, index)): Path<(String, u32)>,
 ) -> ApiResult<Response> {
     let id = JobId(id);
-    let bytes = driver.read(|s| {
+    let result = driver.read(|s| {
         let task = find_task(s, &id, index)?;
         match (&task.result, task.state) {
-            (Some(bytes), TaskState::Succeeded) => Ok(bytes.clone()),
+            (Some(result), TaskState::Succeeded) => Ok(result.clone()),
             (_, state) => Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "no_result",
@@ -570,11 +753,14 @@ async fn get_result(
             )),
         }
     })?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from(bytes),
-    )
-        .into_response())
+    match result {
+        TaskResult::Inline(bytes) => Ok((
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            Body::from(bytes),
+        )
+            .into_response()),
+        TaskResult::Block(block) => stream_block(&driver, &block.id).await,
+    }
 }
 
 async fn get_log(
@@ -672,8 +858,8 @@ fn task_view(job: &Job, index: usize) -> TaskView {
             .result
             .as_ref()
             .zip(task.result_digest)
-            .map(|(bytes, digest)| ResultInfo {
-                size: bytes.len() as u64,
+            .map(|(result, digest)| ResultInfo {
+                size: result.len(),
                 sha256: digest.hex(),
             }),
         started_at: task.started_at_us.map(micros),

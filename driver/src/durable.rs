@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_protocol::Digest;
+use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskState};
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
 
@@ -61,7 +61,7 @@ impl ClusterState {
                 let Some(task) = entry.tasks.get_mut(index as usize) else {
                     continue;
                 };
-                restore_task(task, record);
+                entry.result_bytes += restore_task(task, record);
             }
             entry
                 .pending
@@ -121,16 +121,22 @@ fn new_job(job: JobRecord) -> NewJob {
     }
 }
 
-fn restore_task(task: &mut Task, record: TaskEndRecord) {
+/// Returns the size of the task's result.
+fn restore_task(task: &mut Task, record: TaskEndRecord) -> u64 {
+    let mut job_result_bytes = 0;
     task.state = record.state;
     task.attempts = record.attempts;
     task.executor = record.executor;
     task.failure = record.failure;
     task.started_at_us = record.started_at_us;
     task.finished_at_us = record.finished_at_us;
-    task.result_digest = record.result.as_deref().map(Digest::of);
+    task.result_digest = record.result.as_ref().map(TaskResult::digest);
+    if let Some(result) = &record.result {
+        job_result_bytes += result.len();
+    }
     task.result = record.result;
     task.log = record.log;
+    job_result_bytes
 }
 
 fn unix_ms(t: SystemTime) -> u64 {

@@ -18,6 +18,7 @@
 //! imports the executor.
 
 pub mod api;
+pub mod blocks;
 pub mod durable;
 pub mod executors;
 pub mod modules;

@@ -12,6 +12,7 @@ use flint_protocol::{DriverMessage, ExecutorId, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+use crate::blocks::BlockStore;
 use crate::durable;
 use crate::modules::ModuleStore;
 use crate::state::{Action, ClusterState, NewJob};
@@ -32,6 +33,10 @@ pub struct DriverConfig {
     pub executor_timeout: Duration,
     /// Origins executors may fetch from besides the driver (`--fetch-allow`).
     pub fetch_allow: Vec<String>,
+    /// `driver` or an object store URL (`--block-store`).
+    pub block_store: String,
+    /// Results larger than this go to the block store.
+    pub inline_result_bytes: u64,
 }
 
 impl DriverConfig {
@@ -44,6 +49,8 @@ impl DriverConfig {
             revive_interval: Duration::from_secs(1),
             executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
             fetch_allow: Vec::new(),
+            block_store: crate::blocks::DRIVER_BLOCK_STORE.into(),
+            inline_result_bytes: defaults::INLINE_RESULT_BYTES,
         }
     }
 }
@@ -63,6 +70,11 @@ pub struct Driver {
     pub config: DriverConfig,
     pub modules: ModuleStore,
     pub files: ModuleStore,
+    pub blocks: BlockStore,
+    /// When the driver was first given each URL a job referred to (a file or an input):
+    /// executors cache by (url, timestamp), so every job naming the URL shares one
+    /// download until a job gives a newer timestamp.
+    url_timestamps: Mutex<HashMap<String, u64>>,
     store: JobStore,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
@@ -81,12 +93,16 @@ impl Driver {
         let store = JobStore::open(&config.data_dir.join("jobs.redb"))?;
         let stored = store.load()?;
         let restored = stored.len();
+        let http_base = format!("http://{http_addr}");
+        let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
         let driver = Arc::new(Driver {
             config,
             modules,
             files,
+            blocks,
+            url_timestamps: Mutex::new(HashMap::new()),
             store,
-            http_base: format!("http://{http_addr}"),
+            http_base,
             inner: Mutex::new(Inner {
                 state: ClusterState::new(
                     SystemTime::now()
@@ -115,6 +131,25 @@ impl Driver {
         Ok(())
     }
 
+    /// The timestamp to fetch `url` under: `given` when a job names one newer than what
+    /// is known (and it becomes the known one), else the known one, else now.
+    pub fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
+        let mut known = self
+            .url_timestamps
+            .lock()
+            .expect("url timestamps lock poisoned");
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let entry = known.entry(url.to_owned()).or_insert(given.unwrap_or(now));
+        if let Some(given) = given
+            && given > *entry
+        {
+            *entry = given;
+        }
+        given.unwrap_or(*entry)
+    }
+
     pub fn executor_config(&self) -> ExecutorConfig {
         ExecutorConfig {
             app_id: self.config.app_id.clone(),
@@ -122,6 +157,8 @@ impl Driver {
             max_log_bytes: defaults::TASK_MAX_LOG_BYTES,
             driver_http_url: self.http_base.clone(),
             fetch_allow: self.config.fetch_allow.clone(),
+            block_store: self.blocks.spec().to_owned(),
+            inline_result_bytes: self.config.inline_result_bytes,
         }
     }
 
@@ -139,7 +176,7 @@ impl Driver {
         for action in actions {
             match action {
                 Action::Launch { executor, task } => {
-                    inner.send(&executor, DriverMessage::LaunchTask(*task));
+                    inner.send(&executor, DriverMessage::LaunchTask(task));
                 }
                 Action::Kill {
                     executor,

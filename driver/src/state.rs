@@ -58,7 +58,7 @@ pub struct NewJob {
 }
 
 pub struct NewTask {
-    pub input: Vec<u8>,
+    pub input: TaskInput,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
 }
@@ -70,10 +70,12 @@ pub struct Job {
     pub state: JobState,
     pub finished_at: Option<SystemTime>,
     pub error: Option<(String, String)>,
+    /// Bytes of the results kept so far, against `def.max_result_bytes`.
+    pub result_bytes: u64,
 }
 
 pub struct Task {
-    pub input: Vec<u8>,
+    pub input: TaskInput,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub state: TaskState,
@@ -82,7 +84,7 @@ pub struct Task {
     /// Attempts lost to host failures; these count towards `max_failures`.
     pub host_failures: u32,
     pub executor: Option<ExecutorId>,
-    pub result: Option<Vec<u8>>,
+    pub result: Option<TaskResult>,
     pub result_digest: Option<Digest>,
     pub failure: Option<TaskFailure>,
     pub started_at_us: Option<u64>,
@@ -341,6 +343,7 @@ impl ClusterState {
                 state: JobState::Queued,
                 finished_at: None,
                 error: None,
+                result_bytes: 0,
             },
         );
     }
@@ -387,10 +390,30 @@ impl ClusterState {
             return actions;
         }
         match status.end.outcome {
-            Ok(TaskResult::Inline(bytes)) => {
+            Ok(result) if job.result_bytes + result.len() > job.def.max_result_bytes => {
+                task.state = TaskState::Failed;
+                let failure = TaskFailure::new(
+                    FailureKind::ResultLimit,
+                    format!(
+                        "a {} byte result takes the job's results past max_result_bytes ({} bytes)",
+                        result.len(),
+                        job.def.max_result_bytes
+                    ),
+                );
+                let reason = format!(
+                    "task {} failed: {}: {}",
+                    status.task.index, failure.kind, failure.message
+                );
+                task.failure = Some(failure);
+                actions.push(Action::TaskEnded(status.task.clone()));
+                actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
+                self.clear_running(&status.task.job, &mut actions);
+            }
+            Ok(result) => {
+                job.result_bytes += result.len();
                 task.state = TaskState::Succeeded;
-                task.result_digest = Some(Digest::of(&bytes));
-                task.result = Some(bytes);
+                task.result_digest = Some(result.digest());
+                task.result = Some(result);
                 task.failure = None;
                 actions.push(Action::TaskEnded(status.task.clone()));
             }
@@ -591,7 +614,7 @@ fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
         files: job.def.files.clone(),
         args: job.def.args.iter().chain(&task.args).cloned().collect(),
         env,
-        input: TaskInput::Inline(task.input.clone()),
+        input: task.input.clone(),
         resources: job.def.resources,
     }
 }
@@ -625,11 +648,12 @@ mod tests {
                     ..Resources::default()
                 },
                 max_failures: 3,
+                max_result_bytes: u64::MAX,
                 created_at_ms: 0,
             },
             tasks: (0..tasks)
                 .map(|_| NewTask {
-                    input: vec![],
+                    input: TaskInput::Inline(vec![]),
                     args: vec![],
                     env: vec![],
                 })

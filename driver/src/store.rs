@@ -11,11 +11,14 @@ use std::sync::mpsc;
 
 use flint_protocol::JobId;
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
-const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v1");
-const TASK_ENDS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("task_ends.v1");
-const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v1");
+// v2: task inputs may be fetched (url / result inputs) and results may be blocks.
+const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v2");
+const TASK_ENDS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("task_ends.v2");
+const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v2");
+/// Tables of earlier layouts: a data dir holding them was written by an older Flint.
+const OLD_TABLES: [&str; 1] = ["jobs.v1"];
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
 const GROUP_COMMIT: usize = 4096;
@@ -53,6 +56,21 @@ impl JobStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Arc::new(Database::create(path).map_err(db_error)?);
         let txn = db.begin_write().map_err(db_error)?;
+        let old: Vec<String> = txn
+            .list_tables()
+            .map_err(db_error)?
+            .map(|t| t.name().to_owned())
+            .filter(|name| OLD_TABLES.contains(&name.as_str()))
+            .collect();
+        if !old.is_empty() {
+            // Refused rather than ignored: those jobs would silently disappear.
+            return Err(StoreError::Db(format!(
+                "{} holds jobs in an older layout ({}); finish them with the Flint that \
+                 wrote them, or move the data dir away",
+                path.display(),
+                old.join(", ")
+            )));
+        }
         for table in [JOBS, JOB_ENDS] {
             txn.open_table(table).map_err(db_error)?;
         }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flint_executor::compiler::{CompilerMode, ModuleCompiler, Source};
-use flint_executor::runner::TaskRunner;
+use flint_executor::runner::{RunnerSettings, TaskRunner};
 use flint_executor::sandbox::{self, Compiled, Sandbox, SandboxConfig};
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::{
@@ -121,9 +121,13 @@ fn runner_per_task(
         sandbox,
         fetcher,
         compiler,
-        dir.path().join("files"),
-        1,
-        1 << 20,
+        RunnerSettings {
+            files_root: dir.path().join("files"),
+            threads: 1,
+            max_log_bytes: 1 << 20,
+            blocks: None,
+            inline_result_bytes: usize::MAX,
+        },
         updates,
     );
     runner.preload(digest, compiled);
@@ -199,6 +203,7 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
                 kill: kill.clone(),
                 fuel: None,
                 files_dir: None,
+                result_target: None,
             },
         );
         assert!(report.outcome.is_ok());

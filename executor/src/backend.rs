@@ -14,8 +14,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
+use crate::blocks::BlockClient;
 use crate::compiler::{CompilerMode, ModuleCompiler};
-use crate::runner::TaskRunner;
+use crate::runner::{RunnerSettings, TaskRunner};
 use crate::sandbox::{Sandbox, SandboxConfig};
 
 /// How an executor is started: Spark's CoarseGrainedExecutorBackend arguments.
@@ -108,6 +109,20 @@ pub async fn run(
             anyhow::bail!("the driver's fetch allow-list has a bad entry {origin:?}: {e}");
         }
     }
+    // Results kept in a bucket are other tasks' inputs: that bucket may be read too.
+    if let Ok(url) = url::Url::parse(&config.block_store)
+        && url.scheme() == "s3"
+        && let Some(bucket) = url.host_str()
+        && let Err(e) = fetcher.allow_origin(&format!("s3://{bucket}"))
+    {
+        anyhow::bail!("the driver's block store {:?}: {e}", config.block_store);
+    }
+    let blocks = BlockClient::new(
+        &config.block_store,
+        &config.driver_http_url,
+        tokio::runtime::Handle::current(),
+    )
+    .map_err(|e| anyhow::anyhow!("the driver's block store {:?}: {e}", config.block_store))?;
 
     // One channel for the executor's life: statuses of attempts that end while the
     // driver is away wait in it and go out on the next connection (the driver ignores
@@ -117,9 +132,13 @@ pub async fn run(
         sandbox,
         fetcher,
         compiler,
-        options.work_dir.join("files"),
-        options.cores as usize,
-        usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
+        RunnerSettings {
+            files_root: options.work_dir.join("files"),
+            threads: options.cores as usize,
+            max_log_bytes: usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
+            blocks: Some(Arc::new(blocks)),
+            inline_result_bytes: usize::try_from(config.inline_result_bytes).unwrap_or(usize::MAX),
+        },
         updates_tx.clone(),
     );
     let heartbeats = tokio::spawn(heartbeat_loop(
@@ -162,7 +181,7 @@ async fn serve(
     let reason = loop {
         tokio::select! {
             message = stream.next() => match message {
-                Some(Ok(DriverMessage::LaunchTask(desc))) => runner.launch(desc),
+                Some(Ok(DriverMessage::LaunchTask(desc))) => runner.launch(*desc),
                 Some(Ok(DriverMessage::KillTask { task, attempt, reason })) => {
                     tracing::info!(task = %task, attempt, reason, "killing task");
                     runner.kill(&task, attempt);

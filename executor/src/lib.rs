@@ -15,9 +15,11 @@
 //! dropped after it; the executor never imports the driver (they meet in `flint-protocol`).
 
 pub mod backend;
+pub mod blocks;
 pub mod compiler;
 mod outcome;
 mod pipes;
+pub mod results;
 pub mod runner;
 pub mod sandbox;
 

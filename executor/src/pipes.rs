@@ -48,10 +48,6 @@ impl CappedPipe {
         }
     }
 
-    pub fn overflowed(&self) -> bool {
-        self.lock().overflowed
-    }
-
     /// The bytes kept, and whether anything was dropped.
     pub fn into_contents(self) -> (Vec<u8>, bool) {
         let mut buffer = self.lock();
@@ -154,7 +150,6 @@ mod tests {
         let mut pipe = CappedPipe::new(8, Overflow::Trap);
         pipe.write(Bytes::from_static(b"12345")).unwrap();
         assert!(pipe.write(Bytes::from_static(b"6789")).is_err());
-        assert!(pipe.overflowed());
         assert_eq!(pipe.into_contents(), (b"12345".to_vec(), true));
     }
 

@@ -15,13 +15,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure, TaskId,
-    TaskInput, TaskStatus,
+    BlockRef, Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure,
+    TaskId, TaskInput, TaskStatus,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
 use crate::compiler::{ModuleCompiler, Source};
+use crate::results::{BlockWriter, ResultTarget};
 use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskRun};
 
 /// Compiled modules kept in memory.
@@ -45,6 +46,23 @@ pub struct TaskRunner {
     max_log_bytes: usize,
     modules_compiled: AtomicU64,
     module_cache_hits: AtomicU64,
+    fetch_hits: AtomicU64,
+    fetch_misses: AtomicU64,
+    blocks: Option<Arc<dyn BlockWriter>>,
+    inline_result_bytes: usize,
+}
+
+/// How a runner is set up.
+pub struct RunnerSettings {
+    /// Where jobs' file directories live.
+    pub files_root: PathBuf,
+    /// Task threads: the executor's cores.
+    pub threads: usize,
+    pub max_log_bytes: usize,
+    /// Where results larger than `inline_result_bytes` go; without it they stay inline
+    /// up to the task's output cap.
+    pub blocks: Option<Arc<dyn BlockWriter>>,
+    pub inline_result_bytes: usize,
 }
 
 struct Work {
@@ -90,16 +108,21 @@ const HOLD_FOR: Duration = Duration::from_millis(1);
 const JOB_FILES_ENTRIES: usize = 64;
 
 impl TaskRunner {
-    /// Starts `threads` task threads. Status updates go to `updates`.
+    /// Starts the task threads. Status updates go to `updates`.
     pub fn start(
         sandbox: Arc<Sandbox>,
         fetcher: FetchCache,
         compiler: ModuleCompiler,
-        files_root: PathBuf,
-        threads: usize,
-        max_log_bytes: usize,
+        settings: RunnerSettings,
         updates: mpsc::UnboundedSender<ExecutorMessage>,
     ) -> Arc<Self> {
+        let RunnerSettings {
+            files_root,
+            threads,
+            max_log_bytes,
+            blocks,
+            inline_result_bytes,
+        } = settings;
         // Unbounded is safe here: the driver never launches more than our cores' worth.
         let (queue, work) = crossbeam_channel::unbounded::<Work>();
         let runner = Arc::new(TaskRunner {
@@ -120,6 +143,10 @@ impl TaskRunner {
             max_log_bytes,
             modules_compiled: AtomicU64::new(0),
             module_cache_hits: AtomicU64::new(0),
+            fetch_hits: AtomicU64::new(0),
+            fetch_misses: AtomicU64::new(0),
+            blocks,
+            inline_result_bytes,
         });
         for i in 0..threads {
             let work = work.clone();
@@ -158,6 +185,7 @@ impl TaskRunner {
                 .clone()
         };
         if desc.files.is_empty()
+            && matches!(desc.input, TaskInput::Inline(_))
             && let Some(compiled) = cell.get()
         {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
@@ -166,7 +194,20 @@ impl TaskRunner {
         }
         let runner = self.clone();
         tokio::spawn(async move {
+            let mut desc = desc;
             let ready = async {
+                if let TaskInput::Fetch(input) = &desc.input {
+                    let fetched = runner
+                        .fetch(&input.url, input.timestamp_ms, input.digest)
+                        .await?;
+                    let bytes = tokio::fs::read(&fetched.path).await.map_err(|e| {
+                        TaskFailure::new(
+                            FailureKind::HostError,
+                            format!("reading the fetched input {}: {e}", fetched.path.display()),
+                        )
+                    })?;
+                    desc.input = TaskInput::Inline(bytes);
+                }
                 let compiled = cell
                     .get_or_try_init(|| runner.load_module(&desc))
                     .await?
@@ -255,6 +296,8 @@ impl TaskRunner {
             running: self.lock_attempts().len() as u32,
             modules_compiled: self.modules_compiled.load(Ordering::Relaxed),
             module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
+            fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
+            fetch_misses: self.fetch_misses.load(Ordering::Relaxed),
         }
     }
 
@@ -267,24 +310,30 @@ impl TaskRunner {
         &self,
         url: &str,
         timestamp_ms: u64,
-        digest: Digest,
+        digest: Option<Digest>,
     ) -> Result<Fetched, TaskFailure> {
         let key = CacheKey {
             url: url.to_owned(),
             timestamp_ms,
         };
-        let (fetched, _hit) = self
+        let (fetched, hit) = self
             .fetcher
-            .fetch(&key, Some(digest))
+            .fetch(&key, digest)
             .await
             .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
+        let counter = if hit {
+            &self.fetch_hits
+        } else {
+            &self.fetch_misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         Ok(fetched)
     }
 
     async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
         let module = &desc.module;
         let fetched = self
-            .fetch(&module.url, module.timestamp_ms, module.digest)
+            .fetch(&module.url, module.timestamp_ms, Some(module.digest))
             .await?;
         let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
         if source == Source::Compiled {
@@ -330,24 +379,59 @@ impl TaskRunner {
         let mut args = Vec::with_capacity(desc.args.len() + 1);
         args.push(desc.name.clone());
         args.extend(desc.args.iter().cloned());
-        let TaskInput::Inline(stdin) =
-            std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new()));
+        let stdin = match std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new())) {
+            TaskInput::Inline(bytes) => bytes,
+            // `launch` fetches such inputs before a task is queued.
+            TaskInput::Fetch(input) => {
+                let failure = TaskFailure::new(
+                    FailureKind::HostError,
+                    format!("input {} was not fetched before the task ran", input.url),
+                );
+                return self.report(&desc, 0, Err(failure), Vec::new(), false, more_queued);
+            }
+        };
         let resources = desc.resources;
-        let report = self.sandbox.run(
-            &compiled,
-            TaskRun {
-                args: &args,
-                env: &env,
-                stdin,
-                memory_bytes: (resources.memory_mb as usize) << 20,
-                timeout: Duration::from_millis(resources.timeout_ms),
-                max_output_bytes: usize::try_from(resources.max_output_bytes).unwrap_or(usize::MAX),
-                max_log_bytes: self.max_log_bytes,
-                kill,
-                fuel: resources.fuel,
-                files_dir: files.as_ref().map(|f| f.dir.as_path()),
-            },
-        );
+        let run = || {
+            self.sandbox.run(
+                &compiled,
+                TaskRun {
+                    args: &args,
+                    env: &env,
+                    stdin,
+                    memory_bytes: (resources.memory_mb as usize) << 20,
+                    timeout: Duration::from_millis(resources.timeout_ms),
+                    max_output_bytes: usize::try_from(resources.max_output_bytes)
+                        .unwrap_or(usize::MAX),
+                    max_log_bytes: self.max_log_bytes,
+                    kill,
+                    fuel: resources.fuel,
+                    files_dir: files.as_ref().map(|f| f.dir.as_path()),
+                    result_target: self.blocks.as_ref().map(|writer| ResultTarget {
+                        writer: writer.clone(),
+                        id: BlockRef::id_for(&desc.task, desc.attempt, desc.generation),
+                        inline_max: self.inline_result_bytes,
+                    }),
+                },
+            )
+        };
+        // A bug of ours must cost one attempt (retried elsewhere), never the task thread
+        // and with it every status this thread would have sent.
+        let report =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                crate::sandbox::RunReport {
+                    outcome: Err(TaskFailure::new(
+                        FailureKind::HostError,
+                        format!("the executor failed running the task: {what}"),
+                    )),
+                    log: Vec::new(),
+                    log_truncated: false,
+                }
+            });
         self.report(
             &desc,
             started_at_us,

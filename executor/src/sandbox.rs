@@ -24,6 +24,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::outcome::{TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
+use crate::results::{ResultPipe, ResultTarget};
 
 /// How often the epoch advances: the granularity of timeouts and kills.
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -112,6 +113,9 @@ pub struct TaskRun<'a> {
     pub fuel: Option<u64>,
     /// The job's files, mounted read-only at `/files`.
     pub files_dir: Option<&'a Path>,
+    /// Where the result goes once it outgrows the inline limit; without one, the whole
+    /// result (up to `max_output_bytes`) stays in memory.
+    pub result_target: Option<ResultTarget>,
 }
 
 pub struct RunReport {
@@ -273,7 +277,7 @@ impl Sandbox {
                 log_truncated: false,
             };
         }
-        let stdout = CappedPipe::new(run.max_output_bytes, Overflow::Trap);
+        let stdout = ResultPipe::new(run.max_output_bytes, run.result_target);
         let stderr = CappedPipe::new(run.max_log_bytes, Overflow::Truncate);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdin(MemoryInputPipe::new(run.stdin))
@@ -338,6 +342,10 @@ impl Sandbox {
         };
         let outcome = match result {
             Ok(()) => Ok(()),
+            Err(_) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
+                FailureKind::HostError,
+                format!("storing the result: {why}"),
+            )),
             Err(e) => classify(
                 e,
                 memory_limit_hit,
@@ -353,8 +361,15 @@ impl Sandbox {
                 format!("\n[flint: log truncated at {} bytes]\n", run.max_log_bytes).as_bytes(),
             );
         }
+        let outcome = match outcome {
+            Ok(()) => stdout.into_result(),
+            Err(failure) => {
+                stdout.abort();
+                Err(failure)
+            }
+        };
         RunReport {
-            outcome: outcome.map(|()| TaskResult::Inline(stdout.into_contents().0)),
+            outcome,
             log,
             log_truncated,
         }

@@ -76,6 +76,7 @@ pub(crate) async fn download(
     };
     match target {
         Target::File(path) => read_file(&path, &mut sink).await?,
+        Target::ObjectStore(parsed) => read_object(url, &parsed, &mut sink).await?,
         Target::Http {
             url: parsed,
             domain,
@@ -102,6 +103,26 @@ async fn read_file(path: &Path, sink: &mut Sink<'_>) -> Result<(), FetchError> {
         }
         sink.write(&buf[..n])?;
     }
+}
+
+async fn read_object(url: &str, parsed: &url::Url, sink: &mut Sink<'_>) -> Result<(), FetchError> {
+    let failed = |e: object_store::Error| FetchError::ObjectStore {
+        url: url.to_owned(),
+        message: e.to_string(),
+    };
+    let (store, path) = crate::stores::object_store_for(parsed).map_err(failed)?;
+    let got = store.get(&path).await.map_err(failed)?;
+    if got.meta.size > sink.max_bytes {
+        return Err(FetchError::TooLarge {
+            url: url.to_owned(),
+            max_bytes: sink.max_bytes,
+        });
+    }
+    let mut body = got.into_stream();
+    while let Some(chunk) = body.next().await {
+        sink.write(&chunk.map_err(failed)?)?;
+    }
+    Ok(())
 }
 
 async fn get(

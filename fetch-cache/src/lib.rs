@@ -33,6 +33,7 @@ mod download;
 mod index;
 mod keys;
 pub mod policy;
+pub mod stores;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +81,8 @@ pub enum FetchError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("fetching {url}: object store: {message}")]
+    ObjectStore { url: String, message: String },
     #[error("fetching {url}: HTTP status {status}")]
     Status { url: String, status: u16 },
     #[error("fetching {url}: more than the {max_bytes}-byte limit")]
@@ -114,7 +117,8 @@ impl FetchError {
             FetchError::Resolve { .. }
             | FetchError::Request { .. }
             | FetchError::Deadline { .. }
-            | FetchError::Io { .. } => true,
+            | FetchError::Io { .. }
+            | FetchError::ObjectStore { .. } => true,
             FetchError::Status { status, .. } => *status >= 500 || *status == 429,
             FetchError::Refused { .. }
             | FetchError::TooLarge { .. }

@@ -16,7 +16,9 @@ use url::{Host, Url};
 pub enum Refusal {
     #[error("the URL does not parse: {0}")]
     Malformed(#[from] url::ParseError),
-    #[error("scheme `{0}` is not allowed (only http, https, and file under an allowed directory)")]
+    #[error(
+        "scheme `{0}` is not allowed (only http, https, file under an allowed directory, and s3 buckets the operator allows)"
+    )]
     Scheme(String),
     #[error("the URL has no host")]
     NoHost,
@@ -156,6 +158,9 @@ pub struct UrlPolicy {
     origins: Vec<Origin>,
     /// Canonical, so a prefix test on a canonical path is a containment test.
     dirs: Vec<PathBuf>,
+    /// `s3://bucket` entries: buckets that may be read, through the object store the
+    /// operator configured (its endpoint and credentials come from the environment).
+    buckets: Vec<String>,
 }
 
 /// Where an admitted URL may be read from.
@@ -169,6 +174,8 @@ pub(crate) enum Target {
         addrs: Vec<SocketAddr>,
     },
     File(PathBuf),
+    /// An object in an allowed bucket.
+    ObjectStore(Url),
 }
 
 /// Why a URL could not be admitted.
@@ -226,6 +233,13 @@ impl UrlPolicy {
                     Origin::of(&url).ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))?;
                 self.origins.push(origin);
             }
+            "s3" => {
+                let bucket = url
+                    .host_str()
+                    .filter(|_| url.path().is_empty() || url.path() == "/")
+                    .ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))?;
+                self.buckets.push(bucket.to_owned());
+            }
             _ => return Err(PolicyError::Scheme(entry.to_owned())),
         }
         Ok(())
@@ -239,6 +253,12 @@ impl UrlPolicy {
         match url.scheme() {
             "http" | "https" => {}
             "file" => return self.admit_file(&url).map(Target::File),
+            "s3" if url
+                .host_str()
+                .is_some_and(|b| self.buckets.iter().any(|a| a == b)) =>
+            {
+                return Ok(Target::ObjectStore(url));
+            }
             other => return Err(refused(Refusal::Scheme(other.to_owned()))),
         }
         let allowed = Origin::of(&url).is_some_and(|o| self.origins.contains(&o));

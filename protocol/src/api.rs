@@ -15,9 +15,10 @@ pub struct JobSpec {
     /// An uploaded module's id, `sha256:<hex>`.
     pub module: String,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
-    /// (`PUT /v1/files`). Names are 1-128 of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+    /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of
+    /// `A-Z a-z 0-9 . _ -`, not `.` or `..`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub files: BTreeMap<String, String>,
+    pub files: BTreeMap<String, FileSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -31,14 +32,137 @@ pub struct JobSpec {
     /// Attempts per task when the host fails it (executor lost, fetch error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failures: Option<u32>,
+    /// Cap on the sum of the job's results (Spark's `maxResultSize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_result_bytes: Option<u64>,
 }
 
-/// A task's input: `{"text": "..."}` or `{"base64": "..."}`.
+/// A job file: an uploaded file's id (`sha256:<hex>`), or a URL the executors fetch
+/// (through their fetch cache and URL policy).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(untagged)]
+pub enum FileSpec {
+    Id(String),
+    Url(UrlFileSpec),
+}
+
+impl From<&str> for FileSpec {
+    fn from(id: &str) -> Self {
+        FileSpec::Id(id.to_owned())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrlFileSpec {
+    pub url: String,
+    /// What the bytes must hash to (`<hex>` or `sha256:<hex>`); checked by executors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// When the URL's content was (re)published, ms since the Unix epoch. Executors
+    /// cache by (url, timestamp): a newer timestamp makes them fetch again. Left out,
+    /// it is when the driver first saw the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_ms: Option<u64>,
+}
+
+/// A task's input (its stdin): `{"text": "..."}`, `{"base64": "..."}`,
+/// `{"url": "...", "sha256": "<hex>"}` (fetched by the executor; `sha256` optional), or
+/// `{"result": {"job": "<id>", "task": N}}` (an earlier task's result: chained jobs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawInput", into = "RawInput")]
 pub enum InputSpec {
     Text(String),
     Base64(String),
+    Url { url: String, sha256: Option<String> },
+    Result(ResultRef),
+}
+
+/// An earlier task's result, by job and task index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultRef {
+    pub job: JobId,
+    pub task: u32,
+}
+
+/// [`InputSpec`]'s JSON form: one object whose one key says which kind it is, so that a
+/// wrong input gets an error naming the keys rather than "no variant matched".
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInput {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<ResultRef>,
+}
+
+impl TryFrom<RawInput> for InputSpec {
+    type Error = String;
+
+    fn try_from(raw: RawInput) -> Result<Self, String> {
+        let kinds = [
+            raw.text.is_some(),
+            raw.base64.is_some(),
+            raw.url.is_some(),
+            raw.result.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err(
+                "an input has exactly one of `text`, `base64`, `url` (with optional `sha256`) \
+                 and `result`"
+                    .into(),
+            );
+        }
+        if raw.sha256.is_some() && raw.url.is_none() {
+            return Err("`sha256` goes with `url`".into());
+        }
+        Ok(match raw {
+            RawInput { text: Some(t), .. } => InputSpec::Text(t),
+            RawInput {
+                base64: Some(b), ..
+            } => InputSpec::Base64(b),
+            RawInput {
+                url: Some(url),
+                sha256,
+                ..
+            } => InputSpec::Url { url, sha256 },
+            RawInput {
+                result: Some(r), ..
+            } => InputSpec::Result(r),
+            RawInput { .. } => unreachable!("exactly one kind checked above"),
+        })
+    }
+}
+
+impl From<InputSpec> for RawInput {
+    fn from(input: InputSpec) -> Self {
+        match input {
+            InputSpec::Text(text) => RawInput {
+                text: Some(text),
+                ..RawInput::default()
+            },
+            InputSpec::Base64(b) => RawInput {
+                base64: Some(b),
+                ..RawInput::default()
+            },
+            InputSpec::Url { url, sha256 } => RawInput {
+                url: Some(url),
+                sha256,
+                ..RawInput::default()
+            },
+            InputSpec::Result(r) => RawInput {
+                result: Some(r),
+                ..RawInput::default()
+            },
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,6 +366,52 @@ mod tests {
         let err = serde_json::from_str::<JobSpec>(r#"{"module":"m","inputs":[{"txt":"a"}]}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("unknown variant `txt`"), "{err}");
+        assert!(err.contains("unknown field `txt`"), "{err}");
+    }
+
+    #[test]
+    fn inputs_of_every_kind_read_and_write_their_documented_shape() {
+        let json = r#"[{"text":"a"},{"base64":"YQ=="},{"url":"http://h/x","sha256":"ab"},
+            {"url":"http://h/y"},{"result":{"job":"job-1","task":3}}]"#;
+        let inputs: Vec<InputSpec> = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            inputs[2],
+            InputSpec::Url {
+                url: "http://h/x".into(),
+                sha256: Some("ab".into())
+            }
+        );
+        assert_eq!(
+            inputs[4],
+            InputSpec::Result(ResultRef {
+                job: JobId("job-1".into()),
+                task: 3
+            })
+        );
+        let back: Vec<InputSpec> =
+            serde_json::from_str(&serde_json::to_string(&inputs).unwrap()).unwrap();
+        assert_eq!(back, inputs);
+        for bad in [
+            r#"{"text":"a","url":"u"}"#,
+            r#"{}"#,
+            r#"{"text":"a","sha256":"x"}"#,
+        ] {
+            let err = serde_json::from_str::<InputSpec>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("`text`") || err.contains("`url`"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn files_are_ids_or_urls() {
+        let files: BTreeMap<String, FileSpec> =
+            serde_json::from_str(r#"{"a":"sha256:00","b":{"url":"http://h/b","timestamp_ms":5}}"#)
+                .unwrap();
+        assert_eq!(files["a"], FileSpec::Id("sha256:00".into()));
+        assert!(matches!(&files["b"], FileSpec::Url(u) if u.timestamp_ms == Some(5)));
     }
 }

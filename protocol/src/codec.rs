@@ -188,10 +188,10 @@ mod tests {
             },
             files: vec![FileRef {
                 name: "stopwords.txt".into(),
-                digest: Digest::of(b"a the"),
+                digest: Some(Digest::of(b"a the")),
                 url: "http://127.0.0.1:7070/v1/files/sha256:00".into(),
                 timestamp_ms: 1_700_000_000_000,
-                size: 5,
+                size: Some(5),
             }],
             args,
             env: vec![("LANG".into(), "C".into())],
@@ -209,12 +209,22 @@ mod tests {
                 max_log_bytes: 1 << 20,
                 driver_http_url: "http://127.0.0.1:7070".into(),
                 fetch_allow: vec!["s3://bucket".into()],
+                block_store: "driver".into(),
+                inline_result_bytes: 1 << 20,
             }),
             DriverMessage::RegisteredExecutor { generation: 7 },
             DriverMessage::RegisterExecutorFailed {
                 reason: "duplicate executor id exec-1".into(),
             },
-            DriverMessage::LaunchTask(description(b"hello".to_vec(), vec!["a".into()])),
+            DriverMessage::LaunchTask(Box::new(description(b"hello".to_vec(), vec!["a".into()]))),
+            DriverMessage::LaunchTask(Box::new(TaskDescription {
+                input: TaskInput::Fetch(FetchRef {
+                    url: "http://127.0.0.1:7070/v1/blocks/job-1/0-1-7".into(),
+                    timestamp_ms: 0,
+                    digest: Some(Digest::of(b"x")),
+                }),
+                ..description(Vec::new(), vec![])
+            })),
             DriverMessage::KillTask {
                 task: task_id(1),
                 attempt: 2,
@@ -258,7 +268,7 @@ mod tests {
                 task: task_id(0),
                 attempt: 1,
                 generation: 7,
-                end: ok,
+                end: ok.clone(),
             }),
             ExecutorMessage::StatusUpdate(TaskStatus {
                 task: task_id(1),
@@ -266,10 +276,25 @@ mod tests {
                 generation: 7,
                 end: failed,
             }),
+            ExecutorMessage::StatusUpdate(TaskStatus {
+                task: task_id(2),
+                attempt: 1,
+                generation: 7,
+                end: TaskEnd {
+                    outcome: Ok(TaskResult::Block(BlockRef {
+                        id: "job-1/2-1-7".into(),
+                        size: 64 << 20,
+                        digest: Digest::of(b"big"),
+                    })),
+                    ..ok.clone()
+                },
+            }),
             ExecutorMessage::Heartbeat(Heartbeat {
                 running: 2,
                 modules_compiled: 1,
                 module_cache_hits: 10,
+                fetch_hits: 3,
+                fetch_misses: 1,
             }),
         ] {
             round_trip(msg);
@@ -318,7 +343,7 @@ mod tests {
             input in proptest::collection::vec(any::<u8>(), 0..2048),
             args in proptest::collection::vec(".*", 0..5),
         ) {
-            round_trip(DriverMessage::LaunchTask(description(input, args)));
+            round_trip(DriverMessage::LaunchTask(Box::new(description(input, args))));
         }
 
         #[test]

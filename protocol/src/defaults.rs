@@ -6,15 +6,21 @@ pub const TASK_CORES: u32 = 1;
 pub const TASK_MEMORY_MB: u32 = 256;
 /// Wall-clock limit per task attempt.
 pub const TASK_TIMEOUT_MS: u64 = 60_000;
-/// Cap on a task's stdout (its result). Results travel inline in the status update for
-/// now, so this also bounds a frame; the block store (large results) raises it.
-pub const TASK_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+/// Cap on a task's stdout (its result).
+pub const TASK_MAX_OUTPUT_BYTES: u64 = 1024 * 1024 * 1024;
+/// Results up to this size travel inline in the status update and live in the driver's
+/// job store; larger ones are streamed to the block store as the task writes them
+/// (Spark's `maxDirectResultSize`).
+pub const INLINE_RESULT_BYTES: u64 = 1024 * 1024;
+/// Cap on the sum of a job's results (Spark's `spark.driver.maxResultSize`); the task
+/// that goes past it fails as `result_limit`, and with it the job.
+pub const JOB_MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// Cap on a task's stderr (its log) kept by the executor.
 pub const TASK_MAX_LOG_BYTES: u64 = 1024 * 1024;
 /// Attempts per task before its job fails (Spark's `spark.task.maxFailures`). Only
 /// failures of the host count; a guest's deterministic failure ends the task at once.
 pub const MAX_FAILURES: u32 = 4;
-/// Largest frame either side accepts: the largest inline result plus headroom.
+/// Largest frame either side accepts: inline results and inputs plus headroom.
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// How often executors send heartbeats.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;

@@ -20,7 +20,7 @@ use crate::ids::{ExecutorId, TaskId};
 use crate::task::{TaskDescription, TaskStatus};
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +77,9 @@ pub struct Heartbeat {
     /// Modules compiled since start, and tasks served from an already compiled module.
     pub modules_compiled: u64,
     pub module_cache_hits: u64,
+    /// Fetch-cache requests (modules, files, inputs) served from disk, and downloads.
+    pub fetch_hits: u64,
+    pub fetch_misses: u64,
 }
 
 /// Driver to executor.
@@ -92,7 +95,7 @@ pub enum DriverMessage {
     RegisterExecutorFailed {
         reason: String,
     },
-    LaunchTask(TaskDescription),
+    LaunchTask(Box<TaskDescription>),
     KillTask {
         task: TaskId,
         attempt: u32,
@@ -116,4 +119,9 @@ pub struct ExecutorConfig {
     pub driver_http_url: String,
     /// Origins the operator allows fetching from besides the driver (`--fetch-allow`).
     pub fetch_allow: Vec<String>,
+    /// Where results larger than `inline_result_bytes` go: `driver` (uploaded to the
+    /// driver, which keeps them in its data dir) or an object store URL such as
+    /// `s3://bucket/prefix` that executors write to directly.
+    pub block_store: String,
+    pub inline_result_bytes: u64,
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{JobState, TaskState};
 use crate::ids::{ExecutorId, JobId};
-use crate::task::{FileRef, ModuleRef, Resources, TaskFailure};
+use crate::task::{FileRef, ModuleRef, Resources, TaskFailure, TaskInput, TaskResult};
 
 /// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
 /// as it is stored.
@@ -20,6 +20,8 @@ pub struct JobDef {
     pub env: Vec<(String, String)>,
     pub resources: Resources,
     pub max_failures: u32,
+    /// Cap on the sum of the job's results.
+    pub max_result_bytes: u64,
     pub created_at_ms: u64,
 }
 
@@ -32,8 +34,7 @@ pub struct JobRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskInputRecord {
-    #[serde(with = "serde_bytes")]
-    pub input: Vec<u8>,
+    pub input: TaskInput,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
 }
@@ -47,8 +48,7 @@ pub struct TaskEndRecord {
     pub failure: Option<TaskFailure>,
     pub started_at_us: Option<u64>,
     pub finished_at_us: Option<u64>,
-    #[serde(with = "serde_bytes")]
-    pub result: Option<Vec<u8>>,
+    pub result: Option<TaskResult>,
     #[serde(with = "serde_bytes")]
     pub log: Vec<u8>,
 }

@@ -46,25 +46,41 @@ pub struct ModuleRef {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRef {
     pub name: String,
-    pub digest: Digest,
+    /// Known for uploaded files; for files given by URL only when the job said.
+    pub digest: Option<Digest>,
     pub url: String,
     /// When the driver was given the file: the cache key is (url, timestamp).
     pub timestamp_ms: u64,
-    pub size: u64,
+    /// Known for uploaded files.
+    pub size: Option<u64>,
 }
 
 /// A task's stdin.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskInput {
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Bytes the executor fetches through its fetch cache: a `url` input, or an earlier
+    /// task's result kept in the block store (chained jobs).
+    Fetch(FetchRef),
 }
 
 impl fmt::Debug for TaskInput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TaskInput::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+            TaskInput::Fetch(r) => write!(f, "Fetch({})", r.url),
         }
     }
+}
+
+/// Bytes behind a URL, cached under (url, timestamp).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchRef {
+    pub url: String,
+    /// When the driver was given this URL; a newer timestamp means fetch again.
+    pub timestamp_ms: u64,
+    /// What the bytes must hash to, when known.
+    pub digest: Option<Digest>,
 }
 
 /// What a task may use. Present in a job spec as optional fields over [`defaults`].
@@ -115,16 +131,43 @@ pub struct TaskEnd {
     pub log_truncated: bool,
 }
 
-/// A successful task's stdout.
+/// A successful task's stdout: inline up to the inline limit, else a block in the block
+/// store (Spark's IndirectTaskResult).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskResult {
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    Block(BlockRef),
+}
+
+/// A stored result: where it is, how long, and what it hashes to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRef {
+    /// Path under the block store's root: `<job>/<task>-<attempt>-<generation>`.
+    pub id: String,
+    pub size: u64,
+    pub digest: Digest,
+}
+
+impl BlockRef {
+    /// The block's id for one attempt of a task; attempts never share a block, so a
+    /// late or speculative attempt cannot overwrite the result that won.
+    pub fn id_for(task: &TaskId, attempt: u32, generation: u64) -> String {
+        format!("{}/{}-{}-{}", task.job, task.index, attempt, generation)
+    }
 }
 
 impl TaskResult {
     pub fn len(&self) -> u64 {
         match self {
             TaskResult::Inline(b) => b.len() as u64,
+            TaskResult::Block(b) => b.size,
+        }
+    }
+
+    pub fn digest(&self) -> Digest {
+        match self {
+            TaskResult::Inline(b) => Digest::of(b),
+            TaskResult::Block(b) => b.digest,
         }
     }
 
@@ -137,6 +180,7 @@ impl fmt::Debug for TaskResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TaskResult::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+            TaskResult::Block(b) => write!(f, "Block({}, {} bytes)", b.id, b.size),
         }
     }
 }
@@ -176,6 +220,9 @@ pub enum FailureKind {
     StackOverflow,
     /// The guest wrote more than its output cap.
     OutputLimit,
+    /// The job's results together went past its `max_result_bytes` (Spark's
+    /// `maxResultSize`).
+    ResultLimit,
     /// The task was killed (job killed or failed).
     Killed,
     /// The module is not valid wasm.
@@ -201,6 +248,7 @@ impl FailureKind {
             FailureKind::MemoryLimit => "memory_limit",
             FailureKind::StackOverflow => "stack_overflow",
             FailureKind::OutputLimit => "output_limit",
+            FailureKind::ResultLimit => "result_limit",
             FailureKind::Killed => "killed",
             FailureKind::InvalidModule => "invalid_module",
             FailureKind::UnknownImport => "unknown_import",

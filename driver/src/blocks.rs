@@ -1,0 +1,147 @@
+//! The block store: results too large to travel inline (Spark's BlockManager for task
+//! results). By default it lives in the driver's data dir, behind object_store's local
+//! file system, and executors upload to `PUT /v1/blocks/{id}`; with `--block-store
+//! s3://bucket/prefix` executors write to the bucket themselves and the driver reads
+//! from it. Either way the bytes outlive the executor that produced them, and reads are
+//! streamed, never loaded whole.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use flint_protocol::Digest;
+use futures_util::{Stream, StreamExt};
+use object_store::buffered::BufWriter;
+use object_store::path::Path;
+use object_store::{GetResult, ObjectStore};
+use sha2::{Digest as _, Sha256};
+use tokio::io::AsyncWriteExt;
+
+/// The default `--block-store`: the driver's data dir, uploads through the driver.
+pub const DRIVER_BLOCK_STORE: &str = "driver";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("`{0}` is not a block id (`<job>/<name>` of A-Z a-z 0-9 . _ -)")]
+    BadId(String),
+    #[error("block {id} is larger than the {max}-byte limit")]
+    TooLarge { id: String, max: u64 },
+    #[error("block {id}: reading the upload: {message}")]
+    Upload { id: String, message: String },
+    #[error("block store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("block store: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct BlockStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    /// `driver`, or the object store URL executors write to.
+    spec: String,
+    /// Where executors fetch a block that is another task's input.
+    fetch_base: String,
+}
+
+impl BlockStore {
+    /// `spec` is `driver` or an object store URL (`s3://bucket/prefix`, `file:///dir`).
+    pub fn open(spec: &str, data_dir: &std::path::Path, http_base: &str) -> anyhow::Result<Self> {
+        if spec == DRIVER_BLOCK_STORE {
+            let dir = data_dir.join("blocks");
+            std::fs::create_dir_all(&dir)?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
+            return Ok(BlockStore {
+                store: Arc::new(store),
+                prefix: Path::default(),
+                spec: spec.to_owned(),
+                fetch_base: format!("{http_base}/v1/blocks"),
+            });
+        }
+        let url = url::Url::parse(spec).map_err(|e| {
+            anyhow::anyhow!("--block-store {spec}: {e} (use `driver` or s3://bucket/prefix)")
+        })?;
+        let (store, prefix) = flint_fetch_cache::stores::object_store_for(&url)?;
+        Ok(BlockStore {
+            store,
+            prefix,
+            spec: spec.trim_end_matches('/').to_owned(),
+            fetch_base: spec.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// What executors are told in their config.
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// The URL an executor fetches block `id` from.
+    pub fn fetch_url(&self, id: &str) -> String {
+        format!("{}/{id}", self.fetch_base)
+    }
+
+    fn path(&self, id: &str) -> Result<Path, BlockError> {
+        let parts: Vec<&str> = id.split('/').collect();
+        let ok = parts.len() == 2
+            && parts.iter().all(|p| {
+                !p.is_empty()
+                    && p.len() <= 128
+                    && *p != "."
+                    && *p != ".."
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            });
+        if !ok {
+            return Err(BlockError::BadId(id.to_owned()));
+        }
+        Ok(parts
+            .iter()
+            .fold(self.prefix.clone(), |path, part| path.child(*part)))
+    }
+
+    /// Streams an upload into the store, hashing as it goes; nothing is visible under
+    /// `id` unless every byte arrived (the multipart upload is aborted otherwise).
+    pub async fn put_stream<S, E>(
+        &self,
+        id: &str,
+        mut body: S,
+        max: u64,
+    ) -> Result<(u64, Digest), BlockError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let path = self.path(id)?;
+        let mut writer = BufWriter::new(self.store.clone(), path);
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let result = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| BlockError::Upload {
+                    id: id.to_owned(),
+                    message: e.to_string(),
+                })?;
+                size += chunk.len() as u64;
+                if size > max {
+                    return Err(BlockError::TooLarge {
+                        id: id.to_owned(),
+                        max,
+                    });
+                }
+                hasher.update(&chunk);
+                writer.write_all(&chunk).await?;
+            }
+            writer.shutdown().await?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        Ok((size, Digest(hasher.finalize().into())))
+    }
+
+    /// The block's bytes, as a stream.
+    pub async fn get(&self, id: &str) -> Result<GetResult, BlockError> {
+        Ok(self.store.get(&self.path(id)?).await?)
+    }
+}

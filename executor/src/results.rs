@@ -1,0 +1,336 @@
+//! A task's stdout as its result: kept in memory up to the inline limit, and past it
+//! streamed to the block store while the guest is still writing (Spark's
+//! IndirectTaskResult, without holding the whole result anywhere). The digest is taken
+//! as the bytes pass; the cap on the whole result traps the guest, as for inline ones.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use flint_protocol::{BlockRef, Digest, FailureKind, TaskFailure, TaskResult};
+use sha2::{Digest as _, Sha256};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+
+/// Bytes handed to the block store at once: big enough that a 64 MiB result is a few
+/// dozen hand-offs, small enough that a task holds little of it in memory.
+const CHUNK: usize = 1 << 20;
+/// Largest write the guest is offered at once; larger writes arrive in pieces.
+const WRITE_PERMIT: usize = 64 * 1024;
+
+/// Receives one result's bytes, in order, on the task thread. `write` may block: that is
+/// the back-pressure that keeps a fast guest from outrunning the upload.
+pub trait BlockSink: Send {
+    fn write(&mut self, chunk: Bytes) -> Result<(), String>;
+    /// Every byte was written: returns the size and digest the store received.
+    fn finish(self: Box<Self>) -> Result<(u64, Digest), String>;
+    /// The attempt failed: nothing may become visible.
+    fn abort(self: Box<Self>);
+}
+
+/// Opens a sink for a block id.
+pub trait BlockWriter: Send + Sync {
+    fn open(&self, id: &str) -> Box<dyn BlockSink>;
+}
+
+/// Where this attempt's result goes if it outgrows the inline limit.
+#[derive(Clone)]
+pub struct ResultTarget {
+    pub writer: Arc<dyn BlockWriter>,
+    pub id: String,
+    pub inline_max: usize,
+}
+
+#[derive(Clone)]
+pub struct ResultPipe {
+    inner: Arc<Mutex<State>>,
+}
+
+struct State {
+    cap: u64,
+    target: Option<ResultTarget>,
+    head: Vec<u8>,
+    /// Bytes past the head not yet handed to the sink.
+    pending: Vec<u8>,
+    total: u64,
+    hasher: Sha256,
+    sink: Option<Box<dyn BlockSink>>,
+    overflowed: bool,
+    /// Why the block store refused bytes: a host failure, not the guest's.
+    failed: Option<String>,
+}
+
+impl ResultPipe {
+    pub fn new(cap: usize, target: Option<ResultTarget>) -> Self {
+        ResultPipe {
+            inner: Arc::new(Mutex::new(State {
+                cap: cap as u64,
+                target,
+                head: Vec::new(),
+                pending: Vec::new(),
+                total: 0,
+                hasher: Sha256::new(),
+                sink: None,
+                overflowed: false,
+                failed: None,
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn overflowed(&self) -> bool {
+        self.lock().overflowed
+    }
+
+    /// Why storing the result failed, if it did.
+    pub fn store_failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    fn append(&self, data: &[u8]) -> Result<(), &'static str> {
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.failed.is_some() {
+            return Err("result upload failed");
+        }
+        if state.total + data.len() as u64 > state.cap {
+            state.overflowed = true;
+            return Err("output limit exceeded");
+        }
+        state.total += data.len() as u64;
+        state.hasher.update(data);
+        let inline_max = state.target.as_ref().map_or(usize::MAX, |t| t.inline_max);
+        if state.sink.is_none() && state.head.len() + data.len() <= inline_max {
+            state.head.extend_from_slice(data);
+            return Ok(());
+        }
+        if state.sink.is_none() {
+            let target = state
+                .target
+                .as_ref()
+                .expect("past the inline limit only with a target");
+            state.sink = Some(target.writer.open(&target.id));
+            state.pending = std::mem::take(&mut state.head);
+        }
+        state.pending.extend_from_slice(data);
+        while state.pending.len() >= CHUNK {
+            let rest = state.pending.split_off(CHUNK);
+            let chunk = std::mem::replace(&mut state.pending, rest);
+            let sink = state.sink.as_mut().expect("opened above");
+            if let Err(e) = sink.write(Bytes::from(chunk)) {
+                state.failed = Some(e);
+                return Err("result upload failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// The attempt succeeded: its result, inline or as a stored block.
+    pub fn into_result(self) -> Result<TaskResult, TaskFailure> {
+        let mut state = self.lock();
+        let Some(mut sink) = state.sink.take() else {
+            return Ok(TaskResult::Inline(std::mem::take(&mut state.head)));
+        };
+        let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
+        let pending = std::mem::take(&mut state.pending);
+        if !pending.is_empty() {
+            sink.write(Bytes::from(pending))
+                .map_err(|e| host(format!("storing the result: {e}")))?;
+        }
+        let (size, digest) = sink
+            .finish()
+            .map_err(|e| host(format!("storing the result: {e}")))?;
+        let ours = Digest(std::mem::take(&mut state.hasher).finalize().into());
+        if size != state.total || digest != ours {
+            return Err(host(format!(
+                "the block store received {size} bytes hashing to {digest}, but the task wrote {} bytes hashing to {ours}",
+                state.total
+            )));
+        }
+        let id = state
+            .target
+            .as_ref()
+            .expect("a sink has a target")
+            .id
+            .clone();
+        Ok(TaskResult::Block(BlockRef { id, size, digest }))
+    }
+
+    /// The attempt failed: drop whatever was being stored.
+    pub fn abort(self) {
+        if let Some(sink) = self.lock().sink.take() {
+            sink.abort();
+        }
+    }
+}
+
+impl OutputStream for ResultPipe {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.append(&bytes).map_err(StreamError::trap)
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(WRITE_PERMIT)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for ResultPipe {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for ResultPipe {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(
+            self.append(data)
+                .map(|()| data.len())
+                .map_err(std::io::Error::other),
+        )
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for ResultPipe {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for ResultPipe {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keeps what it is given, as a store would.
+    #[derive(Default)]
+    struct Memory {
+        blocks: Mutex<Vec<(String, Vec<u8>, bool)>>,
+    }
+
+    struct MemorySink {
+        memory: Arc<Memory>,
+        id: String,
+        bytes: Vec<u8>,
+        writes: usize,
+    }
+
+    impl BlockWriter for Arc<Memory> {
+        fn open(&self, id: &str) -> Box<dyn BlockSink> {
+            Box::new(MemorySink {
+                memory: self.clone(),
+                id: id.to_owned(),
+                bytes: Vec::new(),
+                writes: 0,
+            })
+        }
+    }
+
+    impl BlockSink for MemorySink {
+        fn write(&mut self, chunk: Bytes) -> Result<(), String> {
+            self.writes += 1;
+            assert!(chunk.len() <= CHUNK);
+            self.bytes.extend_from_slice(&chunk);
+            Ok(())
+        }
+        fn finish(self: Box<Self>) -> Result<(u64, Digest), String> {
+            let digest = Digest::of(&self.bytes);
+            let size = self.bytes.len() as u64;
+            self.memory
+                .blocks
+                .lock()
+                .unwrap()
+                .push((self.id, self.bytes, true));
+            Ok((size, digest))
+        }
+        fn abort(self: Box<Self>) {
+            self.memory
+                .blocks
+                .lock()
+                .unwrap()
+                .push((self.id, self.bytes, false));
+        }
+    }
+
+    fn pipe(cap: usize, inline_max: usize) -> (ResultPipe, Arc<Memory>) {
+        let memory = Arc::new(Memory::default());
+        let target = ResultTarget {
+            writer: Arc::new(memory.clone()),
+            id: "job/0-1-1".into(),
+            inline_max,
+        };
+        (ResultPipe::new(cap, Some(target)), memory)
+    }
+
+    #[test]
+    fn small_results_stay_inline() {
+        let (mut p, memory) = pipe(100, 10);
+        p.write(Bytes::from_static(b"0123456789")).unwrap();
+        assert_eq!(
+            p.into_result().unwrap(),
+            TaskResult::Inline(b"0123456789".to_vec())
+        );
+        assert!(memory.blocks.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn large_results_become_one_block_with_every_byte_in_order() {
+        let (mut p, memory) = pipe(10 << 20, 1000);
+        let data: Vec<u8> = (0..(3 * CHUNK + 12345)).map(|i| (i % 251) as u8).collect();
+        for piece in data.chunks(WRITE_PERMIT - 7) {
+            p.write(Bytes::copy_from_slice(piece)).unwrap();
+        }
+        let result = p.into_result().unwrap();
+        assert_eq!(
+            result,
+            TaskResult::Block(BlockRef {
+                id: "job/0-1-1".into(),
+                size: data.len() as u64,
+                digest: Digest::of(&data),
+            })
+        );
+        let blocks = memory.blocks.lock().unwrap();
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].1, data);
+        assert!(blocks[0].2, "finished, not aborted");
+    }
+
+    #[test]
+    fn the_cap_traps_and_a_failed_attempt_stores_nothing() {
+        let (mut p, memory) = pipe(3 * CHUNK, 10);
+        p.write(Bytes::from(vec![1u8; 2 * CHUNK])).unwrap();
+        assert!(p.write(Bytes::from(vec![1u8; 2 * CHUNK])).is_err());
+        assert!(p.overflowed());
+        p.abort();
+        let blocks = memory.blocks.lock().unwrap();
+        assert_eq!(blocks.len(), 1);
+        assert!(!blocks[0].2, "aborted");
+    }
+}
