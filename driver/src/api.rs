@@ -54,6 +54,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .route("/v1/jobs/{id}/tasks/{index}/result", get(get_result))
         .route("/v1/jobs/{id}/tasks/{index}/log", get(get_log))
         .route("/v1/executors", get(list_executors))
+        .route("/ui", get(crate::ui::page))
         .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
         .with_state(driver)
 }
