@@ -1,4 +1,4 @@
-//! A small client of the driver's HTTP API, shared by `flint submit` and `flint bench`.
+//! A small client of the driver's HTTP API, shared by the client commands and `flint bench`.
 
 use std::time::Duration;
 
@@ -26,6 +26,11 @@ impl Client {
 
     pub async fn upload_module(&self, wasm: Vec<u8>) -> anyhow::Result<Uploaded> {
         let request = self.http.put(self.url("/v1/modules")).body(wasm);
+        self.send(request).await
+    }
+
+    pub async fn upload_file(&self, bytes: Vec<u8>) -> anyhow::Result<Uploaded> {
+        let request = self.http.put(self.url("/v1/files")).body(bytes);
         self.send(request).await
     }
 
@@ -107,8 +112,16 @@ impl Client {
     }
 
     fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        // reqwest's own message is only "error sending request"; the cause says why
+        // (connection refused, DNS, timeout).
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(inner) = source {
+            cause = inner.to_string();
+            source = inner.source();
+        }
         anyhow::anyhow!(
-            "cannot reach the Flint driver at {}: {e}\n(start one with `flint dev`, or point --driver / FLINT_URL at it)",
+            "cannot reach the Flint driver at {}: {cause}\n(start one with `flint dev`, or point --driver / FLINT_URL at it)",
             self.base
         )
     }

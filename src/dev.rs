@@ -184,8 +184,8 @@ fn spawn_executor(
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let cluster = Cluster::start(&args).await?;
     println!(
-        "flint dev: {} executor(s) x {} core(s); submit with `flint submit --driver {} MODULE.wasm`",
-        args.executors, args.cores, cluster.http_url
+        "flint dev: {} executor(s) x {} core(s); submit with `flint submit --driver {} MODULE.wasm`; web UI at {}/ui",
+        args.executors, args.cores, cluster.http_url, cluster.http_url
     );
     crate::shutdown_signal().await;
     cluster.stop().await

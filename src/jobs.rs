@@ -2,7 +2,7 @@
 //! `kill`, and `executors`. Each prints what a person wants to read, or JSON with `--json`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use flint_protocol::api::{JobView, TaskView};
@@ -47,12 +47,16 @@ pub struct LogsArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct KillArgs {
     job: String,
+    /// Print the job as JSON.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     url: DriverUrl,
 }
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ExecutorsArgs {
+    /// Print the executors as JSON.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -111,32 +115,7 @@ fn print_failure(task: &TaskView) {
 pub async fn results(args: ResultsArgs) -> anyhow::Result<i32> {
     let client = Client::new(&args.url.driver);
     let tasks = client.tasks(&args.job).await?;
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let mut stdout = std::io::stdout().lock();
-    let mut missing = 0;
-    for task in &tasks {
-        if task.result.is_none() {
-            missing += 1;
-            continue;
-        }
-        let bytes = client.result(&args.job, task.index).await?;
-        match &args.out {
-            Some(dir) => {
-                let path = dir.join(task.index.to_string());
-                std::fs::write(&path, &bytes)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            None => {
-                stdout.write_all(&bytes)?;
-                if !bytes.ends_with(b"\n") {
-                    stdout.write_all(b"\n")?;
-                }
-            }
-        }
-    }
-    stdout.flush()?;
+    let missing = write_results(&client, &args.job, &tasks, args.out.as_deref()).await?;
     if missing > 0 {
         eprintln!(
             "{missing} of {} tasks have no result (see `flint status {}`)",
@@ -146,6 +125,43 @@ pub async fn results(args: ResultsArgs) -> anyhow::Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// Prints each task's result in task order (a newline after any that lacks one), or
+/// writes it to `out/<index>`; returns how many tasks have no result.
+pub async fn write_results(
+    client: &Client,
+    job: &str,
+    tasks: &[TaskView],
+    out: Option<&Path>,
+) -> anyhow::Result<usize> {
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut missing = 0;
+    for task in tasks {
+        if task.result.is_none() {
+            missing += 1;
+            continue;
+        }
+        let bytes = client.result(job, task.index).await?;
+        match out {
+            Some(dir) => {
+                let path = dir.join(task.index.to_string());
+                std::fs::write(&path, &bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            None => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&bytes)?;
+                if !bytes.ends_with(b"\n") {
+                    stdout.write_all(b"\n")?;
+                }
+                stdout.flush()?;
+            }
+        }
+    }
+    Ok(missing)
 }
 
 pub async fn logs(args: LogsArgs) -> anyhow::Result<i32> {
@@ -158,6 +174,10 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<i32> {
 pub async fn kill(args: KillArgs) -> anyhow::Result<i32> {
     let client = Client::new(&args.url.driver);
     let job = client.kill(&args.job).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+        return Ok(0);
+    }
     print_job(&job);
     Ok(0)
 }

@@ -6,6 +6,7 @@ mod bench;
 mod client;
 mod dev;
 mod jobs;
+mod progress;
 mod submit;
 
 use std::net::SocketAddr;
@@ -50,6 +51,13 @@ enum Command {
     Kill(jobs::KillArgs),
     /// The executors, their cores and state.
     Executors(jobs::ExecutorsArgs),
+    /// Print a shell completion script: `flint completions bash > /etc/bash_completion.d/flint`,
+    /// `flint completions zsh > "${fpath[1]}/_flint"`, `flint completions fish >
+    /// ~/.config/fish/completions/flint.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Start a local cluster and measure throughput and latency of no-op tasks.
     Bench(bench::BenchArgs),
     /// Compile a module for an executor's engine (run by executors, killed at their
@@ -203,8 +211,13 @@ fn main() {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    if let Command::CompileModule(args) = cli.command {
-        std::process::exit(compile_module(args));
+    match cli.command {
+        Command::CompileModule(args) => std::process::exit(compile_module(args)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "flint", &mut std::io::stdout());
+            return;
+        }
+        _ => {}
     }
     let quiet = !matches!(
         cli.command,
@@ -237,7 +250,9 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Kill(args) => jobs::kill(args).await,
         Command::Executors(args) => jobs::executors(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
-        Command::CompileModule(_) => unreachable!("handled before the runtime starts"),
+        Command::CompileModule(_) | Command::Completions { .. } => {
+            unreachable!("handled before the runtime starts")
+        }
     };
     match result {
         Ok(code) => code,

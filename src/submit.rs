@@ -1,19 +1,26 @@
-//! `flint submit`: upload a module, submit one task per input, wait, print the results.
+//! `flint submit`: upload a module and the job's files, submit one task per input, then
+//! (with `--wait`, `--out` or `--json --wait`) follow the job with a progress display and
+//! print or save the results.
 
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::ArgMatches;
-use flint_protocol::api::{InputSpec, JobSpec, JobState, ResourcesSpec};
+use flint_protocol::api::{FileSpec, InputSpec, JobSpec, JobState, JobView, ResourcesSpec};
 
 use crate::client::Client;
+use crate::jobs;
+use crate::progress::{Progress, ProgressMode};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SubmitArgs {
-    /// The task: a wasm32-wasip1 module.
+    /// The task: a wasm32-wasip1 module or a wasm32-wasip2 command component.
     module: PathBuf,
+    /// A file every task reads at /files/NAME (repeat for more).
+    #[arg(long = "file", value_name = "NAME=PATH", value_parser = parse_file)]
+    files: Vec<(String, PathBuf)>,
     /// A file whose bytes are one task's input (repeat for more tasks).
     #[arg(long = "input", value_name = "PATH")]
     inputs: Vec<PathBuf>,
@@ -21,20 +28,61 @@ pub struct SubmitArgs {
     #[arg(long = "input-text", value_name = "TEXT")]
     input_texts: Vec<String>,
     /// An argument for every task (repeat for more).
-    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    #[arg(
+        long = "arg",
+        visible_alias = "args",
+        value_name = "ARG",
+        allow_hyphen_values = true
+    )]
     args: Vec<String>,
-    /// The job's name (the guest's argv[0]).
+    /// An environment variable for every task (repeat for more).
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// The job's name (the guest's argv[0]; default: the module's file name).
     #[arg(long)]
     name: Option<String>,
     /// Cores each task needs.
     #[arg(long)]
     cores: Option<u32>,
+    /// Memory limit of each task, in MiB.
+    #[arg(long)]
+    memory_mb: Option<u32>,
+    /// Wall-clock limit of each attempt, in milliseconds.
+    #[arg(long)]
+    timeout_ms: Option<u64>,
     /// Wait for the job to end and print each task's result, in task order.
     #[arg(long)]
     wait: bool,
+    /// Wait, and write each task's result to DIR/<index> instead of printing it.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Print JSON for scripts instead of text: the job (without --wait), or
+    /// `{"job": ..., "tasks": [...]}` once it ended (with --wait or --out).
+    #[arg(long)]
+    json: bool,
+    /// How to show progress on stderr while waiting.
+    #[arg(long, value_enum, default_value = "auto")]
+    progress: ProgressMode,
     /// The driver's HTTP address.
     #[arg(long, env = "FLINT_URL", default_value = "http://127.0.0.1:7070")]
     driver: String,
+}
+
+fn parse_file(value: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = value
+        .split_once('=')
+        .ok_or_else(|| format!("`{value}` is not NAME=PATH"))?;
+    if name.is_empty() || path.is_empty() {
+        return Err(format!("`{value}` is not NAME=PATH"));
+    }
+    Ok((name.to_owned(), PathBuf::from(path)))
+}
+
+fn parse_env(value: &str) -> Result<(String, String), String> {
+    match value.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("`{value}` is not NAME=VALUE")),
+    }
 }
 
 /// Inputs in the order they were given on the command line, files and texts mixed.
@@ -68,8 +116,27 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         // One task with empty stdin, so `flint submit task.wasm` just runs it.
         inputs.push(InputSpec::Text(String::new()));
     }
+    let mut file_bytes = Vec::with_capacity(args.files.len());
+    for (name, path) in &args.files {
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("--file {name}: reading {}", path.display()))?;
+        file_bytes.push((name.clone(), bytes));
+    }
     let client = Client::new(&args.driver);
     let module = client.upload_module(wasm).await?;
+    let mut files = BTreeMap::new();
+    for (name, bytes) in file_bytes {
+        let uploaded = client
+            .upload_file(bytes)
+            .await
+            .with_context(|| format!("uploading --file {name}"))?;
+        if files
+            .insert(name.clone(), FileSpec::Id(uploaded.id.to_string()))
+            .is_some()
+        {
+            bail!("--file {name} is given twice");
+        }
+    }
     let name = args.name.clone().or_else(|| {
         args.module
             .file_stem()
@@ -78,35 +145,38 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
     let spec = JobSpec {
         name,
         module: module.id.to_string(),
+        files,
         args: args.args.clone(),
+        env: args.env.iter().cloned().collect(),
         inputs: Some(inputs),
         resources: ResourcesSpec {
             cores: args.cores,
+            memory_mb: args.memory_mb,
+            timeout_ms: args.timeout_ms,
             ..ResourcesSpec::default()
         },
         ..JobSpec::default()
     };
     let job = client.submit(&spec, None).await?;
-    if !args.wait {
-        println!("{}", job.id);
+    if !args.wait && args.out.is_none() {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&job)?);
+        } else {
+            println!("{}", job.id);
+        }
         return Ok(0);
     }
-    let mut job = job;
-    while !job.state.is_final() {
-        job = client.job(&job.id.0, Some(Duration::from_secs(30))).await?;
-    }
+    let job = follow(&client, job, args.progress).await?;
     let tasks = client.tasks(&job.id.0).await?;
-    let mut stdout = std::io::stdout().lock();
-    for task in &tasks {
-        if task.result.is_some() {
-            let bytes = client.result(&job.id.0, task.index).await?;
-            stdout.write_all(&bytes)?;
-            if !bytes.ends_with(b"\n") {
-                stdout.write_all(b"\n")?;
-            }
+    if args.json {
+        if let Some(dir) = &args.out {
+            jobs::write_results(&client, &job.id.0, &tasks, Some(dir)).await?;
         }
+        let both = serde_json::json!({"job": job, "tasks": tasks});
+        println!("{}", serde_json::to_string_pretty(&both)?);
+    } else {
+        jobs::write_results(&client, &job.id.0, &tasks, args.out.as_deref()).await?;
     }
-    stdout.flush()?;
     if job.state == JobState::Succeeded {
         return Ok(0);
     }
@@ -121,4 +191,25 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         eprintln!("  task {}: {}: {}", task.index, error.kind, error.message);
     }
     Ok(1)
+}
+
+/// How often the progress display asks for the job's counts.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// Follows a job until it ends, showing its progress; returns its final view.
+async fn follow(client: &Client, mut job: JobView, mode: ProgressMode) -> anyhow::Result<JobView> {
+    let mut progress = Progress::new(mode, &job);
+    while !job.state.is_final() {
+        progress.update(&job);
+        job = match progress {
+            // Nothing to show: let the driver answer when the job ends.
+            Progress::Off => client.job(&job.id.0, Some(Duration::from_secs(30))).await?,
+            _ => {
+                tokio::time::sleep(POLL_EVERY).await;
+                client.job(&job.id.0, None).await?
+            }
+        };
+    }
+    progress.finish(&job);
+    Ok(job)
 }

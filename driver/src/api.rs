@@ -64,6 +64,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
                 .get(get_block)
                 .layer(DefaultBodyLimit::disable()),
         )
+        .route("/ui", get(crate::ui::page))
         .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
         .with_state(driver)
 }

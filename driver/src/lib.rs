@@ -9,6 +9,7 @@
 //! - [`policy`]: pure placement of pending tasks onto free cores.
 //! - [`executors`]: the executor listener: hello, registration, frames in and out.
 //! - [`modules`]: the content-addressed module store.
+//! - [`ui`]: the web UI, a static page over the JSON API (`GET /ui`).
 //! - [`store`]: the job store (redb): accepted jobs, task and job ends; [`durable`]
 //!   converts between it and the state, and rebuilds the state after a restart.
 //!
@@ -26,5 +27,6 @@ pub mod policy;
 pub mod service;
 pub mod state;
 pub mod store;
+pub mod ui;
 
 pub use service::{Driver, DriverConfig, run};

@@ -1,57 +1,106 @@
-//! Helpers for writing Flint tasks in Rust.
+//! Write Flint tasks in Rust.
 //!
-//! A Flint task is an ordinary WASI preview-1 program (`wasm32-wasip1`). Nothing in
-//! this crate is required to write one: it only names the pieces of the contract so
-//! that a task reads like what it does. The contract ("guest ABI") is:
+//! A Flint task is an ordinary WASI program (`wasm32-wasip1` module or `wasm32-wasip2`
+//! command component). Nothing in this crate is required to write one; it hides the
+//! plumbing of the contract ("guest ABI") so that a task reads like what it does:
 //!
-//! | channel   | meaning                                                             |
-//! |-----------|---------------------------------------------------------------------|
-//! | stdin     | the task's input bytes ([`read_input`])                             |
-//! | stdout    | the task's result bytes ([`write_result`])                          |
-//! | stderr    | the task's log, kept and capped by the executor (`eprintln!`)       |
-//! | argv      | `[job name] + job args + task args` ([`args`] skips the job name)   |
-//! | env       | job env + task env + the `FLINT_*` variables ([`TaskInfo`])         |
-//! | `/files/<name>` | the job's named files, read-only (`std::fs`)                  |
-//! | exit code | 0 = success; anything else = failed, with that code reported        |
+//! | channel   | meaning                                                  | in the SDK |
+//! |-----------|----------------------------------------------------------|------------|
+//! | stdin     | the task's input bytes                                   | the input argument of [`run`] / [`run_bytes`] ([`read_input`]) |
+//! | stdout    | the task's result bytes                                  | what the task returns ([`write_result`]) |
+//! | stderr    | the task's log, kept and capped by the executor          | [`Context::log`], `eprintln!` |
+//! | argv      | `[job name] + job args + task args`                      | [`Context::args`] ([`args`]) |
+//! | env       | job env + task env + the `FLINT_*` variables             | [`Context::index`], [`Context::count`], [`Context::attempt`], [`Context::job_id`] ([`TaskInfo`]) |
+//! | `/files/<name>` | the job's named files, read-only                   | [`Context::file`], [`Context::read_file`] |
+//! | exit code | 0 = success; anything else = failed, with the code       | [`Error`] and its [`ErrorKind`] |
 //!
-//! A panic is a failure too: guests are built with `panic = "abort"`, so a panic
-//! becomes a wasm trap, which the executor reports as `trap`. Returning `Err` from
-//! `main` prints the error to stderr and exits with code 1.
+//! # Typed JSON in and out
 //!
-//! WASI defines exit codes 0 to 125 only; a runtime may treat a larger code passed to
-//! `std::process::exit` as a trap rather than as that code.
-//!
-//! # Example
-//!
-//! A task that upper-cases its input and logs where it runs:
+//! [`run`] reads stdin, decodes it into the closure's input type with serde, calls it,
+//! and writes what it returns as JSON. An error ends the task with the exit code of its
+//! kind and its message in the log: undecodable input is 65, a usage error (a bad
+//! argument, a missing job file) 64, I/O 74, anything else 1 (any `std::error::Error`
+//! converts with `?`).
 //!
 //! ```no_run
-//! use flint_sdk::{TaskInfo, read_input, write_result};
+//! use std::collections::BTreeMap;
+//! use flint_sdk::{Context, Error};
 //!
-//! fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let info = TaskInfo::from_env()?;
-//!     eprintln!(
-//!         "job {} task {}/{} attempt {}",
-//!         info.job_id, info.index, info.count, info.attempt
-//!     );
-//!     let input = read_input()?;
-//!     write_result(&input.to_ascii_uppercase())?;
-//!     Ok(())
+//! #[derive(serde::Deserialize)]
+//! struct Query { words: Vec<String> }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     flint_sdk::run(|ctx: &Context, query: Query| -> Result<BTreeMap<String, usize>, Error> {
+//!         // job files are mounted read-only at /files/<name>
+//!         let text = String::from_utf8_lossy(&ctx.read_file("book.txt")?).into_owned();
+//!         ctx.log(format_args!("task {} of {}, attempt {}", ctx.index(), ctx.count(), ctx.attempt()));
+//!         Ok(query.words.into_iter()
+//!             .map(|w| { let n = text.matches(w.as_str()).count(); (w, n) })
+//!             .collect())
+//!     })
 //! }
 //! ```
 //!
-//! Build it with `cargo build --release --target wasm32-wasip1` and submit the
-//! resulting `.wasm` with `flint submit`.
+//! Submitted with `flint submit query.wasm --file book.txt=book.txt --input-text
+//! '{"words": ["whale"]}' --wait`, it prints `{"whale":…}`.
+//!
+//! # Raw bytes
+//!
+//! [`run_bytes`] hands over stdin as bytes and writes the returned bytes:
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     flint_sdk::run_bytes(|ctx, input| {
+//!         let pattern = ctx.args().first().ok_or(flint_sdk::Error::usage("usage: PATTERN"))?;
+//!         let lines: Vec<&[u8]> = input
+//!             .split(|&b| b == b'\n')
+//!             .filter(|line| line.windows(pattern.len()).any(|w| w == pattern.as_bytes()))
+//!             .collect();
+//!         Ok(lines.join(&b'\n'))
+//!     })
+//! }
+//! ```
+//!
+//! [`run_streaming`] decodes the input the same way and hands the task an [`Output`]
+//! to write a large result piece by piece.
+//!
+//! # Testing a task on the host
+//!
+//! [`call_json`] is [`run`] without stdin and stdout, and [`Context::new`] builds a
+//! context by hand (with [`Context::with_files_dir`] for the files):
+//!
+//! ```
+//! use flint_sdk::{Context, Error, call_json};
+//!
+//! fn task(ctx: &Context, names: Vec<String>) -> Result<String, Error> {
+//!     Ok(format!("{} greets {}", ctx.index(), names.join(" and ")))
+//! }
+//!
+//! let ctx = Context::new("job-1", 3, 8, vec![]);
+//! let out = call_json(&ctx, br#"["ann", "bo"]"#, task).unwrap();
+//! assert_eq!(out, br#""3 greets ann and bo""#);
+//! ```
+//!
+//! # Building
+//!
+//! `cargo build --release --target wasm32-wasip1` (a core module) or `--target
+//! wasm32-wasip2` (a component); build with `panic = "abort"`, so that a panic becomes
+//! a wasm trap, reported as `trap`. WASI defines exit codes 0 to 125 only, and WASI 0.2
+//! carries only success or failure, so a component's failure is exit code 1.
 //!
 //! # Invariants
 //!
-//! The crate has no dependencies beyond `std` and does no I/O other than the
-//! process's own stdin, stdout, argv and environment. [`TaskInfo::from_vars`] is pure,
-//! so the environment parsing is testable on the host without touching the real
-//! process environment.
+//! The crate depends on serde only and does no I/O other than the process's own stdin,
+//! stdout, stderr, argv, environment and `/files`. Everything between reading stdin and
+//! writing stdout ([`call_json`], [`TaskInfo::from_vars`], [`Context::new`]) is pure, so
+//! tasks are testable on the host.
 
+mod task;
 mod task_info;
 
+pub use task::{
+    Context, Error, ErrorKind, FILES_DIR, Output, call_json, run, run_bytes, run_streaming,
+};
 pub use task_info::{
     ENV_ATTEMPT, ENV_JOB_ID, ENV_TASK_COUNT, ENV_TASK_INDEX, TaskInfo, TaskInfoError,
 };

@@ -1,0 +1,26 @@
+//! The web UI: one static page (HTML, CSS and JS in `ui/index.html`, embedded at build
+//! time, no build step) that polls the JSON API and shows jobs, a job's tasks and the
+//! executors. It reads only what the API already serves, so it needs no state of its
+//! own, and it writes every user-given string as text, never as markup.
+
+use axum::http::header;
+use axum::response::IntoResponse;
+
+const PAGE: &str = include_str!("ui/index.html");
+
+/// `GET /ui`.
+pub async fn page() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // The page loads nothing from elsewhere and runs only its own inline script.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:",
+            ),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE,
+    )
+}

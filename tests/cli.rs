@@ -1,0 +1,220 @@
+//! The CLI as a user or a script drives it: `flint submit` with files, JSON and `--out`,
+//! its progress display (plain lines on a pipe, a live bar on a terminal), `--json` on the
+//! other client commands, shell completions, and the message when no driver answers.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{DevCluster, FLINT, guests};
+use serde_json::Value;
+
+fn flint(cluster: &DevCluster, args: &[&str]) -> Output {
+    Command::new(FLINT)
+        .args(args)
+        .env("FLINT_URL", &cluster.http)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn submit_mounts_files_saves_results_and_prints_json_for_scripts() {
+    let cluster = DevCluster::start(2, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.txt");
+    std::fs::write(&data, "mounted bytes").unwrap();
+    let out = dir.path().join("results");
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let file_arg = format!("data.txt={}", data.display());
+    let output = flint(
+        &cluster,
+        &[
+            "submit",
+            &testkit,
+            "--file",
+            &file_arg,
+            "--args",
+            "read",
+            "--arg",
+            "/files/data.txt",
+            "--input-text",
+            "",
+            "--input-text",
+            "",
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let view: Value = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
+    assert_eq!(view["job"]["state"], "succeeded", "{view}");
+    assert_eq!(view["tasks"].as_array().unwrap().len(), 2, "{view}");
+    assert_eq!(view["tasks"][1]["result"]["size"], 13, "{view}");
+    for index in ["0", "1"] {
+        assert_eq!(std::fs::read(out.join(index)).unwrap(), b"mounted bytes");
+    }
+
+    // Without --wait, --json is the job as submitted; kill and executors speak JSON too.
+    let output = flint(&cluster, &["submit", &testkit, "--arg", "spin", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let job: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(job["tasks"], 1, "{job}");
+    let output = flint(&cluster, &["kill", id, "--json"]);
+    let killed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(killed["state"], "killed", "{killed}");
+    let output = flint(&cluster, &["executors", "--json"]);
+    let executors: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(executors.as_array().unwrap().len(), 2, "{executors}");
+
+    // A failed job: JSON still printed, exit code 1.
+    let output = flint(
+        &cluster,
+        &[
+            "submit", &testkit, "--args", "exit", "--arg", "3", "--wait", "--json",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let view: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(view["job"]["state"], "failed", "{view}");
+    assert_eq!(view["tasks"][0]["exit_code"], 3, "{view}");
+
+    // A missing file is named before anything is uploaded.
+    let output = flint(&cluster, &["submit", &testkit, "--file", "x=/no/such/file"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("--file x: reading /no/such/file"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = flint(&cluster, &["submit", &testkit, "--file", "no-equals-sign"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("is not NAME=PATH"));
+}
+
+/// `flint submit --wait` with 6 tasks of 150 ms each on 2 cores, progress left on auto.
+fn sleepy_submit() -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "submit".into(),
+        guests().testkit.to_str().unwrap().into(),
+        "--arg".into(),
+        "sleep".into(),
+        "--arg".into(),
+        "150".into(),
+        "--wait".into(),
+    ];
+    for _ in 0..6 {
+        args.extend(["--input-text".into(), "x".into()]);
+    }
+    args
+}
+
+#[test]
+fn submit_prints_plain_progress_lines_when_stderr_is_not_a_terminal() {
+    let cluster = DevCluster::start(2, 1);
+    let args = sleepy_submit();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = flint(&cluster, &args);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.ends_with(": 6/6 done, 0 running, 0 failed, 0 pending (succeeded)"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\x1b'),
+        "no terminal codes in a log: {stderr:?}"
+    );
+    // Results stay on stdout, one line per task.
+    assert_eq!(text(&output.stdout), "\n".repeat(6));
+
+    let output = flint(&cluster, &[&args[..], &["--progress", "off"]].concat());
+    assert!(output.status.success());
+    assert_eq!(text(&output.stderr), "");
+}
+
+#[test]
+fn submit_draws_a_live_progress_bar_on_a_terminal() {
+    let cluster = DevCluster::start(2, 1);
+    let args = sleepy_submit();
+    // util-linux `script` runs the command on a pseudo-terminal, as a user's shell would.
+    let command = format!("stty cols 120; {FLINT} {}", args.join(" "));
+    let output = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("FLINT_URL", &cluster.http)
+        .output()
+        .expect("running util-linux script");
+    let screen = text(&output.stdout);
+    assert!(output.status.success(), "{screen}");
+    // The bar redraws in place (carriage returns / cursor moves), ends full, and shows
+    // the rate and ETA.
+    assert!(screen.contains('\x1b'), "{screen:?}");
+    assert!(
+        screen.contains("6/6 done, succeeded, 0 failed"),
+        "{screen:?}"
+    );
+    assert!(screen.contains("/s ETA"), "{screen:?}");
+    assert!(
+        screen.contains("=============================="),
+        "{screen:?}"
+    );
+}
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "complete -F _flint"),
+        ("zsh", "#compdef flint"),
+        ("fish", "complete -c flint"),
+    ] {
+        let output = Command::new(FLINT)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        let script = text(&output.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(
+            script.contains("input-text"),
+            "{shell} completes submit's flags"
+        );
+    }
+    let output = Command::new(FLINT)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn client_commands_say_why_the_driver_cannot_be_reached() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    for args in [
+        &["status", "job-x"][..],
+        &["executors"][..],
+        &["kill", "job-x"][..],
+    ] {
+        let output = Command::new(FLINT)
+            .args(args)
+            .env("FLINT_URL", &url)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "cannot reach the Flint driver at {url}: Connection refused"
+            )),
+            "{stderr}"
+        );
+        assert!(stderr.contains("flint dev"), "{stderr}");
+    }
+}

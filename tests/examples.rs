@@ -1,0 +1,230 @@
+//! Every example in guest-examples/ run end to end on a real local cluster: grep over a
+//! job's files, a large generated result checked by SHA-256, the C and Zig examples,
+//! and wordcount as map + reduce.
+
+mod common;
+
+use common::{DevCluster, c_wc, guests, zig_sha256};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn grep_finds_lines_in_the_jobs_files_by_pattern_from_args_or_input() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().grep);
+    let poem = cluster.upload_file("the needle\nhay\nNEEDLE again\n");
+    let notes = cluster.upload_file("no match here\na needle too");
+    let job = cluster.run_job(json!({
+        "module": module,
+        "files": {"poem.txt": poem, "notes.txt": notes},
+        "tasks": [
+            {"args": ["needle"]},
+            {"args": ["-i", "needle", "poem.txt"]},
+            {"input": {"text": "match\n"}},
+            {"args": ["nothing-matches-this"]},
+        ],
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(
+        text(cluster.result(&job, 0)),
+        "notes.txt:2:a needle too\npoem.txt:1:the needle\n"
+    );
+    assert_eq!(
+        text(cluster.result(&job, 1)),
+        "poem.txt:1:the needle\npoem.txt:3:NEEDLE again\n"
+    );
+    assert_eq!(text(cluster.result(&job, 2)), "notes.txt:1:no match here\n");
+    assert_eq!(text(cluster.result(&job, 3)), "");
+    let id = job["id"].as_str().unwrap();
+    let (_, log) = cluster.get_bytes(&format!("/v1/jobs/{id}/tasks/1/log"));
+    assert_eq!(text(log), "[task 1] 2 matching lines in 1 files\n");
+
+    // A file the job does not have is the task's usage error, exit code 64.
+    let job = cluster.run_job(json!({
+        "module": module,
+        "files": {"poem.txt": poem},
+        "args": ["x", "missing.txt"],
+        "inputs": [{"text": ""}],
+    }));
+    assert_eq!(job["state"], "failed", "{job}");
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["exit_code"], 64, "{task}");
+    let (_, log) = cluster.get_bytes(&format!(
+        "/v1/jobs/{}/tasks/0/log",
+        job["id"].as_str().unwrap()
+    ));
+    assert!(
+        text(log).contains("the job has no file `missing.txt`"),
+        "{task}"
+    );
+}
+
+/// What hashgen writes for `seed` and `mib`, generated here independently.
+fn splitmix_stream(seed: u64, mib: usize) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(mib << 20);
+    while out.len() < mib << 20 {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn hashgen_large_results_arrive_intact() {
+    // 12 MiB: under the 16 MiB inline cap results have today (the block store raises it).
+    const MIB: usize = 12;
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().hashgen);
+    let job = cluster.run_job(json!({
+        "module": module,
+        "inputs": [{"text": format!(r#"{{"seed": 42, "mib": {MIB}}}"#)},
+                   {"text": r#"{"seed": 7, "mib": 1}"#}],
+        "resources": {"memory_mb": 64},
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let expected = hex::encode(Sha256::digest(splitmix_stream(42, MIB)));
+    let result = cluster.result(&job, 0);
+    assert_eq!(result.len(), MIB << 20);
+    assert_eq!(hex::encode(Sha256::digest(&result)), expected);
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["result"]["sha256"], expected.as_str(), "{task}");
+    assert_eq!(task["result"]["size"], MIB << 20, "{task}");
+    let id = job["id"].as_str().unwrap();
+    let (_, log) = cluster.get_bytes(&format!("/v1/jobs/{id}/tasks/0/log"));
+    assert_eq!(
+        text(log),
+        format!("[task 0] sha256 {expected} bytes {}\n", MIB << 20)
+    );
+    assert_eq!(cluster.result(&job, 1), splitmix_stream(7, 1));
+
+    // Past the job's output cap the task fails as output_limit; bad input is exit 65.
+    let job = cluster.run_job(json!({
+        "module": module,
+        "inputs": [{"text": r#"{"seed": 1, "mib": 2}"#}],
+        "resources": {"max_output_bytes": 1 << 20},
+    }));
+    assert_eq!(cluster.tasks(&job)[0]["error"]["kind"], "output_limit");
+    let job = cluster.run_job(json!({"module": module, "inputs": [{"text": "{\"seed\": -1}"}]}));
+    assert_eq!(cluster.tasks(&job)[0]["exit_code"], 65);
+}
+
+#[test]
+fn the_c_example_counts_its_input_and_the_jobs_files() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(c_wc());
+    let data = cluster.upload_file("one two\nthree\n");
+    let job = cluster.run_job(json!({
+        "module": module,
+        "files": {"data.txt": data},
+        "tasks": [
+            {"input": {"text": "a b  c\nd\n\n"}},
+            {"args": ["data.txt", "data.txt"]},
+        ],
+    }));
+    assert_eq!(
+        text(cluster.result(&job, 0)),
+        r#"{"lines":3,"words":4,"bytes":10}"#
+    );
+    assert_eq!(
+        text(cluster.result(&job, 1)),
+        r#"{"lines":4,"words":6,"bytes":28}"#
+    );
+    // A failing task fails its job, so the usage error gets a job of its own.
+    let job = cluster
+        .run_job(json!({"module": module, "args": ["absent.txt"], "inputs": [{"text": ""}]}));
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["exit_code"], 64, "{task}");
+}
+
+#[test]
+fn the_zig_example_hashes_its_input() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(zig_sha256());
+    let big = "z".repeat(300_000);
+    let job = cluster.run_job(json!({
+        "module": module,
+        "tasks": [
+            {"input": {"text": "abc"}},
+            {"input": {"text": big}},
+            {"input": {"text": "abc"}, "args": ["--upper"]},
+        ],
+    }));
+    assert_eq!(
+        text(cluster.result(&job, 0)),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        text(cluster.result(&job, 1)),
+        hex::encode(Sha256::digest(big.as_bytes()))
+    );
+    assert_eq!(
+        text(cluster.result(&job, 2)),
+        "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD"
+    );
+    let id = job["id"].as_str().unwrap();
+    let (_, log) = cluster.get_bytes(&format!("/v1/jobs/{id}/tasks/1/log"));
+    assert_eq!(text(log), "sha256: task 1 hashed 300000 bytes\n");
+    let job =
+        cluster.run_job(json!({"module": module, "args": ["--bogus"], "inputs": [{"text": ""}]}));
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["exit_code"], 64, "{task}");
+}
+
+/// Map: wordcount over each section of examples/sample.txt. Reduce: wordcount-reduce
+/// over the map results, which this test fetches and passes on as the reduce task's
+/// input. (With `{"result": {...}}` inputs the reduce reads them without the client.)
+#[test]
+fn wordcount_map_then_reduce_equals_counting_the_whole_text() {
+    let cluster = DevCluster::start(2, 1);
+    let sample = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sample.txt"),
+    )
+    .unwrap();
+    let sections: Vec<&str> = sample
+        .split("\n\n")
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    assert!(sections.len() >= 3, "the sample has sections");
+    let map = cluster.upload(&guests().wordcount);
+    let reduce = cluster.upload(&guests().wordcount_reduce);
+    let inputs: Vec<Value> = sections.iter().map(|s| json!({"text": s})).collect();
+    let map_job = cluster.run_job(json!({"name": "map", "module": map, "inputs": inputs}));
+    assert_eq!(map_job["state"], "succeeded", "{map_job}");
+    let mut map_results = Vec::new();
+    for index in 0..sections.len() as u64 {
+        map_results.extend(cluster.result(&map_job, index));
+        map_results.push(b'\n');
+    }
+    let reduce_job = cluster.run_job(json!({
+        "name": "reduce",
+        "module": reduce,
+        "tasks": [
+            {"input": {"text": text(map_results.clone())}},
+            {"input": {"text": text(map_results)}, "args": ["--top", "3"]},
+        ],
+    }));
+    assert_eq!(reduce_job["state"], "succeeded", "{reduce_job}");
+    let whole = cluster.run_job(json!({"module": map, "inputs": [{"text": sample}]}));
+    let expected: Value = serde_json::from_slice(&cluster.result(&whole, 0)).unwrap();
+    let reduced: Value = serde_json::from_slice(&cluster.result(&reduce_job, 0)).unwrap();
+    assert_eq!(reduced, expected);
+    let top: Value = serde_json::from_slice(&cluster.result(&reduce_job, 1)).unwrap();
+    let top = top.as_object().unwrap();
+    assert_eq!(top.len(), 3, "{top:?}");
+    let smallest_kept = top.values().map(|v| v.as_u64().unwrap()).min().unwrap();
+    let dropped_larger = expected
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(word, _)| !top.contains_key(*word))
+        .any(|(_, n)| n.as_u64().unwrap() > smallest_kept);
+    assert!(!dropped_larger, "--top 3 kept {top:?}");
+}
