@@ -132,6 +132,37 @@ pub struct DriverArgs {
     /// ones are refused).
     #[arg(long, env = "FLINT_FETCH_ALLOW", value_delimiter = ',')]
     pub fetch_allow: Vec<String>,
+    /// How long a job's tasks wait for a free core on an executor that already ran its
+    /// module before taking one on another executor (0: never wait).
+    #[arg(long, env = "FLINT_LOCALITY_WAIT_MS", default_value_t = flint_protocol::defaults::LOCALITY_WAIT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub locality_wait_ms: u64,
+    /// Copy slow tasks: once --speculation-quantile of a job's tasks have succeeded, a
+    /// task running longer than --speculation-multiplier times their median run time
+    /// (and at least 100 ms) gets a second attempt on another executor; the first to
+    /// succeed wins and the other is killed.
+    #[arg(long, env = "FLINT_SPECULATION")]
+    pub speculation: bool,
+    #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = 0.75,
+          value_parser = parse_quantile)]
+    pub speculation_quantile: f64,
+    #[arg(long, env = "FLINT_SPECULATION_MULTIPLIER", default_value_t = 1.5,
+          value_parser = parse_multiplier)]
+    pub speculation_multiplier: f64,
+}
+
+fn parse_quantile(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(q) if (0.0..=1.0).contains(&q) => Ok(q),
+        _ => Err(format!("{s:?} is not a fraction between 0 and 1")),
+    }
+}
+
+fn parse_multiplier(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(m) if (1.0..=1000.0).contains(&m) => Ok(m),
+        _ => Err(format!("{s:?} is not a number between 1 and 1000")),
+    }
 }
 
 impl DriverArgs {
@@ -143,6 +174,14 @@ impl DriverArgs {
         config.cluster_secret = self.cluster_secret.clone();
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
+        config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);
+        config.scheduling.speculation =
+            self.speculation
+                .then(|| flint_driver::speculation::SpeculationConfig {
+                    quantile: self.speculation_quantile,
+                    multiplier: self.speculation_multiplier,
+                    ..Default::default()
+                });
         Ok(config)
     }
 }

@@ -5,6 +5,15 @@
 //! served first-in first-out; a task needing `c` cores goes only to an executor with at
 //! least `c` free, which then has `c` fewer; consecutive placements rotate across
 //! executors so that load spreads instead of piling onto the first one.
+//!
+//! Three refinements, each Spark's:
+//! - exclusion (`excludeOnFailure`): an offer that is not `usable` (its executor is
+//!   excluded for a period) takes nothing, and a constrained task never goes to an offer
+//!   it is barred from (an executor it failed on twice, or one already running it);
+//! - delay scheduling: a job's tasks go to `warm` offers (executors that already ran its
+//!   module, so it is fetched and compiled there) and to cold ones only once
+//!   `cold_allowed` says the job's locality wait is over;
+//! - speculative copies are constrained tasks barred from where the task already runs.
 
 /// An executor's free cores at this moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,55 +21,128 @@ pub struct Offer {
     pub free_cores: u32,
     /// The executor meters fuel, so it may run tasks with fuel budgets.
     pub meters_fuel: bool,
+    /// False for an executor excluded for a period: it takes nothing.
+    pub usable: bool,
 }
 
-/// A job's pending tasks: `count` tasks needing `cores` cores each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A job's pending tasks, all needing `cores` cores each.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Demand {
     pub cores: u32,
+    /// Tasks that may go to any offer; placed after the constrained ones.
     pub count: usize,
+    /// Tasks barred from some offers (indices into the offers), placed first in order.
+    pub constrained: Vec<Vec<usize>>,
     /// The tasks have fuel budgets: only executors that meter fuel may take them.
     pub needs_fuel: bool,
+    /// Per offer: the executor already ran this job's module. Empty: none did.
+    pub warm: Vec<bool>,
+    /// Cold offers may take tasks too (the locality wait is over, or nothing is warm).
+    pub cold_allowed: bool,
 }
 
-/// One task of demand `demand` goes to offer `offer`.
+/// One task of demand `demand` goes to offer `offer`; `constrained` says which of the
+/// demand's constrained tasks, `None` for the next unconstrained one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub demand: usize,
     pub offer: usize,
+    pub constrained: Option<usize>,
 }
 
-/// Fills `offers` from `demands` in order. Returns placements in launch order.
-pub fn place(offers: &[Offer], demands: &[Demand]) -> Vec<Placement> {
-    let mut free: Vec<u32> = offers.iter().map(|o| o.free_cores).collect();
-    let mut placements = Vec::new();
-    if free.is_empty() {
-        return placements;
+/// What placement decided: the launches, and which demands held tasks back from a cold
+/// offer that had room (their locality wait is running).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub placements: Vec<Placement>,
+    pub waiting_for_locality: Vec<bool>,
+}
+
+impl Demand {
+    fn is_warm(&self, offer: usize) -> bool {
+        self.warm.get(offer).copied().unwrap_or(false)
     }
+}
+
+/// Whether a task barred from `barred` may go to a cold offer.
+fn cold_allowed(demand: &Demand, barred: &[usize]) -> bool {
+    demand.cold_allowed
+        || !(0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e))
+}
+
+/// Fills `offers` from `demands` in order.
+pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
+    let mut free: Vec<u32> = offers
+        .iter()
+        .map(|o| if o.usable { o.free_cores } else { 0 })
+        .collect();
+    let mut plan = Plan {
+        placements: Vec::new(),
+        waiting_for_locality: vec![false; demands.len()],
+    };
+    if free.is_empty() {
+        return plan;
+    }
+    let n = free.len();
     let mut cursor = 0;
     for (d, demand) in demands.iter().enumerate() {
         if demand.cores == 0 {
             continue;
         }
-        for _ in 0..demand.count {
-            let fits = (0..free.len())
-                .map(|k| (cursor + k) % free.len())
-                .find(|&e| {
-                    free[e] >= demand.cores && (offers[e].meters_fuel || !demand.needs_fuel)
-                });
-            let Some(e) = fits else { break };
+        let fits = |free: &[u32], e: usize, barred: &[usize]| {
+            free[e] >= demand.cores
+                && (offers[e].meters_fuel || !demand.needs_fuel)
+                && !barred.contains(&e)
+        };
+        // Warm offers first; cold ones only when allowed, or when every warm offer is
+        // barred to the task (waiting for those would be waiting for nothing).
+        let choose = |free: &[u32], cursor: usize, barred: &[usize]| {
+            let order = (0..n).map(|k| (cursor + k) % n);
+            order
+                .clone()
+                .find(|&e| demand.is_warm(e) && fits(free, e, barred))
+                .or_else(|| {
+                    cold_allowed(demand, barred)
+                        .then(|| order.clone().find(|&e| fits(free, e, barred)))
+                        .flatten()
+                })
+        };
+        let mut unplaced = 0;
+        let tasks = demand
+            .constrained
+            .iter()
+            .enumerate()
+            .map(|(c, barred)| (Some(c), barred.as_slice()))
+            .chain(std::iter::repeat_n((None, &[][..]), demand.count));
+        for (constrained, barred) in tasks {
+            if free.iter().all(|&f| f < demand.cores) {
+                unplaced += 1;
+                break;
+            }
+            let Some(e) = choose(&free, cursor, barred) else {
+                unplaced += 1;
+                if constrained.is_none() {
+                    // Unconstrained tasks are alike: if one does not fit, none will.
+                    break;
+                }
+                continue;
+            };
             free[e] -= demand.cores;
-            placements.push(Placement {
+            plan.placements.push(Placement {
                 demand: d,
                 offer: e,
+                constrained,
             });
-            cursor = (e + 1) % free.len();
+            cursor = (e + 1) % n;
         }
+        plan.waiting_for_locality[d] = unplaced > 0
+            && !demand.cold_allowed
+            && (0..n).any(|e| !demand.is_warm(e) && fits(&free, e, &[]));
         if free.iter().all(|&f| f == 0) {
             break;
         }
     }
-    placements
+    plan
 }
 
 #[cfg(test)]
@@ -74,6 +156,7 @@ mod tests {
             .map(|&free_cores| Offer {
                 free_cores,
                 meters_fuel: false,
+                usable: true,
             })
             .collect()
     }
@@ -82,90 +165,172 @@ mod tests {
         Demand {
             cores,
             count,
-            needs_fuel: false,
+            cold_allowed: true,
+            ..Demand::default()
         }
+    }
+
+    fn targets(plan: &Plan) -> Vec<usize> {
+        plan.placements.iter().map(|p| p.offer).collect()
     }
 
     #[test]
     fn budgeted_tasks_go_only_to_executors_that_meter_fuel() {
         let mut metered = offers(&[2, 2]);
         metered[1].meters_fuel = true;
-        let placed = place(
+        let plan = place(
             &metered,
             &[Demand {
-                cores: 1,
-                count: 3,
                 needs_fuel: true,
+                ..demand(1, 3)
             }],
         );
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![1, 1]);
+        assert_eq!(targets(&plan), vec![1, 1]);
     }
 
     #[test]
     fn two_core_tasks_take_a_whole_two_core_executor_each() {
-        let placed = place(&offers(&[2, 2]), &[demand(2, 5)]);
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![0, 1]);
+        let plan = place(&offers(&[2, 2]), &[demand(2, 5)]);
+        assert_eq!(targets(&plan), vec![0, 1]);
     }
 
     #[test]
     fn placements_rotate_across_executors() {
-        let placed = place(&offers(&[2, 2, 2]), &[demand(1, 4)]);
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![0, 1, 2, 0]);
+        let plan = place(&offers(&[2, 2, 2]), &[demand(1, 4)]);
+        assert_eq!(targets(&plan), vec![0, 1, 2, 0]);
     }
 
     #[test]
     fn a_later_smaller_job_fills_what_a_larger_one_cannot_use() {
-        let placed = place(&offers(&[1, 1]), &[demand(2, 3), demand(1, 3)]);
-        assert_eq!(placed.len(), 2);
-        assert!(placed.iter().all(|p| p.demand == 1));
+        let plan = place(&offers(&[1, 1]), &[demand(2, 3), demand(1, 3)]);
+        assert_eq!(plan.placements.len(), 2);
+        assert!(plan.placements.iter().all(|p| p.demand == 1));
+    }
+
+    #[test]
+    fn excluded_executors_and_barred_offers_take_nothing() {
+        let mut all = offers(&[1, 1, 1]);
+        all[0].usable = false;
+        let plan = place(
+            &all,
+            &[Demand {
+                constrained: vec![vec![1], vec![1, 2]],
+                ..demand(1, 5)
+            }],
+        );
+        // The first retry avoids exec 1, the second has nowhere to go, the rest fill up.
+        assert_eq!(
+            plan.placements,
+            vec![
+                Placement {
+                    demand: 0,
+                    offer: 2,
+                    constrained: Some(0)
+                },
+                Placement {
+                    demand: 0,
+                    offer: 1,
+                    constrained: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_job_waits_for_its_warm_executors_until_cold_ones_are_allowed() {
+        let waiting = Demand {
+            warm: vec![false, true],
+            cold_allowed: false,
+            ..demand(1, 3)
+        };
+        let plan = place(&offers(&[2, 1]), std::slice::from_ref(&waiting));
+        assert_eq!(targets(&plan), vec![1]);
+        assert_eq!(plan.waiting_for_locality, vec![true]);
+        let plan = place(
+            &offers(&[2, 1]),
+            &[Demand {
+                cold_allowed: true,
+                ..waiting
+            }],
+        );
+        assert_eq!(targets(&plan), vec![1, 0, 0], "warm first, then anywhere");
+        assert_eq!(plan.waiting_for_locality, vec![false]);
+    }
+
+    fn arb_demand() -> impl Strategy<Value = Demand> {
+        (
+            1u32..4,
+            0usize..8,
+            proptest::collection::vec(proptest::collection::vec(0usize..6, 0..3), 0..3),
+            any::<bool>(),
+            proptest::collection::vec(any::<bool>(), 0..6),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(cores, count, constrained, needs_fuel, warm, cold_allowed)| Demand {
+                    cores,
+                    count,
+                    constrained,
+                    needs_fuel,
+                    warm,
+                    cold_allowed,
+                },
+            )
     }
 
     proptest! {
         #[test]
-        fn never_over_commits_and_fills_in_job_order(
-            free in proptest::collection::vec((0u32..8, any::<bool>()), 0..6),
-            demands in proptest::collection::vec((1u32..5, 0usize..10, any::<bool>()), 0..5),
+        fn never_over_commits_never_uses_excluded_barred_or_cold_offers_and_fills_in_order(
+            all in proptest::collection::vec(
+                (0u32..8, any::<bool>(), any::<bool>()).prop_map(|(free_cores, meters_fuel, usable)| Offer {
+                    free_cores,
+                    meters_fuel,
+                    usable,
+                }),
+                0..6,
+            ),
+            demands in proptest::collection::vec(arb_demand(), 0..5),
         ) {
-            let demands: Vec<Demand> = demands
-                .into_iter()
-                .map(|(cores, count, needs_fuel)| Demand { cores, count, needs_fuel })
-                .collect();
-            let all: Vec<Offer> = free
-                .iter()
-                .map(|&(free_cores, meters_fuel)| Offer { free_cores, meters_fuel })
-                .collect();
-            let free: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
-            let placed = place(&all, &demands);
-            let mut used = vec![0u32; free.len()];
-            let mut per_demand = vec![0usize; demands.len()];
-            for p in &placed {
-                used[p.offer] += demands[p.demand].cores;
-                per_demand[p.demand] += 1;
-                prop_assert!(all[p.offer].meters_fuel || !demands[p.demand].needs_fuel);
-            }
-            for (u, f) in used.iter().zip(&free) {
-                prop_assert!(u <= f, "over-committed: used {u} of {f}");
-            }
-            for (d, demand) in demands.iter().enumerate() {
-                prop_assert!(per_demand[d] <= demand.count);
-                // A demand left short means no executor had room for one more of its
-                // tasks once it had been served: nothing was skipped that fit.
-                if per_demand[d] < demand.count {
-                    let mut left = free.clone();
-                    for p in placed.iter().filter(|p| p.demand <= d) {
-                        left[p.offer] -= demands[p.demand].cores;
+            let plan = place(&all, &demands);
+            let allowed = |d: &Demand, e: usize, barred: &[usize]| {
+                all[e].usable
+                    && (all[e].meters_fuel || !d.needs_fuel)
+                    && (d.is_warm(e) || cold_allowed(d, barred))
+            };
+            let mut used = vec![0u32; all.len()];
+            let mut unconstrained = vec![0usize; demands.len()];
+            let mut seen = std::collections::HashSet::new();
+            for p in &plan.placements {
+                let d = &demands[p.demand];
+                used[p.offer] += d.cores;
+                let barred = p.constrained.map_or(&[][..], |c| &d.constrained[c][..]);
+                prop_assert!(allowed(d, p.offer, barred), "placed where not allowed: {p:?}");
+                match p.constrained {
+                    Some(c) => {
+                        prop_assert!(!d.constrained[c].contains(&p.offer), "barred: {p:?}");
+                        prop_assert!(seen.insert((p.demand, c)), "placed twice: {p:?}");
                     }
-                    prop_assert!(left
-                        .iter()
-                        .zip(&all)
-                        .all(|(&l, o)| l < demand.cores || (demand.needs_fuel && !o.meters_fuel)));
+                    None => unconstrained[p.demand] += 1,
                 }
             }
+            for (u, o) in used.iter().zip(&all) {
+                prop_assert!(*u <= o.free_cores, "over-committed: used {u} of {}", o.free_cores);
+            }
+            for (d, demand) in demands.iter().enumerate() {
+                prop_assert!(unconstrained[d] <= demand.count);
+                // A demand left short means no allowed executor had room for one more
+                // of its tasks once it had been served: nothing was skipped that fit.
+                if unconstrained[d] < demand.count {
+                    let mut left: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
+                    for p in plan.placements.iter().filter(|p| p.demand <= d) {
+                        left[p.offer] -= demands[p.demand].cores;
+                    }
+                    prop_assert!((0..all.len()).all(|e| left[e] < demand.cores || !allowed(demand, e, &[])));
+                }
+                prop_assert!(!plan.waiting_for_locality[d] || !demand.cold_allowed);
+            }
             // FIFO: placements of an earlier job come before those of a later one.
-            prop_assert!(placed.windows(2).all(|w| w[0].demand <= w[1].demand));
+            prop_assert!(plan.placements.windows(2).all(|w| w[0].demand <= w[1].demand));
         }
     }
 }
