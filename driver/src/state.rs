@@ -492,14 +492,18 @@ impl ClusterState {
             .expect("job checked above");
         let task = &mut job.tasks[status.task.index as usize];
         let mut actions = Vec::new();
+        // A killed task's times and log are its last attempt's; a succeeded or failed
+        // one keeps those of the attempt that decided it.
+        if !matches!(task.state, TaskState::Succeeded | TaskState::Failed) {
+            task.started_at_us = Some(status.end.started_at_us);
+            task.finished_at_us = Some(status.end.finished_at_us);
+            task.log = status.end.log;
+        }
         if task.state.is_final() {
             // A kill (of this task or its job), or the other attempt's success, got here
             // first: the cores are back now, and whatever this attempt did is not taken.
             return actions;
         }
-        task.started_at_us = Some(status.end.started_at_us);
-        task.finished_at_us = Some(status.end.finished_at_us);
-        task.log = status.end.log;
         let copy_running = self
             .executors
             .values()
@@ -1510,6 +1514,12 @@ mod tests {
             SystemTime::UNIX_EPOCH,
         );
         assert_eq!(free(&state, 1), 1);
+        // The killed attempt's report still says when the guest stopped.
+        let task = &state.jobs[&JobId("j".into())].tasks[0];
+        assert_eq!(
+            (task.state, task.finished_at_us),
+            (TaskState::Killed, Some(2))
+        );
         assert!(
             state
                 .kill_job(&JobId("nope".into()), SystemTime::UNIX_EPOCH)
