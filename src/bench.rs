@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// Single-task jobs submitted one after another for the latency figures.
     #[arg(long, default_value_t = 500)]
     latency_jobs: usize,
+    /// The driver's `--launch-ahead`.
+    #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD)]
+    launch_ahead: u32,
     /// Instead of the throughput and latency figures: start a driver with no executors,
     /// submit one job of this many no-op tasks (all stay pending) and print the driver's
     /// resident memory per pending task.
@@ -53,6 +56,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             fetch_allow: Vec::new(),
             locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
             speculation: false,
+            launch_ahead: args.launch_ahead,
             speculation_quantile: 0.75,
             speculation_multiplier: 1.5,
         },

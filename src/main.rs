@@ -143,6 +143,11 @@ pub struct DriverArgs {
     /// succeed wins and the other is killed.
     #[arg(long, env = "FLINT_SPECULATION")]
     pub speculation: bool,
+    /// 1-core tasks launched to each executor beyond its free cores and queued there, so
+    /// that a task thread finds its next task waiting (0: launch only onto free cores).
+    #[arg(long, env = "FLINT_LAUNCH_AHEAD", default_value_t = flint_protocol::defaults::LAUNCH_AHEAD,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub launch_ahead: u32,
     #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = 0.75,
           value_parser = parse_quantile)]
     pub speculation_quantile: f64,
@@ -175,6 +180,7 @@ impl DriverArgs {
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
         config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);
+        config.scheduling.launch_ahead = self.launch_ahead;
         config.scheduling.speculation =
             self.speculation
                 .then(|| flint_driver::speculation::SpeculationConfig {

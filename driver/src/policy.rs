@@ -14,6 +14,15 @@
 //!   module, so it is fetched and compiled there) and to cold ones only once
 //!   `cold_allowed` says the job's locality wait is over;
 //! - speculative copies are constrained tasks barred from where the task already runs.
+//!
+//! Launch pipelining: an offer may also have `ahead` slots, 1-core tasks it takes beyond
+//! its free cores and queues for its task threads, so that a thread that finishes one
+//! task finds the next one waiting instead of waiting a round trip for it. A task goes to
+//! an idle core anywhere it may before it queues behind another; it queues only on a warm
+//! executor (one compiling a module while it runs other tasks would compile under a
+//! wall-clock limit against them); and a task needing more than one core never shares an
+//! executor with queued ones (the executor runs whatever it is given on as many threads
+//! as it has cores).
 
 /// An executor's free cores at this moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +32,8 @@ pub struct Offer {
     pub meters_fuel: bool,
     /// False for an executor excluded for a period: it takes nothing.
     pub usable: bool,
+    /// 1-core tasks it may take beyond its free cores, queued for its task threads.
+    pub ahead: u32,
 }
 
 /// A job's pending tasks, all needing `cores` cores each.
@@ -76,6 +87,10 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
         .iter()
         .map(|o| if o.usable { o.free_cores } else { 0 })
         .collect();
+    let mut ahead: Vec<u32> = offers
+        .iter()
+        .map(|o| if o.usable { o.ahead } else { 0 })
+        .collect();
     let mut plan = Plan {
         placements: Vec::new(),
         waiting_for_locality: vec![false; demands.len()],
@@ -96,16 +111,36 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
         };
         // Warm offers first; cold ones only when allowed, or when every warm offer is
         // barred to the task (waiting for those would be waiting for nothing).
-        let choose = |free: &[u32], cursor: usize, barred: &[usize]| {
+        let choose_in = |room: &[u32], cursor: usize, barred: &[usize]| {
             let order = (0..n).map(|k| (cursor + k) % n);
             order
                 .clone()
-                .find(|&e| demand.is_warm(e) && fits(free, e, barred))
+                .find(|&e| demand.is_warm(e) && fits(room, e, barred))
                 .or_else(|| {
                     cold_allowed(demand, barred)
-                        .then(|| order.clone().find(|&e| fits(free, e, barred)))
+                        .then(|| order.clone().find(|&e| fits(room, e, barred)))
                         .flatten()
                 })
+        };
+        // An idle core first; a queue slot only for 1-core tasks, only on a warm
+        // executor and only when no idle core may take the task.
+        let choose = |free: &[u32], ahead: &[u32], cursor: usize, barred: &[usize]| {
+            choose_in(free, cursor, barred)
+                .map(|e| (e, false))
+                .or_else(|| {
+                    (demand.cores == 1)
+                        .then(|| {
+                            (0..n)
+                                .map(|k| (cursor + k) % n)
+                                .find(|&e| demand.is_warm(e) && fits(ahead, e, barred))
+                                .map(|e| (e, true))
+                        })
+                        .flatten()
+                })
+        };
+        let room = |free: &[u32], ahead: &[u32], e: usize| {
+            let queue = demand.cores == 1 && demand.is_warm(e);
+            free[e] + if queue { ahead[e] } else { 0 }
         };
         let mut unplaced = 0;
         let tasks = demand
@@ -115,11 +150,11 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
             .map(|(c, barred)| (Some(c), barred.as_slice()))
             .chain(std::iter::repeat_n((None, &[][..]), demand.count));
         for (constrained, barred) in tasks {
-            if free.iter().all(|&f| f < demand.cores) {
+            if (0..n).all(|e| room(&free, &ahead, e) < demand.cores) {
                 unplaced += 1;
                 break;
             }
-            let Some(e) = choose(&free, cursor, barred) else {
+            let Some((e, queued)) = choose(&free, &ahead, cursor, barred) else {
                 unplaced += 1;
                 if constrained.is_none() {
                     // Unconstrained tasks are alike: if one does not fit, none will.
@@ -127,7 +162,14 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
                 }
                 continue;
             };
-            free[e] -= demand.cores;
+            if queued {
+                ahead[e] -= 1;
+            } else {
+                free[e] -= demand.cores;
+                if demand.cores > 1 {
+                    ahead[e] = 0;
+                }
+            }
             plan.placements.push(Placement {
                 demand: d,
                 offer: e,
@@ -138,7 +180,7 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
         plan.waiting_for_locality[d] = unplaced > 0
             && !demand.cold_allowed
             && (0..n).any(|e| !demand.is_warm(e) && fits(&free, e, &[]));
-        if free.iter().all(|&f| f == 0) {
+        if free.iter().chain(&ahead).all(|&f| f == 0) {
             break;
         }
     }
@@ -157,6 +199,7 @@ mod tests {
                 free_cores,
                 meters_fuel: false,
                 usable: true,
+                ahead: 0,
             })
             .collect()
     }
@@ -257,6 +300,31 @@ mod tests {
         assert_eq!(plan.waiting_for_locality, vec![false]);
     }
 
+    #[test]
+    fn one_core_tasks_queue_ahead_only_once_every_idle_core_is_taken() {
+        let mut all = offers(&[1, 0, 0]);
+        all[0].ahead = 1;
+        all[1].ahead = 2;
+        all[2].ahead = 2;
+        let warm = Demand {
+            warm: vec![true, true, false],
+            ..demand(1, 6)
+        };
+        let plan = place(&all, std::slice::from_ref(&warm));
+        assert_eq!(
+            targets(&plan),
+            vec![0, 1, 0, 1],
+            "never queued where it is cold"
+        );
+        // A 2-core task never queues, and never joins queued tasks.
+        let plan = place(&all, &[demand(2, 1)]);
+        assert!(plan.placements.is_empty());
+        let mut two = offers(&[2]);
+        two[0].ahead = 2;
+        let plan = place(&two, &[demand(2, 1), demand(1, 2)]);
+        assert_eq!(plan.placements.len(), 1, "{plan:?}");
+    }
+
     fn arb_demand() -> impl Strategy<Value = Demand> {
         (
             1u32..4,
@@ -282,10 +350,11 @@ mod tests {
         #[test]
         fn never_over_commits_never_uses_excluded_barred_or_cold_offers_and_fills_in_order(
             all in proptest::collection::vec(
-                (0u32..8, any::<bool>(), any::<bool>()).prop_map(|(free_cores, meters_fuel, usable)| Offer {
+                (0u32..8, any::<bool>(), any::<bool>(), 0u32..3).prop_map(|(free_cores, meters_fuel, usable, ahead)| Offer {
                     free_cores,
                     meters_fuel,
                     usable,
+                    ahead,
                 }),
                 0..6,
             ),
@@ -297,35 +366,64 @@ mod tests {
                     && (all[e].meters_fuel || !d.needs_fuel)
                     && (d.is_warm(e) || cold_allowed(d, barred))
             };
-            let mut used = vec![0u32; all.len()];
+            // Replays the placements: each takes an idle core if its offer has one, else
+            // a queue slot, which only 1-core tasks may take, only when no idle core
+            // anywhere was allowed to take the task, and never beside a multi-core task.
+            let mut free: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
+            let mut ahead: Vec<u32> = all.iter().map(|o| o.ahead).collect();
+            let mut multi = vec![false; all.len()];
+            let mut queued = vec![false; all.len()];
+            // Per demand, the offers' room once that demand had been served.
+            let mut after: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
             let mut unconstrained = vec![0usize; demands.len()];
             let mut seen = std::collections::HashSet::new();
-            for p in &plan.placements {
-                let d = &demands[p.demand];
-                used[p.offer] += d.cores;
-                let barred = p.constrained.map_or(&[][..], |c| &d.constrained[c][..]);
-                prop_assert!(allowed(d, p.offer, barred), "placed where not allowed: {p:?}");
-                match p.constrained {
-                    Some(c) => {
-                        prop_assert!(!d.constrained[c].contains(&p.offer), "barred: {p:?}");
-                        prop_assert!(seen.insert((p.demand, c)), "placed twice: {p:?}");
+            let mut placements = plan.placements.iter().peekable();
+            for (d_index, _) in demands.iter().enumerate() {
+                while let Some(p) = placements.next_if(|p| p.demand == d_index) {
+                    let d = &demands[p.demand];
+                    let barred = p.constrained.map_or(&[][..], |c| &d.constrained[c][..]);
+                    prop_assert!(allowed(d, p.offer, barred), "placed where not allowed: {p:?}");
+                    if free[p.offer] >= d.cores {
+                        free[p.offer] -= d.cores;
+                        if d.cores > 1 {
+                            prop_assert!(!queued[p.offer], "multi-core beside queued: {p:?}");
+                            multi[p.offer] = true;
+                        }
+                    } else {
+                        prop_assert!(d.cores == 1, "over-committed: {p:?}");
+                        prop_assert!(d.is_warm(p.offer), "queued on a cold executor: {p:?}");
+                        prop_assert!(ahead[p.offer] > 0, "over-committed queue: {p:?}");
+                        prop_assert!(!multi[p.offer], "queued beside multi-core: {p:?}");
+                        prop_assert!(
+                            (0..all.len()).all(|e| free[e] == 0 || !allowed(d, e, barred) || barred.contains(&e)),
+                            "queued while an idle core could take it: {p:?}"
+                        );
+                        ahead[p.offer] -= 1;
+                        queued[p.offer] = true;
                     }
-                    None => unconstrained[p.demand] += 1,
+                    match p.constrained {
+                        Some(c) => {
+                            prop_assert!(!d.constrained[c].contains(&p.offer), "barred: {p:?}");
+                            prop_assert!(seen.insert((p.demand, c)), "placed twice: {p:?}");
+                        }
+                        None => unconstrained[p.demand] += 1,
+                    }
                 }
+                after.push((free.clone(), ahead.clone()));
             }
-            for (u, o) in used.iter().zip(&all) {
-                prop_assert!(*u <= o.free_cores, "over-committed: used {u} of {}", o.free_cores);
-            }
+            prop_assert!(placements.next().is_none(), "placements out of job order");
             for (d, demand) in demands.iter().enumerate() {
                 prop_assert!(unconstrained[d] <= demand.count);
                 // A demand left short means no allowed executor had room for one more
                 // of its tasks once it had been served: nothing was skipped that fit.
                 if unconstrained[d] < demand.count {
-                    let mut left: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
-                    for p in plan.placements.iter().filter(|p| p.demand <= d) {
-                        left[p.offer] -= demands[p.demand].cores;
-                    }
-                    prop_assert!((0..all.len()).all(|e| left[e] < demand.cores || !allowed(demand, e, &[])));
+                    let (free, ahead) = &after[d];
+                    let full = (0..all.len()).all(|e| {
+                        let queue = demand.cores == 1 && !multi[e] && demand.is_warm(e);
+                        let room = free[e] + if queue { ahead[e] } else { 0 };
+                        room < demand.cores || !allowed(demand, e, &[])
+                    });
+                    prop_assert!(full, "demand {d} left short with room: {plan:?}");
                 }
                 prop_assert!(!plan.waiting_for_locality[d] || !demand.cold_allowed);
             }

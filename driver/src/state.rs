@@ -55,6 +55,9 @@ pub struct SchedulingConfig {
     pub locality_wait: Duration,
     /// Copies of slow tasks; `None` (the default) never copies.
     pub speculation: Option<SpeculationConfig>,
+    /// 1-core tasks launched to each executor beyond its free cores, queued there for
+    /// its task threads, so that no thread waits a round trip for its next task.
+    pub launch_ahead: u32,
 }
 
 impl Default for SchedulingConfig {
@@ -63,6 +66,7 @@ impl Default for SchedulingConfig {
             exclusion: ExclusionConfig::default(),
             locality_wait: Duration::from_millis(flint_protocol::defaults::LOCALITY_WAIT_MS),
             speculation: None,
+            launch_ahead: flint_protocol::defaults::LAUNCH_AHEAD,
         }
     }
 }
@@ -78,6 +82,9 @@ pub struct ExecutorData {
     pub host: String,
     pub cores: u32,
     pub free_cores: u32,
+    /// Attempts launched beyond its free cores (1-core tasks, launch pipelining): the
+    /// next attempts to end give back these before any core.
+    pub queued_ahead: u32,
     pub generation: u64,
     pub state: ExecutorState,
     pub running: HashMap<TaskId, RunningAttempt>,
@@ -214,6 +221,7 @@ impl ExecutorData {
             host,
             cores,
             free_cores: cores,
+            queued_ahead: 0,
             generation: 0,
             state: ExecutorState::Alive,
             running: HashMap::new(),
@@ -349,6 +357,7 @@ impl ClusterState {
             None => ExecutorState::Lost,
         };
         executor.free_cores = 0;
+        executor.queued_ahead = 0;
         let running: Vec<TaskId> = executor.running.drain().map(|(t, _)| t).collect();
         for task_id in running {
             if self.attempts_running(&task_id) > 0 {
@@ -485,7 +494,12 @@ impl ClusterState {
         }
         executor.running.remove(&status.task);
         executor.tasks_finished += 1;
-        executor.free_cores += cores;
+        if executor.queued_ahead > 0 {
+            // A queued attempt takes the thread this one leaves.
+            executor.queued_ahead -= 1;
+        } else {
+            executor.free_cores += cores;
+        }
         let job = self
             .jobs
             .get_mut(&status.task.job)
@@ -609,14 +623,28 @@ impl ClusterState {
             .iter()
             .map(|id| {
                 let e = &self.executors[id];
+                // Queued tasks and a multi-core task would run side by side.
+                let multi_core = e.running.keys().any(|t| {
+                    self.jobs
+                        .get(&t.job)
+                        .is_some_and(|j| j.def.resources.cores > 1)
+                });
                 Offer {
                     free_cores: e.free_cores,
                     meters_fuel: e.meters_fuel,
                     usable: !e.health.is_excluded(now),
+                    ahead: if multi_core {
+                        0
+                    } else {
+                        self.config.launch_ahead.saturating_sub(e.queued_ahead)
+                    },
                 }
             })
             .collect();
-        if offers.iter().all(|o| o.free_cores == 0 || !o.usable) {
+        if offers
+            .iter()
+            .all(|o| (o.free_cores == 0 && o.ahead == 0) || !o.usable)
+        {
             return actions;
         }
         let position = |id: &ExecutorId| ids.iter().position(|e| e == id);
@@ -708,7 +736,11 @@ impl ClusterState {
                 .executors
                 .get_mut(executor_id)
                 .expect("offers come from executors");
-            executor.free_cores -= job.def.resources.cores;
+            if executor.free_cores >= job.def.resources.cores {
+                executor.free_cores -= job.def.resources.cores;
+            } else {
+                executor.queued_ahead += 1;
+            }
             executor.remember_module(job.def.module.digest);
             if job.state == JobState::Queued {
                 job.state = JobState::Running;
@@ -1055,7 +1087,12 @@ mod tests {
     }
 
     fn cluster(executors: u32, cores: u32) -> (ClusterState, Vec<u64>) {
-        let mut state = ClusterState::new(0, SchedulingConfig::default(), Instant::now());
+        // Launches only onto free cores unless a test asks for pipelining.
+        let config = SchedulingConfig {
+            launch_ahead: 0,
+            ..SchedulingConfig::default()
+        };
+        let mut state = ClusterState::new(0, config, Instant::now());
         let generations = (1..=executors)
             .map(|n| {
                 state
@@ -1536,5 +1573,40 @@ mod tests {
             "{}",
             std::mem::size_of::<Task>()
         );
+    }
+
+    #[test]
+    fn one_core_tasks_are_launched_ahead_and_the_cores_come_back() {
+        let (mut state, _) = cluster(1, 1);
+        state.config.launch_ahead = 1;
+        let mut placed = launches(&state.submit_job(job("j", 3, 1)));
+        assert_eq!(
+            placed.len(),
+            1,
+            "nothing queues where the module is not yet"
+        );
+        placed.extend(launches(&state.make_offers()));
+        assert_eq!(placed.len(), 2, "one running, one queued behind it");
+        let e = &state.executors[&exec(1)];
+        assert_eq!((e.free_cores, e.queued_ahead), (0, 1));
+        let next = finish(&mut state, &placed[0], "j", Ok(()));
+        assert_eq!(next.len(), 1, "the queue is topped up");
+        finish(&mut state, &placed[1], "j", Ok(()));
+        finish(&mut state, &next[0], "j", Ok(()));
+        let e = &state.executors[&exec(1)];
+        assert_eq!((e.free_cores, e.queued_ahead), (1, 0));
+        assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Succeeded);
+    }
+
+    #[test]
+    fn nothing_queues_beside_a_multi_core_task() {
+        let (mut state, _) = cluster(1, 2);
+        state.config.launch_ahead = 2;
+        assert_eq!(launches(&state.submit_job(job("big", 2, 2))).len(), 1);
+        assert!(launches(&state.submit_job(job("small", 2, 1))).is_empty());
+        let generation = generation_of(&state, &exec(1));
+        let lost = state.executor_lost(&exec(1), generation);
+        assert!(lost.is_empty());
+        assert_eq!(state.executors[&exec(1)].queued_ahead, 0);
     }
 }
