@@ -27,6 +27,14 @@ pub struct BenchArgs {
     /// Single-task jobs submitted one after another for the latency figures.
     #[arg(long, default_value_t = 500)]
     latency_jobs: usize,
+    /// The driver's `--launch-ahead`.
+    #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD)]
+    launch_ahead: u32,
+    /// Instead of the throughput and latency figures: start a driver with no executors,
+    /// submit one job of this many no-op tasks (all stay pending) and print the driver's
+    /// resident memory per pending task.
+    #[arg(long, value_name = "TASKS")]
+    pending_memory: Option<usize>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -34,6 +42,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.module.display()))?;
     let data_dir = tempfile::tempdir()?;
     let dev = DevArgs {
+        executors: if args.pending_memory.is_some() {
+            0
+        } else {
+            args.executors
+        },
         driver: DriverArgs {
             listen: "127.0.0.1:0".parse()?,
             executor_listen: "127.0.0.1:0".parse()?,
@@ -43,13 +56,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             fetch_allow: Vec::new(),
             block_store: "driver".into(),
             inline_result_bytes: flint_protocol::defaults::INLINE_RESULT_BYTES,
+            locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
+            speculation: false,
+            launch_ahead: args.launch_ahead,
+            speculation_quantile: 0.75,
+            speculation_multiplier: 1.5,
         },
-        executors: args.executors,
         cores: args.cores,
         executor_args: Vec::new(),
     };
     let cluster = Cluster::start(&dev).await?;
-    let result = measure(&args, &cluster, wasm).await;
+    let result = match args.pending_memory {
+        Some(tasks) => measure_pending(&cluster, wasm, tasks).await,
+        None => measure(&args, &cluster, wasm).await,
+    };
     cluster.stop().await?;
     result
 }
@@ -138,6 +158,58 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
         ms(latencies.last().copied().unwrap_or_default())
     );
     Ok(())
+}
+
+/// The driver's memory per pending task: resident set size before and after one job of
+/// `tasks` no-op tasks is accepted, with freed heap handed back to the system before each
+/// reading so that what the request parsing used and dropped is not counted.
+async fn measure_pending(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyhow::Result<()> {
+    let client = Client::new(&cluster.http_url);
+    let module = client.upload_module(wasm).await?;
+    let before = resident_bytes()?;
+    let spec = JobSpec {
+        name: Some("pending".into()),
+        module: module.id.to_string(),
+        args: vec!["noop".into()],
+        inputs: Some(vec![InputSpec::Text(String::new()); tasks]),
+        ..JobSpec::default()
+    };
+    let t0 = Instant::now();
+    let view = client.submit(&spec, None).await?;
+    let accepted = t0.elapsed();
+    drop(spec);
+    let pending = cluster
+        .driver
+        .read(|s| s.jobs.get(&view.id).map(|j| j.counts().pending));
+    if pending != Some(tasks as u32) {
+        bail!("expected {tasks} pending tasks, the driver has {pending:?}");
+    }
+    let after = resident_bytes()?;
+    let grown = after.saturating_sub(before);
+    println!("flint bench --pending-memory: one job of {tasks} no-op tasks, no executors");
+    println!(
+        "  accepted in {:.2} s; driver resident set {:.1} MiB -> {:.1} MiB: {:.0} bytes per pending task",
+        accepted.as_secs_f64(),
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        grown as f64 / tasks as f64
+    );
+    Ok(())
+}
+
+/// This process's resident set, after returning freed heap pages to the system.
+fn resident_bytes() -> anyhow::Result<u64> {
+    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
+    unsafe { libc::malloc_trim(0) };
+    let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .context("parsing /proc/self/statm")?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    Ok(pages * page)
 }
 
 fn ensure_succeeded(state: JobState, what: &str) -> anyhow::Result<()> {

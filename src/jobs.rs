@@ -204,6 +204,14 @@ pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
             e.last_heartbeat_ms.unwrap_or(0),
             e.host
         );
+        if let Some(ms) = e.excluded_for_ms {
+            println!(
+                "{:<12} excluded for {}s more after {} recent task failures",
+                "",
+                ms.div_ceil(1000),
+                e.recent_task_failures
+            );
+        }
     }
     Ok(0)
 }

@@ -149,6 +149,42 @@ pub struct DriverArgs {
     /// Results up to this size travel inline with the task's status.
     #[arg(long, env = "FLINT_INLINE_RESULT_BYTES", default_value_t = flint_protocol::defaults::INLINE_RESULT_BYTES)]
     pub inline_result_bytes: u64,
+    /// How long a job's tasks wait for a free core on an executor that already ran its
+    /// module before taking one on another executor (0: never wait).
+    #[arg(long, env = "FLINT_LOCALITY_WAIT_MS", default_value_t = flint_protocol::defaults::LOCALITY_WAIT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub locality_wait_ms: u64,
+    /// Copy slow tasks: once --speculation-quantile of a job's tasks have succeeded, a
+    /// task running longer than --speculation-multiplier times their median run time
+    /// (and at least 100 ms) gets a second attempt on another executor; the first to
+    /// succeed wins and the other is killed.
+    #[arg(long, env = "FLINT_SPECULATION")]
+    pub speculation: bool,
+    /// 1-core tasks launched to each executor beyond its free cores and queued there, so
+    /// that a task thread finds its next task waiting (0: launch only onto free cores).
+    #[arg(long, env = "FLINT_LAUNCH_AHEAD", default_value_t = flint_protocol::defaults::LAUNCH_AHEAD,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub launch_ahead: u32,
+    #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = 0.75,
+          value_parser = parse_quantile)]
+    pub speculation_quantile: f64,
+    #[arg(long, env = "FLINT_SPECULATION_MULTIPLIER", default_value_t = 1.5,
+          value_parser = parse_multiplier)]
+    pub speculation_multiplier: f64,
+}
+
+fn parse_quantile(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(q) if (0.0..=1.0).contains(&q) => Ok(q),
+        _ => Err(format!("{s:?} is not a fraction between 0 and 1")),
+    }
+}
+
+fn parse_multiplier(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(m) if (1.0..=1000.0).contains(&m) => Ok(m),
+        _ => Err(format!("{s:?} is not a number between 1 and 1000")),
+    }
 }
 
 impl DriverArgs {
@@ -162,6 +198,15 @@ impl DriverArgs {
         config.fetch_allow = self.fetch_allow.clone();
         config.block_store = self.block_store.clone();
         config.inline_result_bytes = self.inline_result_bytes;
+        config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);
+        config.scheduling.launch_ahead = self.launch_ahead;
+        config.scheduling.speculation =
+            self.speculation
+                .then(|| flint_driver::speculation::SpeculationConfig {
+                    quantile: self.speculation_quantile,
+                    multiplier: self.speculation_multiplier,
+                    ..Default::default()
+                });
         Ok(config)
     }
 }

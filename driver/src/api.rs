@@ -797,6 +797,12 @@ async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<Ex
                     meters_fuel: e.meters_fuel,
                     modules_compiled: e.reported.modules_compiled,
                     module_cache_hits: e.reported.module_cache_hits,
+                    excluded_for_ms: e
+                        .health
+                        .excluded_until
+                        .filter(|until| *until > now)
+                        .map(|until| (until - now).as_millis() as u64),
+                    recent_task_failures: e.health.recent_failures(&s.config.exclusion, now) as u32,
                 })
                 .collect(),
             next: None,

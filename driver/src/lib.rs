@@ -7,6 +7,8 @@
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
 //! - [`policy`]: pure placement of pending tasks onto free cores.
+//! - [`exclusion`], [`speculation`]: the numbers and bookkeeping behind excluding
+//!   failing executors and copying slow tasks.
 //! - [`executors`]: the executor listener: hello, registration, frames in and out.
 //! - [`modules`]: the content-addressed module store.
 //! - [`ui`]: the web UI, a static page over the JSON API (`GET /ui`).
@@ -21,10 +23,12 @@
 pub mod api;
 pub mod blocks;
 pub mod durable;
+pub mod exclusion;
 pub mod executors;
 pub mod modules;
 pub mod policy;
 pub mod service;
+pub mod speculation;
 pub mod state;
 pub mod store;
 pub mod ui;

@@ -5,6 +5,24 @@
 //! served first-in first-out; a task needing `c` cores goes only to an executor with at
 //! least `c` free, which then has `c` fewer; consecutive placements rotate across
 //! executors so that load spreads instead of piling onto the first one.
+//!
+//! Three refinements, each Spark's:
+//! - exclusion (`excludeOnFailure`): an offer that is not `usable` (its executor is
+//!   excluded for a period) takes nothing, and a constrained task never goes to an offer
+//!   it is barred from (an executor it failed on twice, or one already running it);
+//! - delay scheduling: a job's tasks go to `warm` offers (executors that already ran its
+//!   module, so it is fetched and compiled there) and to cold ones only once
+//!   `cold_allowed` says the job's locality wait is over;
+//! - speculative copies are constrained tasks barred from where the task already runs.
+//!
+//! Launch pipelining: an offer may also have `ahead` slots, 1-core tasks it takes beyond
+//! its free cores and queues for its task threads, so that a thread that finishes one
+//! task finds the next one waiting instead of waiting a round trip for it. A task goes to
+//! an idle core anywhere it may before it queues behind another; it queues only on a warm
+//! executor (one compiling a module while it runs other tasks would compile under a
+//! wall-clock limit against them); and a task needing more than one core never shares an
+//! executor with queued ones (the executor runs whatever it is given on as many threads
+//! as it has cores).
 
 /// An executor's free cores at this moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,55 +30,161 @@ pub struct Offer {
     pub free_cores: u32,
     /// The executor meters fuel, so it may run tasks with fuel budgets.
     pub meters_fuel: bool,
+    /// False for an executor excluded for a period: it takes nothing.
+    pub usable: bool,
+    /// 1-core tasks it may take beyond its free cores, queued for its task threads.
+    pub ahead: u32,
 }
 
-/// A job's pending tasks: `count` tasks needing `cores` cores each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A job's pending tasks, all needing `cores` cores each.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Demand {
     pub cores: u32,
+    /// Tasks that may go to any offer; placed after the constrained ones.
     pub count: usize,
+    /// Tasks barred from some offers (indices into the offers), placed first in order.
+    pub constrained: Vec<Vec<usize>>,
     /// The tasks have fuel budgets: only executors that meter fuel may take them.
     pub needs_fuel: bool,
+    /// Per offer: the executor already ran this job's module. Empty: none did.
+    pub warm: Vec<bool>,
+    /// Cold offers may take tasks too (the locality wait is over, or nothing is warm).
+    pub cold_allowed: bool,
 }
 
-/// One task of demand `demand` goes to offer `offer`.
+/// One task of demand `demand` goes to offer `offer`; `constrained` says which of the
+/// demand's constrained tasks, `None` for the next unconstrained one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub demand: usize,
     pub offer: usize,
+    pub constrained: Option<usize>,
 }
 
-/// Fills `offers` from `demands` in order. Returns placements in launch order.
-pub fn place(offers: &[Offer], demands: &[Demand]) -> Vec<Placement> {
-    let mut free: Vec<u32> = offers.iter().map(|o| o.free_cores).collect();
-    let mut placements = Vec::new();
-    if free.is_empty() {
-        return placements;
+/// What placement decided: the launches, and which demands held tasks back from a cold
+/// offer that had room (their locality wait is running).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub placements: Vec<Placement>,
+    pub waiting_for_locality: Vec<bool>,
+}
+
+impl Demand {
+    fn is_warm(&self, offer: usize) -> bool {
+        self.warm.get(offer).copied().unwrap_or(false)
     }
+}
+
+/// Whether a task barred from `barred` may go to a cold offer.
+fn cold_allowed(demand: &Demand, barred: &[usize]) -> bool {
+    demand.cold_allowed
+        || !(0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e))
+}
+
+/// Fills `offers` from `demands` in order.
+pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
+    let mut free: Vec<u32> = offers
+        .iter()
+        .map(|o| if o.usable { o.free_cores } else { 0 })
+        .collect();
+    let mut ahead: Vec<u32> = offers
+        .iter()
+        .map(|o| if o.usable { o.ahead } else { 0 })
+        .collect();
+    let mut plan = Plan {
+        placements: Vec::new(),
+        waiting_for_locality: vec![false; demands.len()],
+    };
+    if free.is_empty() {
+        return plan;
+    }
+    let n = free.len();
     let mut cursor = 0;
     for (d, demand) in demands.iter().enumerate() {
         if demand.cores == 0 {
             continue;
         }
-        for _ in 0..demand.count {
-            let fits = (0..free.len())
-                .map(|k| (cursor + k) % free.len())
-                .find(|&e| {
-                    free[e] >= demand.cores && (offers[e].meters_fuel || !demand.needs_fuel)
-                });
-            let Some(e) = fits else { break };
-            free[e] -= demand.cores;
-            placements.push(Placement {
+        let fits = |free: &[u32], e: usize, barred: &[usize]| {
+            free[e] >= demand.cores
+                && (offers[e].meters_fuel || !demand.needs_fuel)
+                && !barred.contains(&e)
+        };
+        // Warm offers first; cold ones only when allowed, or when every warm offer is
+        // barred to the task (waiting for those would be waiting for nothing).
+        let choose_in = |room: &[u32], cursor: usize, barred: &[usize]| {
+            let order = (0..n).map(|k| (cursor + k) % n);
+            order
+                .clone()
+                .find(|&e| demand.is_warm(e) && fits(room, e, barred))
+                .or_else(|| {
+                    cold_allowed(demand, barred)
+                        .then(|| order.clone().find(|&e| fits(room, e, barred)))
+                        .flatten()
+                })
+        };
+        // An idle core first; a queue slot only for 1-core tasks, only on a warm
+        // executor and only when no idle core may take the task.
+        let choose = |free: &[u32], ahead: &[u32], cursor: usize, barred: &[usize]| {
+            choose_in(free, cursor, barred)
+                .map(|e| (e, false))
+                .or_else(|| {
+                    (demand.cores == 1)
+                        .then(|| {
+                            (0..n)
+                                .map(|k| (cursor + k) % n)
+                                .find(|&e| demand.is_warm(e) && fits(ahead, e, barred))
+                                .map(|e| (e, true))
+                        })
+                        .flatten()
+                })
+        };
+        let room = |free: &[u32], ahead: &[u32], e: usize| {
+            let queue = demand.cores == 1 && demand.is_warm(e);
+            free[e] + if queue { ahead[e] } else { 0 }
+        };
+        let mut unplaced = 0;
+        let tasks = demand
+            .constrained
+            .iter()
+            .enumerate()
+            .map(|(c, barred)| (Some(c), barred.as_slice()))
+            .chain(std::iter::repeat_n((None, &[][..]), demand.count));
+        for (constrained, barred) in tasks {
+            if (0..n).all(|e| room(&free, &ahead, e) < demand.cores) {
+                unplaced += 1;
+                break;
+            }
+            let Some((e, queued)) = choose(&free, &ahead, cursor, barred) else {
+                unplaced += 1;
+                if constrained.is_none() {
+                    // Unconstrained tasks are alike: if one does not fit, none will.
+                    break;
+                }
+                continue;
+            };
+            if queued {
+                ahead[e] -= 1;
+            } else {
+                free[e] -= demand.cores;
+                if demand.cores > 1 {
+                    ahead[e] = 0;
+                }
+            }
+            plan.placements.push(Placement {
                 demand: d,
                 offer: e,
+                constrained,
             });
-            cursor = (e + 1) % free.len();
+            cursor = (e + 1) % n;
         }
-        if free.iter().all(|&f| f == 0) {
+        plan.waiting_for_locality[d] = unplaced > 0
+            && !demand.cold_allowed
+            && (0..n).any(|e| !demand.is_warm(e) && fits(&free, e, &[]));
+        if free.iter().chain(&ahead).all(|&f| f == 0) {
             break;
         }
     }
-    placements
+    plan
 }
 
 #[cfg(test)]
@@ -74,6 +198,8 @@ mod tests {
             .map(|&free_cores| Offer {
                 free_cores,
                 meters_fuel: false,
+                usable: true,
+                ahead: 0,
             })
             .collect()
     }
@@ -82,90 +208,227 @@ mod tests {
         Demand {
             cores,
             count,
-            needs_fuel: false,
+            cold_allowed: true,
+            ..Demand::default()
         }
+    }
+
+    fn targets(plan: &Plan) -> Vec<usize> {
+        plan.placements.iter().map(|p| p.offer).collect()
     }
 
     #[test]
     fn budgeted_tasks_go_only_to_executors_that_meter_fuel() {
         let mut metered = offers(&[2, 2]);
         metered[1].meters_fuel = true;
-        let placed = place(
+        let plan = place(
             &metered,
             &[Demand {
-                cores: 1,
-                count: 3,
                 needs_fuel: true,
+                ..demand(1, 3)
             }],
         );
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![1, 1]);
+        assert_eq!(targets(&plan), vec![1, 1]);
     }
 
     #[test]
     fn two_core_tasks_take_a_whole_two_core_executor_each() {
-        let placed = place(&offers(&[2, 2]), &[demand(2, 5)]);
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![0, 1]);
+        let plan = place(&offers(&[2, 2]), &[demand(2, 5)]);
+        assert_eq!(targets(&plan), vec![0, 1]);
     }
 
     #[test]
     fn placements_rotate_across_executors() {
-        let placed = place(&offers(&[2, 2, 2]), &[demand(1, 4)]);
-        let targets: Vec<usize> = placed.iter().map(|p| p.offer).collect();
-        assert_eq!(targets, vec![0, 1, 2, 0]);
+        let plan = place(&offers(&[2, 2, 2]), &[demand(1, 4)]);
+        assert_eq!(targets(&plan), vec![0, 1, 2, 0]);
     }
 
     #[test]
     fn a_later_smaller_job_fills_what_a_larger_one_cannot_use() {
-        let placed = place(&offers(&[1, 1]), &[demand(2, 3), demand(1, 3)]);
-        assert_eq!(placed.len(), 2);
-        assert!(placed.iter().all(|p| p.demand == 1));
+        let plan = place(&offers(&[1, 1]), &[demand(2, 3), demand(1, 3)]);
+        assert_eq!(plan.placements.len(), 2);
+        assert!(plan.placements.iter().all(|p| p.demand == 1));
+    }
+
+    #[test]
+    fn excluded_executors_and_barred_offers_take_nothing() {
+        let mut all = offers(&[1, 1, 1]);
+        all[0].usable = false;
+        let plan = place(
+            &all,
+            &[Demand {
+                constrained: vec![vec![1], vec![1, 2]],
+                ..demand(1, 5)
+            }],
+        );
+        // The first retry avoids exec 1, the second has nowhere to go, the rest fill up.
+        assert_eq!(
+            plan.placements,
+            vec![
+                Placement {
+                    demand: 0,
+                    offer: 2,
+                    constrained: Some(0)
+                },
+                Placement {
+                    demand: 0,
+                    offer: 1,
+                    constrained: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_job_waits_for_its_warm_executors_until_cold_ones_are_allowed() {
+        let waiting = Demand {
+            warm: vec![false, true],
+            cold_allowed: false,
+            ..demand(1, 3)
+        };
+        let plan = place(&offers(&[2, 1]), std::slice::from_ref(&waiting));
+        assert_eq!(targets(&plan), vec![1]);
+        assert_eq!(plan.waiting_for_locality, vec![true]);
+        let plan = place(
+            &offers(&[2, 1]),
+            &[Demand {
+                cold_allowed: true,
+                ..waiting
+            }],
+        );
+        assert_eq!(targets(&plan), vec![1, 0, 0], "warm first, then anywhere");
+        assert_eq!(plan.waiting_for_locality, vec![false]);
+    }
+
+    #[test]
+    fn one_core_tasks_queue_ahead_only_once_every_idle_core_is_taken() {
+        let mut all = offers(&[1, 0, 0]);
+        all[0].ahead = 1;
+        all[1].ahead = 2;
+        all[2].ahead = 2;
+        let warm = Demand {
+            warm: vec![true, true, false],
+            ..demand(1, 6)
+        };
+        let plan = place(&all, std::slice::from_ref(&warm));
+        assert_eq!(
+            targets(&plan),
+            vec![0, 1, 0, 1],
+            "never queued where it is cold"
+        );
+        // A 2-core task never queues, and never joins queued tasks.
+        let plan = place(&all, &[demand(2, 1)]);
+        assert!(plan.placements.is_empty());
+        let mut two = offers(&[2]);
+        two[0].ahead = 2;
+        let plan = place(&two, &[demand(2, 1), demand(1, 2)]);
+        assert_eq!(plan.placements.len(), 1, "{plan:?}");
+    }
+
+    fn arb_demand() -> impl Strategy<Value = Demand> {
+        (
+            1u32..4,
+            0usize..8,
+            proptest::collection::vec(proptest::collection::vec(0usize..6, 0..3), 0..3),
+            any::<bool>(),
+            proptest::collection::vec(any::<bool>(), 0..6),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(cores, count, constrained, needs_fuel, warm, cold_allowed)| Demand {
+                    cores,
+                    count,
+                    constrained,
+                    needs_fuel,
+                    warm,
+                    cold_allowed,
+                },
+            )
     }
 
     proptest! {
         #[test]
-        fn never_over_commits_and_fills_in_job_order(
-            free in proptest::collection::vec((0u32..8, any::<bool>()), 0..6),
-            demands in proptest::collection::vec((1u32..5, 0usize..10, any::<bool>()), 0..5),
+        fn never_over_commits_never_uses_excluded_barred_or_cold_offers_and_fills_in_order(
+            all in proptest::collection::vec(
+                (0u32..8, any::<bool>(), any::<bool>(), 0u32..3).prop_map(|(free_cores, meters_fuel, usable, ahead)| Offer {
+                    free_cores,
+                    meters_fuel,
+                    usable,
+                    ahead,
+                }),
+                0..6,
+            ),
+            demands in proptest::collection::vec(arb_demand(), 0..5),
         ) {
-            let demands: Vec<Demand> = demands
-                .into_iter()
-                .map(|(cores, count, needs_fuel)| Demand { cores, count, needs_fuel })
-                .collect();
-            let all: Vec<Offer> = free
-                .iter()
-                .map(|&(free_cores, meters_fuel)| Offer { free_cores, meters_fuel })
-                .collect();
-            let free: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
-            let placed = place(&all, &demands);
-            let mut used = vec![0u32; free.len()];
-            let mut per_demand = vec![0usize; demands.len()];
-            for p in &placed {
-                used[p.offer] += demands[p.demand].cores;
-                per_demand[p.demand] += 1;
-                prop_assert!(all[p.offer].meters_fuel || !demands[p.demand].needs_fuel);
-            }
-            for (u, f) in used.iter().zip(&free) {
-                prop_assert!(u <= f, "over-committed: used {u} of {f}");
-            }
-            for (d, demand) in demands.iter().enumerate() {
-                prop_assert!(per_demand[d] <= demand.count);
-                // A demand left short means no executor had room for one more of its
-                // tasks once it had been served: nothing was skipped that fit.
-                if per_demand[d] < demand.count {
-                    let mut left = free.clone();
-                    for p in placed.iter().filter(|p| p.demand <= d) {
-                        left[p.offer] -= demands[p.demand].cores;
+            let plan = place(&all, &demands);
+            let allowed = |d: &Demand, e: usize, barred: &[usize]| {
+                all[e].usable
+                    && (all[e].meters_fuel || !d.needs_fuel)
+                    && (d.is_warm(e) || cold_allowed(d, barred))
+            };
+            // Replays the placements: each takes an idle core if its offer has one, else
+            // a queue slot, which only 1-core tasks may take, only when no idle core
+            // anywhere was allowed to take the task, and never beside a multi-core task.
+            let mut free: Vec<u32> = all.iter().map(|o| o.free_cores).collect();
+            let mut ahead: Vec<u32> = all.iter().map(|o| o.ahead).collect();
+            let mut multi = vec![false; all.len()];
+            let mut queued = vec![false; all.len()];
+            // Per demand, the offers' room once that demand had been served.
+            let mut after: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+            let mut unconstrained = vec![0usize; demands.len()];
+            let mut seen = std::collections::HashSet::new();
+            let mut placements = plan.placements.iter().peekable();
+            for (d_index, _) in demands.iter().enumerate() {
+                while let Some(p) = placements.next_if(|p| p.demand == d_index) {
+                    let d = &demands[p.demand];
+                    let barred = p.constrained.map_or(&[][..], |c| &d.constrained[c][..]);
+                    prop_assert!(allowed(d, p.offer, barred), "placed where not allowed: {p:?}");
+                    if free[p.offer] >= d.cores {
+                        free[p.offer] -= d.cores;
+                        if d.cores > 1 {
+                            prop_assert!(!queued[p.offer], "multi-core beside queued: {p:?}");
+                            multi[p.offer] = true;
+                        }
+                    } else {
+                        prop_assert!(d.cores == 1, "over-committed: {p:?}");
+                        prop_assert!(d.is_warm(p.offer), "queued on a cold executor: {p:?}");
+                        prop_assert!(ahead[p.offer] > 0, "over-committed queue: {p:?}");
+                        prop_assert!(!multi[p.offer], "queued beside multi-core: {p:?}");
+                        prop_assert!(
+                            (0..all.len()).all(|e| free[e] == 0 || !allowed(d, e, barred) || barred.contains(&e)),
+                            "queued while an idle core could take it: {p:?}"
+                        );
+                        ahead[p.offer] -= 1;
+                        queued[p.offer] = true;
                     }
-                    prop_assert!(left
-                        .iter()
-                        .zip(&all)
-                        .all(|(&l, o)| l < demand.cores || (demand.needs_fuel && !o.meters_fuel)));
+                    match p.constrained {
+                        Some(c) => {
+                            prop_assert!(!d.constrained[c].contains(&p.offer), "barred: {p:?}");
+                            prop_assert!(seen.insert((p.demand, c)), "placed twice: {p:?}");
+                        }
+                        None => unconstrained[p.demand] += 1,
+                    }
                 }
+                after.push((free.clone(), ahead.clone()));
+            }
+            prop_assert!(placements.next().is_none(), "placements out of job order");
+            for (d, demand) in demands.iter().enumerate() {
+                prop_assert!(unconstrained[d] <= demand.count);
+                // A demand left short means no allowed executor had room for one more
+                // of its tasks once it had been served: nothing was skipped that fit.
+                if unconstrained[d] < demand.count {
+                    let (free, ahead) = &after[d];
+                    let full = (0..all.len()).all(|e| {
+                        let queue = demand.cores == 1 && !multi[e] && demand.is_warm(e);
+                        let room = free[e] + if queue { ahead[e] } else { 0 };
+                        room < demand.cores || !allowed(demand, e, &[])
+                    });
+                    prop_assert!(full, "demand {d} left short with room: {plan:?}");
+                }
+                prop_assert!(!plan.waiting_for_locality[d] || !demand.cold_allowed);
             }
             // FIFO: placements of an earlier job come before those of a later one.
-            prop_assert!(placed.windows(2).all(|w| w[0].demand <= w[1].demand));
+            prop_assert!(plan.placements.windows(2).all(|w| w[0].demand <= w[1].demand));
         }
     }
 }

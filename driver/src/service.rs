@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use crate::blocks::BlockStore;
 use crate::durable;
 use crate::modules::ModuleStore;
-use crate::state::{Action, ClusterState, NewJob};
+use crate::state::{Action, ClusterState, NewJob, SchedulingConfig};
 use crate::store::{JobStore, StoreError};
 
 /// Settings of one driver, validated by whoever parsed them.
@@ -37,6 +37,8 @@ pub struct DriverConfig {
     pub block_store: String,
     /// Results larger than this go to the block store.
     pub inline_result_bytes: u64,
+    /// Exclusion, locality wait and speculation.
+    pub scheduling: SchedulingConfig,
 }
 
 impl DriverConfig {
@@ -51,6 +53,7 @@ impl DriverConfig {
             fetch_allow: Vec::new(),
             block_store: crate::blocks::DRIVER_BLOCK_STORE.into(),
             inline_result_bytes: defaults::INLINE_RESULT_BYTES,
+            scheduling: SchedulingConfig::default(),
         }
     }
 }
@@ -95,6 +98,7 @@ impl Driver {
         let restored = stored.len();
         let http_base = format!("http://{http_addr}");
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
+        let scheduling = config.scheduling.clone();
         let driver = Arc::new(Driver {
             config,
             modules,
@@ -108,6 +112,8 @@ impl Driver {
                     SystemTime::now()
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map_or(1, |d| d.as_micros() as u64),
+                    scheduling,
+                    Instant::now(),
                 ),
                 links: HashMap::new(),
             }),
@@ -171,6 +177,7 @@ impl Driver {
     /// that messages to an executor leave in the order the state decided them.
     pub fn apply<R>(&self, f: impl FnOnce(&mut ClusterState) -> (R, Vec<Action>)) -> R {
         let mut inner = self.lock();
+        inner.state.set_clock(Instant::now());
         let (result, actions) = f(&mut inner.state);
         let mut finished = false;
         for action in actions {
@@ -182,12 +189,13 @@ impl Driver {
                     executor,
                     task,
                     attempt,
+                    reason,
                 } => inner.send(
                     &executor,
                     DriverMessage::KillTask {
                         task,
                         attempt,
-                        reason: "job ended".into(),
+                        reason: reason.into(),
                     },
                 ),
                 Action::TaskEnded(task) => {
@@ -236,12 +244,13 @@ impl Driver {
         meters_fuel: bool,
     ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
         let (outbox, rx) = mpsc::unbounded_channel();
-        let generation = self.apply(|s| {
-            match s.register_executor(id.clone(), host, cores, pid, meters_fuel, Instant::now()) {
-                Ok((generation, actions)) => (Ok(generation), actions),
-                Err(reason) => (Err(reason), Vec::new()),
-            }
-        })?;
+        let generation =
+            self.apply(
+                |s| match s.register_executor(id.clone(), host, cores, pid, meters_fuel) {
+                    Ok((generation, actions)) => (Ok(generation), actions),
+                    Err(reason) => (Err(reason), Vec::new()),
+                },
+            )?;
         let mut inner = self.lock();
         let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
         // Replacing a link drops the old outbox, which ends that connection.
@@ -271,15 +280,15 @@ impl Driver {
     }
 
     pub fn executor_exited(&self, id: &ExecutorId, exit_code: Option<i32>) {
-        self.lock()
-            .state
-            .executor_exited(id, exit_code, Instant::now());
+        let mut inner = self.lock();
+        inner.state.set_clock(Instant::now());
+        inner.state.executor_exited(id, exit_code);
     }
 
     pub fn heartbeat(&self, id: &ExecutorId, generation: u64, report: Heartbeat) {
-        self.lock()
-            .state
-            .heartbeat(id, generation, Instant::now(), Some(report));
+        let mut inner = self.lock();
+        inner.state.set_clock(Instant::now());
+        inner.state.heartbeat(id, generation, Some(report));
     }
 
     pub fn status_update(
@@ -290,7 +299,7 @@ impl Driver {
     ) {
         self.apply(|s| {
             // Any frame shows the executor is alive, not only heartbeats.
-            s.heartbeat(id, generation, Instant::now(), None);
+            s.heartbeat(id, generation, None);
             (
                 (),
                 s.status_update(id, generation, status, SystemTime::now()),
@@ -368,21 +377,30 @@ pub async fn run(
     Ok(())
 }
 
-/// Periodic offers (Spark's revive) and the heartbeat deadline. Checked a few times per
-/// timeout, so a silent executor is lost within about 1.25 timeouts.
+/// Periodic offers (Spark's revive), the heartbeat deadline, the end of locality waits
+/// and the search for slow tasks to copy. Checked a few times per timeout, so a silent
+/// executor is lost within about 1.25 timeouts.
 async fn revive_loop(driver: Arc<Driver>) {
-    let every = driver
+    let scheduling = &driver.config.scheduling;
+    let mut every = driver
         .config
         .revive_interval
         .min(driver.config.executor_timeout / 4);
+    if !scheduling.locality_wait.is_zero() {
+        every = every.min(scheduling.locality_wait.max(Duration::from_millis(10)));
+    }
+    if let Some(speculation) = scheduling.speculation {
+        every = every.min(speculation.interval.max(Duration::from_millis(10)));
+    }
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let timeout = driver.config.executor_timeout;
         let expired = driver.apply(|s| {
-            let (expired, mut actions) = s.expire_executors(Instant::now(), timeout);
+            let (expired, mut actions) = s.expire_executors(timeout);
             actions.extend(s.make_offers());
+            actions.extend(s.speculate());
             (expired, actions)
         });
         for (id, generation) in expired {

@@ -319,6 +319,13 @@ pub struct ExecutorView {
     /// already compiled in memory.
     pub modules_compiled: u64,
     pub module_cache_hits: u64,
+    /// Excluded from all placement for this many more milliseconds, after too many task
+    /// failures in a short window (see the README's "Failures and exclusion").
+    #[serde(default)]
+    pub excluded_for_ms: Option<u64>,
+    /// Host failures of tasks here that still count towards an exclusion.
+    #[serde(default)]
+    pub recent_task_failures: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

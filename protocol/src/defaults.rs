@@ -26,6 +26,14 @@ pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 /// An executor silent (no heartbeat, no frame) for this long is lost.
 pub const EXECUTOR_TIMEOUT_MS: u64 = 8_000;
+/// How long a job's tasks wait for a free core on an executor that already ran its
+/// module before taking one elsewhere (Spark's `spark.locality.wait`, there 3 s). About
+/// what compiling a small module costs, so a cold executor is never idle for much longer
+/// than it would have spent compiling.
+pub const LOCALITY_WAIT_MS: u64 = 100;
+/// 1-core tasks the driver launches to an executor beyond its free cores, queued there
+/// for its task threads (launch pipelining); 0 launches only onto free cores.
+pub const LAUNCH_AHEAD: u32 = 2;
 /// Largest module the driver accepts.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest file the driver accepts (`PUT /v1/files`); held in memory while uploading.

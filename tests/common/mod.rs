@@ -145,31 +145,46 @@ impl DevCluster {
     /// A cluster started with more `flint dev` arguments (`--executor-arg=...` for the
     /// executors' own).
     pub fn start_with(executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
+        let mut args: Vec<String> = [
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--executor-listen",
+            "127.0.0.1:0",
+            "--executors",
+            &executors.to_string(),
+            "--cores",
+            &cores.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(dev_args.iter().map(|s| s.to_string()));
+        let cluster = Self::spawn(&args);
+        cluster.wait_for_alive_executors(executors as usize);
+        cluster
+    }
+
+    /// `flint driver` alone, with no executors: tests start and kill their own.
+    pub fn driver(args: &[String]) -> DevCluster {
+        let mut all = vec!["driver".to_owned()];
+        all.extend(args.iter().cloned());
+        Self::spawn(&all)
+    }
+
+    fn spawn(args: &[String]) -> DevCluster {
         let data_dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(FLINT)
-            .args([
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--executor-listen",
-                "127.0.0.1:0",
-            ])
-            .args([
-                "--executors",
-                &executors.to_string(),
-                "--cores",
-                &cores.to_string(),
-            ])
-            .args(dev_args)
+            .args(args)
             .arg("--data-dir")
             .arg(data_dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("starting flint dev");
+            .expect("starting flint");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut next_value = |prefix: &str| {
-            let line = lines.next().expect("flint dev printed nothing").unwrap();
+            let line = lines.next().expect("flint printed nothing").unwrap();
             line.strip_prefix(prefix)
                 .unwrap_or_else(|| panic!("expected `{prefix}...`, got {line:?}"))
                 .to_owned()
@@ -178,7 +193,7 @@ impl DevCluster {
         let executor_addr = next_value("executors: ");
         // Keep draining stdout so the cluster never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        let cluster = DevCluster {
+        DevCluster {
             child,
             http,
             executor_addr,
@@ -187,9 +202,7 @@ impl DevCluster {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .unwrap(),
-        };
-        cluster.wait_for_alive_executors(executors as usize);
-        cluster
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -9,6 +9,7 @@
 //! | `noop`       | nothing; exit 0, no output                                            |
 //! | `echo`       | copies stdin to stdout byte for byte                                  |
 //! | `sleep MS`   | sleeps MS milliseconds, then exits 0                                  |
+//! | `slow-first MS` | on the first attempt (`FLINT_ATTEMPT=1`) computes for MS milliseconds (a busy wait, so a kill interrupts it, unlike `sleep`); then, on every attempt, copies stdin to stdout (for speculation) |
 //! | `spin`       | computes forever without calling the host (for timeouts and kills)    |
 //! | `alloc MB`   | allocates and touches MB MiB, then writes the byte count (decimal, no newline) |
 //! | `exit N`     | logs `exiting with N` to stderr and exits with code N                 |
@@ -48,7 +49,7 @@ use std::time::Duration;
 
 use flint_sdk::TaskInfo;
 
-const USAGE: &str = "valid commands: noop, echo, sleep MS, spin, alloc MB, exit N, panic, \
+const USAGE: &str = "valid commands: noop, echo, sleep MS, slow-first MS, spin, alloc MB, exit N, panic, \
                      print N, eprint N, env, info, read PATH, write PATH, recurse";
 
 const MIB: usize = 1024 * 1024;
@@ -82,6 +83,7 @@ enum Command {
     Noop,
     Echo,
     Sleep(Duration),
+    SlowFirst(Duration),
     Spin,
     Alloc { bytes: usize },
     Exit(i32),
@@ -139,6 +141,7 @@ impl Command {
             "noop" => Command::Noop,
             "echo" => Command::Echo,
             "sleep" => Command::Sleep(Duration::from_millis(number("sleep", rest)?)),
+            "slow-first" => Command::SlowFirst(Duration::from_millis(number("slow-first", rest)?)),
             "spin" => Command::Spin,
             "alloc" => {
                 let mib: usize = number("alloc", rest)?;
@@ -173,6 +176,7 @@ impl Command {
         matches!(
             self,
             Command::Sleep(_)
+                | Command::SlowFirst(_)
                 | Command::Alloc { .. }
                 | Command::Exit(_)
                 | Command::Print(_)
@@ -187,6 +191,7 @@ impl Command {
             Command::Noop => "noop",
             Command::Echo => "echo",
             Command::Sleep(_) => "sleep",
+            Command::SlowFirst(_) => "slow-first",
             Command::Spin => "spin",
             Command::Alloc { .. } => "alloc",
             Command::Exit(_) => "exit",
@@ -211,6 +216,17 @@ impl Command {
                 stdout.flush()?;
             }
             Command::Sleep(duration) => std::thread::sleep(duration),
+            Command::SlowFirst(duration) => {
+                if std::env::var("FLINT_ATTEMPT").as_deref() == Ok("1") {
+                    let start = std::time::Instant::now();
+                    while start.elapsed() < duration {
+                        black_box(0u64);
+                    }
+                }
+                let mut stdout = io::stdout().lock();
+                io::copy(&mut io::stdin().lock(), &mut stdout)?;
+                stdout.flush()?;
+            }
             Command::Spin => spin(),
             Command::Alloc { bytes } => alloc(bytes)?,
             Command::Exit(code) => {

@@ -77,6 +77,16 @@ fn rejects_bad_numbers() {
         Err(UsageError::MissingNumber { command: "sleep" })
     );
     assert_eq!(
+        parse(&["slow-first", "20"]),
+        Ok(Command::SlowFirst(Duration::from_millis(20)))
+    );
+    assert_eq!(
+        parse(&["slow-first"]),
+        Err(UsageError::MissingNumber {
+            command: "slow-first"
+        })
+    );
+    assert_eq!(
         parse(&["print", "-1"]),
         Err(UsageError::BadNumber {
             command: "print",
@@ -127,8 +137,21 @@ fn rejects_extra_arguments() {
 #[test]
 fn usage_names_every_command() {
     for name in [
-        "noop", "echo", "sleep", "spin", "alloc", "exit", "panic", "print", "eprint", "env",
-        "info", "read", "write", "recurse",
+        "noop",
+        "echo",
+        "sleep",
+        "slow-first",
+        "spin",
+        "alloc",
+        "exit",
+        "panic",
+        "print",
+        "eprint",
+        "env",
+        "info",
+        "read",
+        "write",
+        "recurse",
     ] {
         assert!(USAGE.contains(name), "{name} missing from USAGE");
     }
