@@ -8,8 +8,6 @@ use anyhow::Context;
 use clap::ArgMatches;
 use flint_protocol::api::{InputSpec, JobSpec, JobState, ResourcesSpec};
 
-use crate::client::Client;
-
 #[derive(clap::Args, Clone, Debug)]
 pub struct SubmitArgs {
     /// The task: a wasm32-wasip1 module.
@@ -32,9 +30,8 @@ pub struct SubmitArgs {
     /// Wait for the job to end and print each task's result, in task order.
     #[arg(long)]
     wait: bool,
-    /// The driver's HTTP address.
-    #[arg(long, env = "FLINT_URL", default_value = "http://127.0.0.1:7070")]
-    driver: String,
+    #[command(flatten)]
+    url: crate::jobs::DriverUrl,
 }
 
 /// Inputs in the order they were given on the command line, files and texts mixed.
@@ -68,7 +65,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         // One task with empty stdin, so `flint submit task.wasm` just runs it.
         inputs.push(InputSpec::Text(String::new()));
     }
-    let client = Client::new(&args.driver);
+    let client = args.url.client();
     let module = client.upload_module(wasm).await?;
     let name = args.name.clone().or_else(|| {
         args.module

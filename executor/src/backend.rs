@@ -108,6 +108,16 @@ pub async fn run(
             anyhow::bail!("the driver's fetch allow-list has a bad entry {origin:?}: {e}");
         }
     }
+    // Modules and files come from the driver, which wants the cluster secret for them;
+    // the fetch cache sends it to the driver's origin only.
+    if let Some(secret) = &options.cluster_secret
+        && let Err(e) = fetcher.set_bearer(&config.driver_http_url, secret)
+    {
+        anyhow::bail!(
+            "the driver's HTTP address {:?} is not an origin: {e}",
+            config.driver_http_url
+        );
+    }
 
     // One channel for the executor's life: statuses of attempts that end while the
     // driver is away wait in it and go out on the next connection (the driver ignores

@@ -8,11 +8,13 @@ use crate::ids::{Digest, ExecutorId, JobId};
 
 /// `POST /v1/jobs`. Exactly one of `inputs` (one task per input) and `tasks` is given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// An uploaded module's id, `sha256:<hex>`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^sha256:[0-9a-f]{64}$"))]
     pub module: String,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
     /// (`PUT /v1/files`). Names are 1-128 of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
@@ -23,18 +25,22 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
     pub inputs: Option<Vec<InputSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
     pub tasks: Option<Vec<TaskSpec>>,
     #[serde(default)]
     pub resources: ResourcesSpec,
     /// Attempts per task when the host fails it (executor lost, fetch error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_failures: Option<u32>,
 }
 
 /// A task's input: `{"text": "..."}` or `{"base64": "..."}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum InputSpec {
     Text(String),
@@ -42,6 +48,7 @@ pub enum InputSpec {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     /// No input means empty stdin.
@@ -53,24 +60,31 @@ pub struct TaskSpec {
     pub env: BTreeMap<String, String>,
 }
 
-/// Per-task needs; anything left out takes its value from [`crate::defaults`].
+/// Per-task needs; anything left out takes its default (README, limits).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub cores: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub memory_mb: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 16_777_216))]
     pub max_output_bytes: Option<u64>,
     /// Wasm work the task may do (wasmtime fuel); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub fuel: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -90,6 +104,7 @@ impl JobState {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Pending,
@@ -109,6 +124,7 @@ impl TaskState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub kind: String,
     pub message: String,
@@ -116,11 +132,13 @@ pub struct ErrorBody {
 
 /// Every error response: `{"error": {"kind": ..., "message": ...}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskCounts {
     pub pending: u32,
     pub running: u32,
@@ -130,6 +148,7 @@ pub struct TaskCounts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: JobId,
     pub name: String,
@@ -143,12 +162,14 @@ pub struct JobView {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ResultInfo {
     pub size: u64,
     pub sha256: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskView {
     pub index: u32,
     pub state: TaskState,
@@ -164,6 +185,7 @@ pub struct TaskView {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutorState {
     /// Registered and connected.
@@ -175,6 +197,7 @@ pub enum ExecutorState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutorView {
     pub id: ExecutorId,
     pub host: String,
@@ -198,6 +221,7 @@ pub struct ExecutorView {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct List<T> {
     pub items: Vec<T>,
     pub next: Option<String>,
@@ -205,6 +229,7 @@ pub struct List<T> {
 
 /// `PUT /v1/modules` answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Uploaded {
     pub id: Digest,
     pub size: u64,

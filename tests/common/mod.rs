@@ -74,7 +74,9 @@ pub struct DevCluster {
     pub http: String,
     pub executor_addr: String,
     pub data_dir: tempfile::TempDir,
+    /// Sends the cluster's `--token` (if it was given one) with every request.
     pub client: reqwest::blocking::Client,
+    pub token: Option<String>,
 }
 
 impl DevCluster {
@@ -114,6 +116,17 @@ impl DevCluster {
                 .unwrap_or_else(|| panic!("expected `{prefix}...`, got {line:?}"))
                 .to_owned()
         };
+        let token = dev_args
+            .iter()
+            .position(|a| *a == "--token")
+            .map(|i| dev_args[i + 1].to_owned());
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().unwrap(),
+            );
+        }
         let http = next_value("http: ");
         let executor_addr = next_value("executors: ");
         // Keep draining stdout so the cluster never blocks on a full pipe.
@@ -125,8 +138,10 @@ impl DevCluster {
             data_dir,
             client: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(120))
+                .default_headers(headers)
                 .build()
                 .unwrap(),
+            token,
         };
         cluster.wait_for_alive_executors(executors as usize);
         cluster
