@@ -247,20 +247,30 @@ fn requests_past_the_concurrency_limit_get_503_with_retry_after() {
     let module = cluster.upload(&guests().testkit);
     let (status, job) = cluster.post_raw(
         "/v1/jobs",
-        spec(&module, &["sleep", "4000"], &[""]).to_string(),
+        spec(&module, &["sleep", "60000"], &[""]).to_string(),
     );
     assert_eq!(status, 202, "{job}");
     let id = job["id"].as_str().unwrap().to_owned();
-    // Two long polls hold both permits until the job ends.
+    // Two long polls hold both permits for 8 s (the job runs longer).
     let waiters: Vec<_> = (0..2)
         .map(|_| {
-            let url = cluster.url(&format!("/v1/jobs/{id}?wait=30"));
-            std::thread::spawn(move || reqwest::blocking::get(url).unwrap().status().as_u16())
+            let url = cluster.url(&format!("/v1/jobs/{id}?wait=8"));
+            // A waiter may itself be refused while the probe below holds the other
+            // permit; it tries again until it holds one.
+            std::thread::spawn(move || {
+                loop {
+                    let status = reqwest::blocking::get(&url).unwrap().status().as_u16();
+                    if status != 503 {
+                        return status;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
         })
         .collect();
     let mut refused = None;
     wait_until(
-        Duration::from_secs(3),
+        Duration::from_secs(15),
         "a request refused as overloaded",
         || {
             let response = cluster
@@ -288,6 +298,11 @@ fn requests_past_the_concurrency_limit_get_503_with_retry_after() {
         assert_eq!(waiter.join().unwrap(), 200);
     }
     assert_eq!(cluster.get("/v1/executors").0, 200, "permits come back");
+    // The executor fetched its module meanwhile: downloads are not shed.
+    let (_, job) = cluster.get(&format!("/v1/jobs/{id}"));
+    assert_eq!(job["state"], "running", "{job}");
+    let (status, _) = cluster.post_raw(&format!("/v1/jobs/{id}/kill"), "");
+    assert_eq!(status, 202);
 }
 
 #[test]

@@ -27,7 +27,7 @@ fn is_open(path: &str) -> bool {
 }
 
 /// Routes executors call with the cluster secret: downloads of what jobs use.
-fn executors_read(method: &Method, path: &str) -> bool {
+pub(crate) fn executors_read(method: &Method, path: &str) -> bool {
     let download = |prefix: &str| {
         path.strip_prefix(prefix)
             .is_some_and(|id| !id.is_empty() && !id.contains('/'))

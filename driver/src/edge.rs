@@ -92,11 +92,18 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Refuses requests past the concurrency limit at once, rather than queueing them
 /// behind a slow handler. The permit lives as long as the request is being handled.
+/// Executors' module and file downloads are not counted: shedding them would fail the
+/// tasks of jobs already accepted because clients are busy (found by the 503 test: a
+/// job failed with `fetch_error: HTTP status 503`); their number is bounded by the
+/// executors' task slots.
 pub async fn limit_concurrency(
     State(limit): State<Arc<RequestLimit>>,
     request: Request,
     next: Next,
 ) -> Response {
+    if crate::auth::executors_read(request.method(), request.uri().path()) {
+        return next.run(request).await;
+    }
     let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
         let mut response = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
