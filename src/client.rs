@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
 }
 
 impl Client {
@@ -21,11 +22,31 @@ impl Client {
             http: reqwest::Client::builder()
                 .build()
                 .expect("a plain HTTP client always builds"),
+            token: None,
+        }
+    }
+
+    /// Sends `token` as a bearer token with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    fn request(&self, method: reqwest::Method, path_or_url: &str) -> reqwest::RequestBuilder {
+        let url = if path_or_url.starts_with('/') {
+            self.url(path_or_url)
+        } else {
+            path_or_url.to_owned()
+        };
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 
     pub async fn upload_module(&self, wasm: Vec<u8>) -> anyhow::Result<Uploaded> {
-        let request = self.http.put(self.url("/v1/modules")).body(wasm);
+        let request = self.request(reqwest::Method::PUT, "/v1/modules").body(wasm);
         self.send(request).await
     }
 
@@ -40,7 +61,8 @@ impl Client {
         if let Some(wait) = wait {
             url.push_str(&format!("?wait={}", wait.as_secs_f64()));
         }
-        self.send(self.http.post(url).json(spec)).await
+        self.send(self.request(reqwest::Method::POST, &url).json(spec))
+            .await
     }
 
     pub async fn job(&self, id: &str, wait: Option<Duration>) -> anyhow::Result<JobView> {
@@ -48,7 +70,7 @@ impl Client {
         if let Some(wait) = wait {
             url.push_str(&format!("?wait={}", wait.as_secs_f64()));
         }
-        self.send(self.http.get(url)).await
+        self.send(self.request(reqwest::Method::GET, &url)).await
     }
 
     pub async fn tasks(&self, id: &str) -> anyhow::Result<Vec<TaskView>> {
@@ -59,7 +81,7 @@ impl Client {
             if let Some(after) = &after {
                 url.push_str(&format!("?after={after}"));
             }
-            let page: List<TaskView> = self.send(self.http.get(url)).await?;
+            let page: List<TaskView> = self.send(self.request(reqwest::Method::GET, &url)).await?;
             tasks.extend(page.items);
             match page.next {
                 Some(next) => after = Some(next),
@@ -80,8 +102,7 @@ impl Client {
 
     async fn bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
         let response = self
-            .http
-            .get(self.url(path))
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
@@ -90,11 +111,13 @@ impl Client {
 
     pub async fn kill(&self, id: &str) -> anyhow::Result<JobView> {
         let url = self.url(&format!("/v1/jobs/{id}/kill"));
-        self.send(self.http.post(url)).await
+        self.send(self.request(reqwest::Method::POST, &url)).await
     }
 
     pub async fn executors(&self) -> anyhow::Result<Vec<ExecutorView>> {
-        let list: List<ExecutorView> = self.send(self.http.get(self.url("/v1/executors"))).await?;
+        let list: List<ExecutorView> = self
+            .send(self.request(reqwest::Method::GET, "/v1/executors"))
+            .await?;
         Ok(list.items)
     }
 
@@ -135,6 +158,11 @@ async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response>
     }
     let body = response.text().await.unwrap_or_default();
     match serde_json::from_str::<ErrorResponse>(&body) {
+        Ok(e) if status == StatusCode::UNAUTHORIZED => bail!(
+            "{} ({status}): {}\n(give the driver's token with --token or FLINT_TOKEN)",
+            e.error.kind,
+            e.error.message
+        ),
         Ok(e) => bail!("{} ({status}): {}", e.error.kind, e.error.message),
         Err(_) if status == StatusCode::NOT_FOUND => bail!("not found ({status})"),
         Err(_) => bail!("driver answered {status}: {body}"),

@@ -14,6 +14,15 @@ pub struct DriverUrl {
     /// The driver's HTTP address.
     #[arg(long, env = "FLINT_URL", default_value = "http://127.0.0.1:7070")]
     pub driver: String,
+    /// The driver's API token, sent as a bearer token.
+    #[arg(long, env = "FLINT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl DriverUrl {
+    pub fn client(&self) -> Client {
+        Client::new(&self.driver).with_token(self.token.clone())
+    }
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -64,7 +73,7 @@ pub struct ExecutorsArgs {
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<i32> {
-    let client = Client::new(&args.url.driver);
+    let client = args.url.client();
     let job = client.job(&args.job, None).await?;
     let tasks = client.tasks(&args.job).await?;
     if args.json {
@@ -113,7 +122,7 @@ fn print_failure(task: &TaskView) {
 }
 
 pub async fn results(args: ResultsArgs) -> anyhow::Result<i32> {
-    let client = Client::new(&args.url.driver);
+    let client = args.url.client();
     let tasks = client.tasks(&args.job).await?;
     let missing = write_results(&client, &args.job, &tasks, args.out.as_deref()).await?;
     if missing > 0 {
@@ -165,14 +174,14 @@ pub async fn write_results(
 }
 
 pub async fn logs(args: LogsArgs) -> anyhow::Result<i32> {
-    let client = Client::new(&args.url.driver);
+    let client = args.url.client();
     let log = client.log(&args.job, args.task).await?;
     std::io::stdout().write_all(&log)?;
     Ok(0)
 }
 
 pub async fn kill(args: KillArgs) -> anyhow::Result<i32> {
-    let client = Client::new(&args.url.driver);
+    let client = args.url.client();
     let job = client.kill(&args.job).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
@@ -183,7 +192,7 @@ pub async fn kill(args: KillArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
-    let client = Client::new(&args.url.driver);
+    let client = args.url.client();
     let executors = client.executors().await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&executors)?);

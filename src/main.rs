@@ -126,9 +126,30 @@ pub struct DriverArgs {
     /// Where modules and state are kept.
     #[arg(long, env = "FLINT_DATA_DIR", default_value = "./flint-data")]
     pub data_dir: PathBuf,
-    /// Secret every executor must present; required when set.
+    /// Secret every executor must present (in its hello, and on module and file
+    /// downloads). Required, with --token, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
+    /// Bearer token every API request must carry (`/healthz` and `/v1/openapi.json`
+    /// excepted). Required, with --cluster-secret, when a listener is beyond loopback.
+    #[arg(long, env = "FLINT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Listen beyond loopback without a token or cluster secret: anyone who can reach
+    /// the ports can run code on the executors and read every result.
+    #[arg(long, env = "FLINT_INSECURE")]
+    pub insecure: bool,
+    /// A connection that has not sent a whole request head within this long is closed.
+    #[arg(long, env = "FLINT_HEADER_READ_TIMEOUT_MS", default_value_t = flint_protocol::defaults::HEADER_READ_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_ms: u64,
+    /// A request body that pauses for longer than this fails with 408.
+    #[arg(long, env = "FLINT_BODY_IDLE_TIMEOUT_MS", default_value_t = flint_protocol::defaults::BODY_IDLE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_idle_timeout_ms: u64,
+    /// Requests served at once; more are answered 503 with `Retry-After`.
+    #[arg(long, env = "FLINT_MAX_CONCURRENT_REQUESTS", default_value_t = flint_protocol::defaults::MAX_CONCURRENT_REQUESTS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_concurrent_requests: u64,
     /// An executor silent for this long (no heartbeat, no frame) is lost and its tasks
     /// run elsewhere.
     #[arg(long, env = "FLINT_EXECUTOR_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
@@ -192,8 +213,15 @@ impl DriverArgs {
         // Checked here so that a typo stops the driver, not every executor.
         flint_fetch_cache::UrlPolicy::parse_allow_list(&self.fetch_allow.join(","))
             .map_err(|e| anyhow::anyhow!("--fetch-allow: {e}"))?;
+        self.check_auth()?;
         let mut config = DriverConfig::new(self.data_dir.clone());
         config.cluster_secret = self.cluster_secret.clone();
+        config.api_token = self.token.clone();
+        config.edge = flint_driver::edge::EdgeLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
+            max_concurrent_requests: self.max_concurrent_requests as usize,
+        };
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
         config.block_store = self.block_store.clone();
@@ -208,6 +236,37 @@ impl DriverArgs {
                     ..Default::default()
                 });
         Ok(config)
+    }
+
+    /// Auth is on whenever a listener is reachable from other hosts; off on loopback
+    /// unless asked for, so `flint dev` works without setup.
+    fn check_auth(&self) -> anyhow::Result<()> {
+        for (flag, value) in [
+            ("--token", &self.token),
+            ("--cluster-secret", &self.cluster_secret),
+        ] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                anyhow::bail!("{flag} is empty");
+            }
+        }
+        if self.token.is_some() && self.cluster_secret.is_none() {
+            anyhow::bail!(
+                "--token needs a --cluster-secret too (FLINT_CLUSTER_SECRET): executors download modules and files with it"
+            );
+        }
+        let exposed = [self.listen, self.executor_listen]
+            .into_iter()
+            .find(|addr| !addr.ip().is_loopback());
+        if let Some(addr) = exposed
+            && !self.insecure
+            && (self.token.is_none() || self.cluster_secret.is_none())
+        {
+            anyhow::bail!(
+                "refusing to listen on {addr} (beyond loopback) without auth: give --token and --cluster-secret \
+                 (FLINT_TOKEN, FLINT_CLUSTER_SECRET), or --insecure to run open to anyone who can reach it"
+            );
+        }
+        Ok(())
     }
 }
 

@@ -63,9 +63,8 @@ pub struct SubmitArgs {
     /// How to show progress on stderr while waiting.
     #[arg(long, value_enum, default_value = "auto")]
     progress: ProgressMode,
-    /// The driver's HTTP address.
-    #[arg(long, env = "FLINT_URL", default_value = "http://127.0.0.1:7070")]
-    driver: String,
+    #[command(flatten)]
+    url: crate::jobs::DriverUrl,
 }
 
 fn parse_file(value: &str) -> Result<(String, PathBuf), String> {
@@ -122,7 +121,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
             .with_context(|| format!("--file {name}: reading {}", path.display()))?;
         file_bytes.push((name.clone(), bytes));
     }
-    let client = Client::new(&args.driver);
+    let client = args.url.client();
     let module = client.upload_module(wasm).await?;
     let mut files = BTreeMap::new();
     for (name, bytes) in file_bytes {

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::body::Body;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, put};
 use base64::Engine as _;
 use flint_protocol::api::{
     ErrorBody, ErrorResponse, ExecutorView, FileSpec, InputSpec, JobSpec, JobView, List,
@@ -20,7 +22,12 @@ use flint_protocol::{
     Digest, FetchRef, FileRef, JobId, ModuleRef, Resources, TaskInput, TaskResult, defaults,
 };
 use serde::Deserialize;
+use utoipa::{IntoParams, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use crate::auth::{self, Credentials};
+use crate::edge::{self, RequestLimit};
 use crate::modules::{ModuleError, ModuleStore};
 use crate::service::Driver;
 use crate::state::{ClusterState, Job, JobDef, NewJob, NewTask};
@@ -31,31 +38,38 @@ const MAX_WAIT: Duration = Duration::from_secs(300);
 const PAGE: usize = 100;
 const MAX_PAGE: usize = 10_000;
 
+/// The routes, their OpenAPI document (built from the handlers' annotations, served at
+/// `/v1/openapi.json`), and the edge in front of them: concurrency limit, then auth.
 pub fn router(driver: Arc<Driver>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
+    let (routes, openapi) = OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(crate::metrics::get_metrics))
+        .routes(routes!(put_module))
+        .routes(routes!(get_module))
+        .routes(routes!(put_file))
+        .routes(routes!(get_file))
+        .routes(routes!(list_jobs, submit_job))
+        .routes(routes!(get_job))
+        .routes(routes!(kill_job))
+        .routes(routes!(list_tasks))
+        .routes(routes!(get_result))
+        .routes(routes!(get_log))
+        .routes(routes!(list_executors))
+        .split_for_parts();
+    let openapi = crate::openapi::finish(openapi);
+    let credentials = Arc::new(Credentials {
+        api_token: driver.config.api_token.clone(),
+        cluster_secret: driver.config.cluster_secret.clone(),
+    });
+    let limit = RequestLimit::new(driver.config.edge.max_concurrent_requests);
+    routes
         .route(
-            "/v1/modules",
-            put(put_module).layer(DefaultBodyLimit::max(defaults::MAX_MODULE_BYTES)),
+            "/v1/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], openapi) }
+            }),
         )
-        .route("/v1/modules/{id}", get(get_module))
-        .route(
-            "/v1/files",
-            put(put_file).layer(DefaultBodyLimit::max(defaults::MAX_FILE_BYTES)),
-        )
-        .route("/v1/files/{id}", get(get_file))
-        .route(
-            "/v1/jobs",
-            get(list_jobs)
-                .post(submit_job)
-                .layer(DefaultBodyLimit::max(defaults::MAX_JOB_SPEC_BYTES)),
-        )
-        .route("/v1/jobs/{id}", get(get_job))
-        .route("/v1/jobs/{id}/kill", post(kill_job))
-        .route("/v1/jobs/{id}/tasks", get(list_tasks))
-        .route("/v1/jobs/{id}/tasks/{index}/result", get(get_result))
-        .route("/v1/jobs/{id}/tasks/{index}/log", get(get_log))
-        .route("/v1/executors", get(list_executors))
         // Executors' uploads of large results are streamed, never buffered: the size
         // limit is the job's own max_output_bytes, checked as the bytes arrive.
         .route(
@@ -67,6 +81,8 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .route("/ui", get(crate::ui::page))
         .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
         .with_state(driver)
+        .layer(from_fn_with_state(credentials, auth::require))
+        .layer(from_fn_with_state(limit, edge::limit_concurrency))
 }
 
 /// Every error the API returns: a status, a kind callers can branch on, and a message
@@ -79,7 +95,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             kind,
@@ -103,12 +119,20 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, kind, message)
     }
 
-    fn body(rejection: BytesRejection) -> Self {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return Self::new(status, "body_too_large", rejection.body_text());
-        }
-        Self::new(StatusCode::BAD_REQUEST, "bad_body", rejection.body_text())
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    fn query(rejection: QueryRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
+    }
+
+    fn path(rejection: PathRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_path", rejection.body_text())
     }
 }
 
@@ -123,36 +147,80 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                "Bearer".parse().expect("a valid header"),
+            );
+        }
+        response
     }
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// Liveness: answers while the driver serves requests. Needs no token.
+#[utoipa::path(get, path = "/healthz", tag = "driver", security(()),
+    responses((status = 200, description = "the driver is up", body = String, content_type = "text/plain")))]
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Uploads a wasm module: validated, stored by SHA-256; uploading it again is a no-op.
+#[utoipa::path(put, path = "/v1/modules", tag = "modules",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the module's bytes (a wasm module or component)"),
+    responses(
+        (status = 201, description = "stored", body = Uploaded),
+        (status = 413, description = "larger than the module limit", body = ErrorResponse),
+        (status = 422, description = "not a valid wasm module (`invalid_module`)", body = ErrorResponse),
+    ))]
 async fn put_module(
     State(driver): State<Arc<Driver>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let limit = defaults::MAX_MODULE_BYTES;
+    let body = edge::read_body(
+        &headers,
+        body,
+        limit,
+        driver.config.edge.body_idle_timeout,
+        "module",
+    )
+    .await?;
     put_blob(driver, body, |d| &d.modules).await
 }
 
+/// Uploads a file jobs can name in `files`; stored by SHA-256, idempotent.
+#[utoipa::path(put, path = "/v1/files", tag = "files",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the file's bytes"),
+    responses(
+        (status = 201, description = "stored", body = Uploaded),
+        (status = 413, description = "larger than the file limit", body = ErrorResponse),
+    ))]
 async fn put_file(
     State(driver): State<Arc<Driver>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let limit = defaults::MAX_FILE_BYTES;
+    let body = edge::read_body(
+        &headers,
+        body,
+        limit,
+        driver.config.edge.body_idle_timeout,
+        "file",
+    )
+    .await?;
     put_blob(driver, body, |d| &d.files).await
 }
 
 async fn put_blob(
     driver: Arc<Driver>,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Bytes,
     store: fn(&Driver) -> &ModuleStore,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
-    let body = body.map_err(ApiError::body)?;
     let stored = tokio::task::spawn_blocking(move || store(&driver).put(&body))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
@@ -173,6 +241,14 @@ async fn put_blob(
     }
 }
 
+/// A module's bytes. Executors fetch here with the cluster secret as their bearer token.
+#[utoipa::path(get, path = "/v1/modules/{id}", tag = "modules",
+    params(("id" = String, Path, description = "the module's id, `sha256:<hex>`", pattern = "^sha256:[0-9a-f]{64}$")),
+    responses(
+        (status = 200, description = "the module", body = Vec<u8>, content_type = "application/wasm"),
+        (status = 404, description = "no such module", body = ErrorResponse),
+        (status = 422, description = "not a module id", body = ErrorResponse),
+    ))]
 async fn get_module(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
@@ -180,6 +256,14 @@ async fn get_module(
     get_blob(&driver.modules, "module", &id, "application/wasm").await
 }
 
+/// A file's bytes. Executors fetch here with the cluster secret as their bearer token.
+#[utoipa::path(get, path = "/v1/files/{id}", tag = "files",
+    params(("id" = String, Path, description = "the file's id, `sha256:<hex>`", pattern = "^sha256:[0-9a-f]{64}$")),
+    responses(
+        (status = 200, description = "the file", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "no such file", body = ErrorResponse),
+        (status = 422, description = "not a file id", body = ErrorResponse),
+    ))]
 async fn get_file(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
@@ -284,31 +368,52 @@ fn block_error(e: crate::blocks::BlockError) -> ApiError {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct WaitQuery {
-    /// Seconds to wait for the job to end.
+    /// Seconds to wait for the job to end (at most 300) before answering.
+    #[param(minimum = 0)]
     wait: Option<f64>,
 }
 
+/// Submits a job. It is stored before the answer, so an accepted job survives a driver
+/// restart. With `?wait=S` the answer comes when the job ends or S seconds pass.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", params(WaitQuery),
+    request_body = JobSpec,
+    responses(
+        (status = 202, description = "accepted (and, with `wait`, maybe ended)", body = JobView),
+        (status = 400, description = "not JSON (`invalid_json`), or a bad query", body = ErrorResponse),
+        (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
+        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`", body = ErrorResponse),
+    ))]
 async fn submit_job(
     State(driver): State<Arc<Driver>>,
-    Query(query): Query<WaitQuery>,
-    body: Result<Bytes, BytesRejection>,
+    query: Result<Query<WaitQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<JobView>)> {
-    let body = body.map_err(ApiError::body)?;
-    let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
-        let kind = if e.is_data() {
-            "invalid_spec"
-        } else {
-            "invalid_json"
-        };
-        let status = if e.is_data() {
-            StatusCode::UNPROCESSABLE_ENTITY
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        ApiError::new(status, kind, format!("job spec: {e}"))
+    let Query(query) = query.map_err(ApiError::query)?;
+    let limit = defaults::MAX_JOB_SPEC_BYTES;
+    let body = edge::read_body(
+        &headers,
+        body,
+        limit,
+        driver.config.edge.body_idle_timeout,
+        "job spec",
+    )
+    .await?;
+    // Two steps, so that every JSON document that parses is judged as a spec (422),
+    // never as bad JSON: parsing straight into `JobSpec` reports some shape errors
+    // (an input object with two keys) as syntax errors.
+    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("job spec: {e}"),
+        )
     })?;
+    let spec = JobSpec::deserialize(value)
+        .map_err(|e| ApiError::invalid("invalid_spec", format!("job spec: {e}")))?;
     let job = accept(&driver, spec)?;
     let id = job.def.id.clone();
     let (max_cores, any_fuel) =
@@ -567,11 +672,11 @@ fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskIn
             .map_err(|e| ApiError::invalid("invalid_spec", format!("{at}: invalid base64: {e}"))),
         InputSpec::Url { url, sha256 } => {
             check_url(&url, at)?;
-            Ok(TaskInput::Fetch(FetchRef {
+            Ok(TaskInput::Fetch(Box::new(FetchRef {
                 digest: parse_sha256(sha256.as_deref(), at)?,
                 timestamp_ms: driver.url_timestamp(&url, None),
                 url,
-            }))
+            })))
         }
         InputSpec::Result(r) => driver.read(|s| {
             let task = s
@@ -589,12 +694,12 @@ fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskIn
                     Ok(TaskInput::Inline(bytes.clone()))
                 }
                 (Some(TaskResult::Block(block)), TaskState::Succeeded) => {
-                    Ok(TaskInput::Fetch(FetchRef {
+                    Ok(TaskInput::Fetch(Box::new(FetchRef {
                         url: driver.blocks.fetch_url(&block.id),
                         // A block never changes under its id.
                         timestamp_ms: 0,
                         digest: Some(block.digest),
-                    }))
+                    })))
                 }
                 (_, state) => Err(ApiError::invalid(
                     "result_not_ready",
@@ -615,11 +720,21 @@ fn parse_module_id(id: &str) -> ApiResult<Digest> {
         .map_err(|e| ApiError::invalid("invalid_module_id", e.to_string()))
 }
 
+/// A job's state, counts per task state, timings and error; with `?wait=S`, once it
+/// has ended or S seconds have passed.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id"), WaitQuery),
+    responses(
+        (status = 200, description = "the job", body = JobView),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 404, description = "no such job", body = ErrorResponse),
+    ))]
 async fn get_job(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    query: Result<Query<WaitQuery>, QueryRejection>,
 ) -> ApiResult<axum::Json<JobView>> {
+    let Query(query) = query.map_err(ApiError::query)?;
     Ok(axum::Json(
         wait_for_job(&driver, &JobId(id), query.wait).await?,
     ))
@@ -629,7 +744,9 @@ async fn get_job(
 async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResult<JobView> {
     let wait = wait
         .filter(|w| w.is_finite() && *w > 0.0)
-        .map(|w| Duration::from_secs_f64(w).min(MAX_WAIT));
+        // Clamped before converting: `from_secs_f64` panics past `Duration::MAX`
+        // (found by schemathesis with `?wait=1.8e19`).
+        .map(|w| Duration::from_secs_f64(w.min(MAX_WAIT.as_secs_f64())));
     let deadline = wait.map(|w| Instant::now() + w);
     let mut endings = driver.job_endings();
     loop {
@@ -653,6 +770,14 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
 
 /// Kills a job: its pending tasks never start, its running ones are interrupted at the
 /// executor's next epoch tick. Killing a job that is already over changes nothing.
+/// Kills a job: pending tasks never start, running ones stop at the executor's next
+/// epoch tick. A job already over is left as it is.
+#[utoipa::path(post, path = "/v1/jobs/{id}/kill", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 202, description = "killed (or already over)", body = JobView),
+        (status = 404, description = "no such job", body = ErrorResponse),
+    ))]
 async fn kill_job(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
@@ -672,18 +797,51 @@ async fn kill_job(
     Ok((StatusCode::ACCEPTED, axum::Json(view)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PageQuery {
-    limit: Option<usize>,
+    /// Items per page, 1 to 10,000.
+    #[param(minimum = 1, maximum = 10_000)]
+    limit: Option<u64>,
+    /// The `next` cursor of the previous page.
     after: Option<String>,
 }
 
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct TaskPageQuery {
+    /// Items per page, 1 to 10,000.
+    #[param(minimum = 1, maximum = 10_000)]
+    limit: Option<u64>,
+    /// The `next` cursor of the previous page: the last task index it held.
+    after: Option<u32>,
+}
+
+fn page_limit(limit: Option<u64>, default: usize) -> ApiResult<usize> {
+    match limit {
+        None => Ok(default),
+        Some(n @ 1..=10_000) => Ok(n as usize),
+        Some(n) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            format!("limit={n}: a page holds 1 to {MAX_PAGE} items"),
+        )),
+    }
+}
+
+/// Jobs, newest first, a page at a time.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(PageQuery),
+    responses(
+        (status = 200, description = "a page of jobs", body = List<JobView>),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+    ))]
 async fn list_jobs(
     State(driver): State<Arc<Driver>>,
-    Query(page): Query<PageQuery>,
-) -> axum::Json<List<JobView>> {
-    let limit = page.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    axum::Json(driver.read(|s| {
+    page: Result<Query<PageQuery>, QueryRejection>,
+) -> ApiResult<axum::Json<List<JobView>>> {
+    let Query(page) = page.map_err(ApiError::query)?;
+    let limit = page_limit(page.limit, PAGE)?;
+    Ok(axum::Json(driver.read(|s| {
         let newest_first = s.job_order.iter().rev();
         let start: Vec<&JobId> = match &page.after {
             Some(after) => newest_first
@@ -701,27 +859,25 @@ async fn list_jobs(
             .then(|| items.last().map(|j| j.id.0.clone()))
             .flatten();
         List { items, next }
-    }))
+    })))
 }
 
+/// A job's tasks in index order, a page at a time (`after` is a task index).
+#[utoipa::path(get, path = "/v1/jobs/{id}/tasks", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id"), TaskPageQuery),
+    responses(
+        (status = 200, description = "a page of tasks", body = List<TaskView>),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 404, description = "no such job", body = ErrorResponse),
+    ))]
 async fn list_tasks(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
-    Query(page): Query<PageQuery>,
+    page: Result<Query<TaskPageQuery>, QueryRejection>,
 ) -> ApiResult<axum::Json<List<TaskView>>> {
-    let limit = page.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
-    let first = match page.after.as_deref() {
-        Some(after) => {
-            after.parse::<usize>().map_err(|_| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "bad_query",
-                    "`after` is a task index",
-                )
-            })? + 1
-        }
-        None => 0,
-    };
+    let Query(page) = page.map_err(ApiError::query)?;
+    let limit = page_limit(page.limit, MAX_PAGE)?;
+    let first = page.after.map_or(0, |after| after as usize + 1);
     let id = JobId(id);
     driver.read(|s| {
         let job = s
@@ -735,10 +891,20 @@ async fn list_tasks(
     })
 }
 
+/// A succeeded task's result bytes.
+#[utoipa::path(get, path = "/v1/jobs/{id}/tasks/{index}/result", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id"), ("index" = u32, Path, description = "the task's index")),
+    responses(
+        (status = 200, description = "the result", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, description = "a bad task index", body = ErrorResponse),
+        (status = 404, description = "no such job or task", body = ErrorResponse),
+        (status = 409, description = "the task has no result (`no_result`)", body = ErrorResponse),
+    ))]
 async fn get_result(
     State(driver): State<Arc<Driver>>,
-    Path((id, index)): Path<(String, u32)>,
+    path: Result<Path<(String, u32)>, PathRejection>,
 ) -> ApiResult<Response> {
+    let Path((id, index)) = path.map_err(ApiError::path)?;
     let id = JobId(id);
     let result = driver.read(|s| {
         let task = find_task(s, &id, index)?;
@@ -764,15 +930,27 @@ async fn get_result(
     }
 }
 
+/// A task's log (its stderr), capped at 1 MiB.
+#[utoipa::path(get, path = "/v1/jobs/{id}/tasks/{index}/log", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id"), ("index" = u32, Path, description = "the task's index")),
+    responses(
+        (status = 200, description = "the log", body = String, content_type = "text/plain"),
+        (status = 400, description = "a bad task index", body = ErrorResponse),
+        (status = 404, description = "no such job or task", body = ErrorResponse),
+    ))]
 async fn get_log(
     State(driver): State<Arc<Driver>>,
-    Path((id, index)): Path<(String, u32)>,
+    path: Result<Path<(String, u32)>, PathRejection>,
 ) -> ApiResult<Response> {
+    let Path((id, index)) = path.map_err(ApiError::path)?;
     let id = JobId(id);
     let log = driver.read(|s| find_task(s, &id, index).map(|t| t.log.clone()))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log).into_response())
 }
 
+/// The executors: cores, free cores, state, heartbeat age and their own figures.
+#[utoipa::path(get, path = "/v1/executors", tag = "executors",
+    responses((status = 200, description = "every executor", body = List<ExecutorView>)))]
 async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<ExecutorView>> {
     let now = Instant::now();
     axum::Json(driver.read(|s| {

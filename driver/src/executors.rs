@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::codec::Framed;
 
+use crate::auth::constant_time_eq;
 use crate::service::Driver;
 
 type Connection = Framed<TcpStream, FrameCodec<ExecutorMessage, DriverMessage>>;
@@ -172,10 +173,6 @@ fn check_hello(hello: &Hello, secret: Option<&str>) -> Result<(), String> {
         (Some(_), None) => Err("this driver requires a cluster secret".into()),
         (None, _) => Ok(()),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn send(conn: &mut Connection, message: DriverMessage) -> Result<(), String> {

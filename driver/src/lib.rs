@@ -2,7 +2,11 @@
 //! (Spark's CoarseGrainedSchedulerBackend with its TaskScheduler, rebuilt for wasm).
 //!
 //! Layout, top down:
-//! - [`api`]: HTTP routes, request -> state change, one error type mapped to statuses.
+//! - [`api`]: HTTP routes, request -> state change, one error type mapped to statuses;
+//!   [`openapi`] completes the document generated from the routes' annotations.
+//! - [`edge`]: serving connections and their bounds (header and body timeouts, body
+//!   limits, concurrency); [`auth`]: the API token and the cluster secret;
+//!   [`metrics`]: Prometheus `/metrics`.
 //! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
@@ -21,11 +25,15 @@
 //! imports the executor.
 
 pub mod api;
+pub mod auth;
 pub mod blocks;
 pub mod durable;
+pub mod edge;
 pub mod exclusion;
 pub mod executors;
+pub mod metrics;
 pub mod modules;
+pub mod openapi;
 pub mod policy;
 pub mod service;
 pub mod speculation;

@@ -23,8 +23,14 @@ use crate::store::{JobStore, StoreError};
 pub struct DriverConfig {
     pub data_dir: PathBuf,
     pub app_id: String,
-    /// Required in every executor's hello when set.
+    /// Required in every executor's hello when set, and accepted (besides the API
+    /// token) on module and file downloads.
     pub cluster_secret: Option<String>,
+    /// Bearer token every API request must carry when set (`/healthz` and
+    /// `/v1/openapi.json` excepted).
+    pub api_token: Option<String>,
+    /// Timeouts and concurrency of the HTTP edge.
+    pub edge: crate::edge::EdgeLimits,
     pub heartbeat_interval: Duration,
     /// How often offers are made even when nothing happened (Spark's revive interval).
     pub revive_interval: Duration,
@@ -47,6 +53,8 @@ impl DriverConfig {
             data_dir,
             app_id: "flint".into(),
             cluster_secret: None,
+            api_token: None,
+            edge: crate::edge::EdgeLimits::default(),
             heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),
             revive_interval: Duration::from_secs(1),
             executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
@@ -84,6 +92,7 @@ pub struct Driver {
     inner: Mutex<Inner>,
     /// Bumped whenever a job reaches a final state, for `?wait=` callers.
     jobs_finished: watch::Sender<u64>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Driver {
@@ -118,6 +127,7 @@ impl Driver {
                 links: HashMap::new(),
             }),
             jobs_finished: watch::Sender::new(0),
+            metrics: crate::metrics::Metrics::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -205,6 +215,7 @@ impl Driver {
                         .get(&task.job)
                         .and_then(|j| j.tasks.get(task.index as usize))
                     {
+                        self.metrics.task_ended(t);
                         self.store.task_ended(
                             task.job.clone(),
                             task.index,
@@ -358,13 +369,9 @@ pub async fn run(
     ));
     let reviver = tokio::spawn(revive_loop(driver.clone()));
     let app = crate::api::router(driver.clone());
-    let mut http_stop = stop_rx.clone();
+    let limits = driver.config.edge.clone();
     let http = tokio::spawn(async move {
-        axum::serve(listeners.http, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.wait_for(|stop| *stop).await;
-            })
-            .await
+        crate::edge::serve(listeners.http, app, &limits, stop_rx).await;
     });
     shutdown.await;
     tracing::info!("driver shutting down");

@@ -1591,9 +1591,10 @@ mod tests {
     #[test]
     fn a_pending_task_stays_within_its_memory_budget() {
         // BENCHMARKS.md measures the driver at about 300 bytes per pending task against
-        // a budget of 1 KB; a field added to every task shows up here first.
+        // a budget of 1 KB; a field added to every task shows up here first. (336: the
+        // result is inline bytes or a block reference since the block store.)
         assert!(
-            std::mem::size_of::<Task>() <= 320,
+            std::mem::size_of::<Task>() <= 336,
             "{}",
             std::mem::size_of::<Task>()
         );

@@ -109,6 +109,16 @@ pub async fn run(
             anyhow::bail!("the driver's fetch allow-list has a bad entry {origin:?}: {e}");
         }
     }
+    // Modules and files come from the driver, which wants the cluster secret for them;
+    // the fetch cache sends it to the driver's origin only.
+    if let Some(secret) = &options.cluster_secret
+        && let Err(e) = fetcher.set_bearer(&config.driver_http_url, secret)
+    {
+        anyhow::bail!(
+            "the driver's HTTP address {:?} is not an origin: {e}",
+            config.driver_http_url
+        );
+    }
     // Results kept in a bucket are other tasks' inputs: that bucket may be read too.
     if let Ok(url) = url::Url::parse(&config.block_store)
         && url.scheme() == "s3"
@@ -120,6 +130,7 @@ pub async fn run(
     let blocks = BlockClient::new(
         &config.block_store,
         &config.driver_http_url,
+        options.cluster_secret.clone(),
         tokio::runtime::Handle::current(),
     )
     .map_err(|e| anyhow::anyhow!("the driver's block store {:?}: {e}", config.block_store))?;

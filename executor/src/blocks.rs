@@ -32,6 +32,8 @@ enum Target {
     Driver {
         client: reqwest::Client,
         base: String,
+        /// The cluster secret, which the driver wants for block uploads.
+        secret: Option<String>,
     },
     Store {
         store: Arc<dyn ObjectStore>,
@@ -41,11 +43,17 @@ enum Target {
 
 impl BlockClient {
     /// `spec` is the driver's `block_store` setting: `driver`, or an object store URL.
-    pub fn new(spec: &str, driver_http_url: &str, runtime: Handle) -> anyhow::Result<Self> {
+    pub fn new(
+        spec: &str,
+        driver_http_url: &str,
+        secret: Option<String>,
+        runtime: Handle,
+    ) -> anyhow::Result<Self> {
         let target = if spec == "driver" {
             Target::Driver {
                 client: reqwest::Client::builder().no_proxy().build()?,
                 base: format!("{driver_http_url}/v1/blocks"),
+                secret,
             }
         } else {
             let url = url::Url::parse(spec)?;
@@ -68,8 +76,15 @@ impl BlockWriter for BlockClient {
             aborted: aborted.clone(),
         };
         let upload = match &self.target {
-            Target::Driver { client, base } => {
-                let request = client.put(format!("{base}/{id}"));
+            Target::Driver {
+                client,
+                base,
+                secret,
+            } => {
+                let mut request = client.put(format!("{base}/{id}"));
+                if let Some(secret) = secret {
+                    request = request.bearer_auth(secret);
+                }
                 futures_util::future::Either::Left(to_driver(request, rx))
             }
             Target::Store { store, prefix } => {

@@ -63,6 +63,7 @@ impl Sink<'_> {
 pub(crate) async fn download(
     url: &str,
     target: Target,
+    bearer: Option<&str>,
     tmp_dir: &Path,
     max_bytes: u64,
 ) -> Result<Downloaded, FetchError> {
@@ -82,7 +83,7 @@ pub(crate) async fn download(
             domain,
             addrs,
         } => {
-            get(url, parsed, domain, &addrs, &mut sink).await?;
+            get(url, parsed, domain, &addrs, bearer, &mut sink).await?;
         }
     }
     sink.finish()
@@ -130,6 +131,7 @@ async fn get(
     parsed: url::Url,
     domain: Option<String>,
     addrs: &[std::net::SocketAddr],
+    bearer: Option<&str>,
     sink: &mut Sink<'_>,
 ) -> Result<(), FetchError> {
     let request_error = |source| FetchError::Request {
@@ -148,7 +150,11 @@ async fn get(
         builder = builder.resolve_to_addrs(domain, addrs);
     }
     let client = builder.build().map_err(request_error)?;
-    let response = client.get(parsed).send().await.map_err(request_error)?;
+    let mut request = client.get(parsed);
+    if let Some(token) = bearer {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.map_err(request_error)?;
     let status = response.status();
     if status.is_redirection() {
         let location = response

@@ -14,6 +14,9 @@
 //!   are resolved here and the connection goes only to the addresses that were checked.
 //! - **Limits**: a byte cap and one deadline per fetch; a fetch that misses either leaves
 //!   nothing behind.
+//! - **Credentials** ([`FetchCache::set_bearer`]): a bearer token is sent to the one
+//!   origin it was given for and to no other; since redirects are refused, it cannot
+//!   follow one elsewhere.
 //! - **Single flight**: concurrent requests for one key wait for one download; a failed
 //!   download is not remembered, so the next request tries again.
 //! - **Atomic**: bytes stream into a temp file in `<dir>/tmp` while being hashed, are
@@ -155,6 +158,8 @@ pub struct FetchCache {
     options: FetchOptions,
     /// Behind a lock so the caller can allow the driver's origin once it learns it.
     policy: RwLock<UrlPolicy>,
+    /// Bearer tokens by exact origin (the driver's cluster secret for the driver).
+    bearers: RwLock<Vec<(policy::Origin, String)>>,
     index: Mutex<Index>,
     keys: KeyRecords,
     /// One lock per key being fetched; an entry leaves when its last waiter does, and
@@ -177,6 +182,7 @@ impl FetchCache {
             keys: KeyRecords::new(&dir.join("keys"), &dir.join("tmp")),
             dir,
             policy: RwLock::new(std::mem::take(&mut options.policy)),
+            bearers: RwLock::new(Vec::new()),
             options,
             index: Mutex::new(index),
             in_flight: Mutex::new(HashMap::new()),
@@ -190,6 +196,31 @@ impl FetchCache {
             .write()
             .expect("fetch-cache policy lock poisoned")
             .allow_origin(entry)
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every fetch from `origin`
+    /// (`scheme://host[:port]`) and from no other origin.
+    pub fn set_bearer(&self, origin: &str, token: &str) -> Result<(), PolicyError> {
+        let origin = policy::Origin::parse(origin)?;
+        let mut bearers = self
+            .bearers
+            .write()
+            .expect("fetch-cache bearer lock poisoned");
+        bearers.retain(|(o, _)| *o != origin);
+        bearers.push((origin, token.to_owned()));
+        Ok(())
+    }
+
+    fn bearer_for(&self, url: &str) -> Option<String> {
+        let origin = url::Url::parse(url)
+            .ok()
+            .and_then(|u| policy::Origin::of(&u))?;
+        self.bearers
+            .read()
+            .expect("fetch-cache bearer lock poisoned")
+            .iter()
+            .find(|(o, _)| *o == origin)
+            .map(|(_, token)| token.clone())
     }
 
     /// The blob for `key`, downloading it unless this cache already holds it.
@@ -306,7 +337,15 @@ impl FetchCache {
             AdmitError::Io(path, source) => FetchError::Io { path, source },
         })?;
         let tmp_dir = self.dir.join("tmp");
-        let downloaded = download::download(url, target, &tmp_dir, self.options.max_bytes).await?;
+        let bearer = self.bearer_for(url);
+        let downloaded = download::download(
+            url,
+            target,
+            bearer.as_deref(),
+            &tmp_dir,
+            self.options.max_bytes,
+        )
+        .await?;
         let (digest, size) = (downloaded.digest, downloaded.size);
         if let Some(expected) = expected
             && digest != expected

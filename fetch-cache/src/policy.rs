@@ -136,14 +136,29 @@ pub enum PolicyError {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: Option<u16>,
 }
 
 impl Origin {
-    fn of(url: &Url) -> Option<Origin> {
+    /// An http(s) origin written alone: `scheme://host[:port]`, no path.
+    pub(crate) fn parse(entry: &str) -> Result<Origin, PolicyError> {
+        let url = Url::parse(entry).map_err(|source| PolicyError::Malformed {
+            entry: entry.to_owned(),
+            source,
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(PolicyError::Scheme(entry.to_owned()));
+        }
+        if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+            return Err(PolicyError::NotAnOrigin(entry.to_owned()));
+        }
+        Origin::of(&url).ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))
+    }
+
+    pub(crate) fn of(url: &Url) -> Option<Origin> {
         Some(Origin {
             scheme: url.scheme().to_owned(),
             host: url.host_str()?.to_owned(),
@@ -224,15 +239,8 @@ impl UrlPolicy {
                 }
                 self.dirs.push(canonical);
             }
-            "http" | "https" => {
-                // A path would suggest a narrower grant than the origin this really is.
-                if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
-                    return Err(PolicyError::NotAnOrigin(entry.to_owned()));
-                }
-                let origin =
-                    Origin::of(&url).ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))?;
-                self.origins.push(origin);
-            }
+            // A path would suggest a narrower grant than the origin this really is.
+            "http" | "https" => self.origins.push(Origin::parse(entry)?),
             "s3" => {
                 let bucket = url
                     .host_str()

@@ -37,6 +37,14 @@ async fn serve_on(ip: &str, body: &'static [u8]) -> (String, Arc<AtomicUsize>) {
             }),
         )
         .route(
+            "/auth",
+            get(|headers: axum::http::HeaderMap| async move {
+                headers
+                    .get(header::AUTHORIZATION)
+                    .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned())
+            }),
+        )
+        .route(
             "/redirect",
             get(
                 |axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>| async move {
@@ -102,6 +110,36 @@ async fn concurrent_fetches_of_one_key_download_once() {
     };
     cache.fetch(&newer, Some(expected)).await.unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_bearer_token_goes_to_its_origin_only() {
+    let (driver, _) = serve_on("127.0.0.1", b"").await;
+    let (other, _) = serve_on("127.0.0.2", b"").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = allowing(&driver);
+    options.policy.allow_origin(&other).unwrap();
+    let cache = FetchCache::open(dir.path(), options).unwrap();
+    cache.set_bearer(&driver, "cluster-secret").unwrap();
+    let read = |fetched: Fetched| std::fs::read_to_string(fetched.path).unwrap();
+    let (to_driver, _) = cache
+        .fetch(&key(format!("{driver}/auth")), None)
+        .await
+        .unwrap();
+    assert_eq!(read(to_driver), "Bearer cluster-secret");
+    let (to_other, _) = cache
+        .fetch(&key(format!("{other}/auth")), None)
+        .await
+        .unwrap();
+    assert_eq!(read(to_other), "none");
+    // Same host, other port: another origin.
+    let port = driver.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    assert!(
+        cache
+            .bearer_for(&format!("http://127.0.0.1:{}/auth", port + 1))
+            .is_none()
+    );
+    assert!(cache.set_bearer("http://127.0.0.1:1/path", "x").is_err());
 }
 
 #[tokio::test]

@@ -8,11 +8,13 @@ use crate::ids::{Digest, ExecutorId, JobId};
 
 /// `POST /v1/jobs`. Exactly one of `inputs` (one task per input) and `tasks` is given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// An uploaded module's id, `sha256:<hex>`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^sha256:[0-9a-f]{64}$"))]
     pub module: String,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
     /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of
@@ -24,13 +26,16 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
     pub inputs: Option<Vec<InputSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
     pub tasks: Option<Vec<TaskSpec>>,
     #[serde(default)]
     pub resources: ResourcesSpec,
     /// Attempts per task when the host fails it (executor lost, fetch error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_failures: Option<u32>,
     /// Cap on the sum of the job's results (Spark's `maxResultSize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,6 +45,7 @@ pub struct JobSpec {
 /// A job file: an uploaded file's id (`sha256:<hex>`), or a URL the executors fetch
 /// (through their fetch cache and URL policy).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum FileSpec {
     Id(String),
@@ -53,6 +59,7 @@ impl From<&str> for FileSpec {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UrlFileSpec {
     pub url: String,
@@ -80,6 +87,7 @@ pub enum InputSpec {
 
 /// An earlier task's result, by job and task index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResultRef {
     pub job: JobId,
@@ -89,6 +97,7 @@ pub struct ResultRef {
 /// [`InputSpec`]'s JSON form: one object whose one key says which kind it is, so that a
 /// wrong input gets an error naming the keys rather than "no variant matched".
 #[derive(Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 struct RawInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +110,21 @@ struct RawInput {
     sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result: Option<ResultRef>,
+}
+
+// The document shows the JSON form, which is what clients send.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for InputSpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <RawInput as utoipa::PartialSchema>::schema()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for InputSpec {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "InputSpec".into()
+    }
 }
 
 impl TryFrom<RawInput> for InputSpec {
@@ -166,6 +190,7 @@ impl From<InputSpec> for RawInput {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     /// No input means empty stdin.
@@ -177,24 +202,31 @@ pub struct TaskSpec {
     pub env: BTreeMap<String, String>,
 }
 
-/// Per-task needs; anything left out takes its value from [`crate::defaults`].
+/// Per-task needs; anything left out takes its default (README, limits).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub cores: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub memory_mb: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 1_073_741_824))]
     pub max_output_bytes: Option<u64>,
     /// Wasm work the task may do (wasmtime fuel); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub fuel: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -214,6 +246,7 @@ impl JobState {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Pending,
@@ -233,6 +266,7 @@ impl TaskState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub kind: String,
     pub message: String,
@@ -240,11 +274,13 @@ pub struct ErrorBody {
 
 /// Every error response: `{"error": {"kind": ..., "message": ...}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskCounts {
     pub pending: u32,
     pub running: u32,
@@ -254,6 +290,7 @@ pub struct TaskCounts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     pub id: JobId,
     pub name: String,
@@ -267,12 +304,14 @@ pub struct JobView {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ResultInfo {
     pub size: u64,
     pub sha256: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskView {
     pub index: u32,
     pub state: TaskState,
@@ -288,6 +327,7 @@ pub struct TaskView {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutorState {
     /// Registered and connected.
@@ -299,6 +339,7 @@ pub enum ExecutorState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutorView {
     pub id: ExecutorId,
     pub host: String,
@@ -329,6 +370,7 @@ pub struct ExecutorView {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct List<T> {
     pub items: Vec<T>,
     pub next: Option<String>,
@@ -336,6 +378,7 @@ pub struct List<T> {
 
 /// `PUT /v1/modules` answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Uploaded {
     pub id: Digest,
     pub size: u64,

@@ -218,11 +218,11 @@ mod tests {
             },
             DriverMessage::LaunchTask(Box::new(description(b"hello".to_vec(), vec!["a".into()]))),
             DriverMessage::LaunchTask(Box::new(TaskDescription {
-                input: TaskInput::Fetch(FetchRef {
+                input: TaskInput::Fetch(Box::new(FetchRef {
                     url: "http://127.0.0.1:7070/v1/blocks/job-1/0-1-7".into(),
                     timestamp_ms: 0,
                     digest: Some(Digest::of(b"x")),
-                }),
+                })),
                 ..description(Vec::new(), vec![])
             })),
             DriverMessage::KillTask {

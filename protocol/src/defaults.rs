@@ -38,7 +38,20 @@ pub const LAUNCH_AHEAD: u32 = 2;
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest file the driver accepts (`PUT /v1/files`); held in memory while uploading.
 pub const MAX_FILE_BYTES: usize = 256 * 1024 * 1024;
-/// Largest `POST /v1/jobs` body.
-pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024 * 1024;
+/// Largest `POST /v1/jobs` body: room for a million small inline inputs. Bigger inputs
+/// belong in uploaded files.
+pub const MAX_JOB_SPEC_BYTES: usize = 16 * 1024 * 1024;
+/// Largest body of any other request (`POST /v1/jobs/{id}/kill` and the like).
+pub const MAX_OTHER_BODY_BYTES: usize = 64 * 1024;
+/// A connection that has not sent a whole request head within this long is closed
+/// (slow-header clients: Slowloris).
+pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Longest pause between two pieces of a request body before the request fails with
+/// 408 (slow-body clients).
+pub const BODY_IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Requests the API serves at once; more are answered 503 with `Retry-After`.
+pub const MAX_CONCURRENT_REQUESTS: usize = 512;
+/// Seconds a client is told to wait (`Retry-After`) when the API is at its limit.
+pub const RETRY_AFTER_SECS: u64 = 1;
 /// Most tasks in one job.
 pub const MAX_TASKS_PER_JOB: usize = 1_000_000;

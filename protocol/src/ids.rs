@@ -107,6 +107,42 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// OpenAPI schemas of the ids: all are strings on the wire.
+#[cfg(feature = "openapi")]
+mod openapi {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+
+    fn string(description: &str, pattern: Option<&str>) -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+            .pattern(pattern)
+            .into()
+    }
+
+    impl utoipa::PartialSchema for super::JobId {
+        fn schema() -> RefOr<Schema> {
+            string("A job's id, `job-<hex>`.", None)
+        }
+    }
+    impl utoipa::ToSchema for super::JobId {}
+
+    impl utoipa::PartialSchema for super::ExecutorId {
+        fn schema() -> RefOr<Schema> {
+            string("An executor's id, as it registered.", None)
+        }
+    }
+    impl utoipa::ToSchema for super::ExecutorId {}
+
+    impl utoipa::PartialSchema for super::Digest {
+        fn schema() -> RefOr<Schema> {
+            string("A SHA-256 content id.", Some("^sha256:[0-9a-f]{64}$"))
+        }
+    }
+    impl utoipa::ToSchema for super::Digest {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

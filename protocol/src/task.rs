@@ -61,7 +61,7 @@ pub enum TaskInput {
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Bytes the executor fetches through its fetch cache: a `url` input, or an earlier
     /// task's result kept in the block store (chained jobs).
-    Fetch(FetchRef),
+    Fetch(Box<FetchRef>),
 }
 
 impl fmt::Debug for TaskInput {

@@ -134,7 +134,9 @@ pub struct DevCluster {
     pub http: String,
     pub executor_addr: String,
     pub data_dir: tempfile::TempDir,
+    /// Sends the cluster's `--token` (if it was given one) with every request.
     pub client: reqwest::blocking::Client,
+    pub token: Option<String>,
 }
 
 impl DevCluster {
@@ -189,6 +191,17 @@ impl DevCluster {
                 .unwrap_or_else(|| panic!("expected `{prefix}...`, got {line:?}"))
                 .to_owned()
         };
+        let token = args
+            .iter()
+            .position(|a| a == "--token")
+            .map(|i| args[i + 1].clone());
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().unwrap(),
+            );
+        }
         let http = next_value("http: ");
         let executor_addr = next_value("executors: ");
         // Keep draining stdout so the cluster never blocks on a full pipe.
@@ -200,8 +213,10 @@ impl DevCluster {
             data_dir,
             client: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(120))
+                .default_headers(headers)
                 .build()
                 .unwrap(),
+            token,
         }
     }
 

@@ -1,0 +1,159 @@
+//! Who may talk to the driver: a bearer token for the HTTP API and a cluster secret for
+//! executors (their hello, and their module and file downloads).
+//!
+//! Both are optional here; the binary refuses to listen beyond loopback without them
+//! unless told `--insecure`. Secrets are compared in constant time.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::api::ApiError;
+
+/// The secrets a driver checks; `None` leaves that door open.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// Bearer token for every API route but the open ones.
+    pub api_token: Option<String>,
+    /// Executors' secret: in their hello, and as a bearer token on module and file
+    /// downloads.
+    pub cluster_secret: Option<String>,
+}
+
+/// Routes anyone may call: liveness and the API's own description.
+fn is_open(path: &str) -> bool {
+    matches!(path, "/healthz" | "/v1/openapi.json")
+}
+
+/// Routes executors call with the cluster secret: downloads of what jobs use.
+pub(crate) fn executors_read(method: &Method, path: &str) -> bool {
+    let download = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+    };
+    // Blocks are `<job>/<name>`: executors upload large results and read earlier ones.
+    let block = path
+        .strip_prefix("/v1/blocks/")
+        .is_some_and(|id| id.split('/').count() == 2 && id.split('/').all(|p| !p.is_empty()));
+    (*method == Method::GET && (download("/v1/modules/") || download("/v1/files/") || block))
+        || (*method == Method::PUT && block)
+}
+
+impl Credentials {
+    /// Whether a request to `path` with these headers may go on.
+    pub fn check(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(token) = &self.api_token else {
+            return Ok(());
+        };
+        if is_open(path) {
+            return Ok(());
+        }
+        let Some(given) = bearer(headers) else {
+            return Err(ApiError::unauthorized(
+                "this driver needs a bearer token: send `Authorization: Bearer <token>` (the CLI reads --token or FLINT_TOKEN)",
+            ));
+        };
+        if constant_time_eq(token.as_bytes(), given.as_bytes()) {
+            return Ok(());
+        }
+        if let Some(secret) = &self.cluster_secret
+            && executors_read(method, path)
+            && constant_time_eq(secret.as_bytes(), given.as_bytes())
+        {
+            return Ok(());
+        }
+        Err(ApiError::unauthorized("wrong bearer token"))
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The middleware in front of every route.
+pub async fn require(
+    State(credentials): State<std::sync::Arc<Credentials>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match credentials.check(request.method(), request.uri().path(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Compares two secrets in time that depends only on their lengths, so a caller cannot
+/// learn a secret byte by byte from how long refusals take.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn with_bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn token_guards_the_api_and_the_secret_only_downloads() {
+        let credentials = Credentials {
+            api_token: Some("tok".into()),
+            cluster_secret: Some("sec".into()),
+        };
+        let get = Method::GET;
+        let none = HeaderMap::new();
+        assert!(credentials.check(&get, "/healthz", &none).is_ok());
+        assert!(credentials.check(&get, "/v1/openapi.json", &none).is_ok());
+        assert!(credentials.check(&get, "/v1/jobs", &none).is_err());
+        assert!(
+            credentials
+                .check(&get, "/v1/jobs", &with_bearer("tok"))
+                .is_ok()
+        );
+        assert!(
+            credentials
+                .check(&get, "/v1/jobs", &with_bearer("tok2"))
+                .is_err()
+        );
+        assert!(
+            credentials
+                .check(&get, "/v1/jobs", &with_bearer("sec"))
+                .is_err()
+        );
+        let module = "/v1/modules/sha256:00";
+        assert!(credentials.check(&get, module, &with_bearer("sec")).is_ok());
+        assert!(credentials.check(&get, module, &with_bearer("tok")).is_ok());
+        assert!(credentials.check(&get, module, &none).is_err());
+        assert!(
+            credentials
+                .check(&get, "/v1/files/x", &with_bearer("sec"))
+                .is_ok()
+        );
+        assert!(
+            credentials
+                .check(&Method::PUT, "/v1/modules", &with_bearer("sec"))
+                .is_err()
+        );
+        let open = Credentials::default();
+        assert!(open.check(&get, "/v1/jobs", &none).is_ok());
+    }
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

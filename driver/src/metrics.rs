@@ -1,0 +1,302 @@
+//! Prometheus metrics at `GET /metrics` (text format 0.0.4): the scheduler's figures,
+//! read from the state at scrape time, plus what only the moment of a task's end knows
+//! (its duration, its result size), counted as it happens. Per executor, the figures
+//! its heartbeats carry: Spark's ExecutorSource in Prometheus form.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use flint_protocol::api::{ExecutorState, JobState, TaskCounts};
+
+use crate::service::Driver;
+use crate::state::Task;
+
+/// Upper bounds of the task duration buckets, in seconds.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// Counters fed as tasks end; everything else is read from the state when scraped.
+#[derive(Default)]
+pub struct Metrics {
+    /// Per bucket (not cumulative), plus one past the last bound.
+    duration_buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    duration_sum_us: AtomicU64,
+    duration_count: AtomicU64,
+    result_bytes: AtomicU64,
+    results: AtomicU64,
+}
+
+impl Metrics {
+    /// Records a task that reached `succeeded` or `failed`.
+    pub fn task_ended(&self, task: &Task) {
+        if let (Some(start), Some(end)) = (task.started_at_us, task.finished_at_us) {
+            let micros = end.saturating_sub(start);
+            let seconds = micros as f64 / 1e6;
+            let bucket = DURATION_BUCKETS
+                .iter()
+                .position(|bound| seconds <= *bound)
+                .unwrap_or(DURATION_BUCKETS.len());
+            self.duration_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+            self.duration_sum_us.fetch_add(micros, Ordering::Relaxed);
+            self.duration_count.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(result) = &task.result {
+            self.result_bytes.fetch_add(result.len(), Ordering::Relaxed);
+            self.results.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Prometheus metrics of the driver and, through their heartbeats, its executors.
+#[utoipa::path(get, path = "/metrics", tag = "driver",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&driver),
+    )
+}
+
+pub fn render(driver: &Driver) -> String {
+    let mut out = String::new();
+    let now = Instant::now();
+    driver.read(|s| {
+        let mut tasks = TaskCounts::default();
+        let mut jobs = [0u64; 5];
+        for job in s.jobs.values() {
+            let c = job.counts();
+            tasks.pending += c.pending;
+            tasks.running += c.running;
+            tasks.succeeded += c.succeeded;
+            tasks.failed += c.failed;
+            tasks.killed += c.killed;
+            jobs[job_state_index(job.state)] += 1;
+        }
+        family(
+            &mut out,
+            "flint_tasks",
+            "gauge",
+            "Tasks of the jobs the driver holds, by state.",
+        );
+        for (state, n) in [
+            ("pending", tasks.pending),
+            ("running", tasks.running),
+            ("succeeded", tasks.succeeded),
+            ("failed", tasks.failed),
+            ("killed", tasks.killed),
+        ] {
+            let _ = writeln!(out, "flint_tasks{{state=\"{state}\"}} {n}");
+        }
+        family(
+            &mut out,
+            "flint_queue_depth",
+            "gauge",
+            "Tasks waiting for a core (pending).",
+        );
+        let _ = writeln!(out, "flint_queue_depth {}", tasks.pending);
+        family(
+            &mut out,
+            "flint_jobs",
+            "gauge",
+            "Jobs the driver holds, by state.",
+        );
+        for (i, state) in ["queued", "running", "succeeded", "failed", "killed"]
+            .iter()
+            .enumerate()
+        {
+            let _ = writeln!(out, "flint_jobs{{state=\"{state}\"}} {}", jobs[i]);
+        }
+
+        let mut by_state = [0u64; 3];
+        let (mut cores, mut free) = (0u64, 0u64);
+        for e in s.executors.values() {
+            by_state[executor_state_index(e.state)] += 1;
+            if e.state == ExecutorState::Alive {
+                cores += u64::from(e.cores);
+                free += u64::from(e.free_cores);
+            }
+        }
+        family(&mut out, "flint_executors", "gauge", "Executors, by state.");
+        for (i, state) in ["alive", "lost", "exited"].iter().enumerate() {
+            let _ = writeln!(out, "flint_executors{{state=\"{state}\"}} {}", by_state[i]);
+        }
+        family(
+            &mut out,
+            "flint_cores",
+            "gauge",
+            "Cores of alive executors.",
+        );
+        let _ = writeln!(out, "flint_cores {cores}");
+        family(
+            &mut out,
+            "flint_cores_free",
+            "gauge",
+            "Free cores of alive executors.",
+        );
+        let _ = writeln!(out, "flint_cores_free {free}");
+
+        type Figure = fn(&crate::state::ExecutorData, Instant) -> String;
+        let per_executor: [(&str, &str, &str, Figure); 7] = [
+            (
+                "flint_executor_cores",
+                "gauge",
+                "An executor's cores.",
+                |e, _| e.cores.to_string(),
+            ),
+            (
+                "flint_executor_free_cores",
+                "gauge",
+                "An executor's free cores, as the scheduler sees them.",
+                |e, _| e.free_cores.to_string(),
+            ),
+            (
+                "flint_executor_running_tasks",
+                "gauge",
+                "Task attempts running or queued on an executor, from its heartbeat.",
+                |e, _| e.reported.running.to_string(),
+            ),
+            (
+                "flint_executor_modules_compiled_total",
+                "counter",
+                "Modules an executor compiled, from its heartbeat.",
+                |e, _| e.reported.modules_compiled.to_string(),
+            ),
+            (
+                "flint_executor_module_cache_hits_total",
+                "counter",
+                "Tasks that found their module already compiled, from an executor's heartbeat.",
+                |e, _| e.reported.module_cache_hits.to_string(),
+            ),
+            (
+                "flint_executor_tasks_finished_total",
+                "counter",
+                "Task attempts an executor finished.",
+                |e, _| e.tasks_finished.to_string(),
+            ),
+            (
+                "flint_executor_heartbeat_age_seconds",
+                "gauge",
+                "Seconds since an executor's last heartbeat or frame.",
+                |e, now| {
+                    format!(
+                        "{:.3}",
+                        now.saturating_duration_since(e.last_heartbeat)
+                            .as_secs_f64()
+                    )
+                },
+            ),
+        ];
+        for (name, kind, help, figure) in per_executor {
+            family(&mut out, name, kind, help);
+            for (id, e) in &s.executors {
+                let _ = writeln!(
+                    out,
+                    "{name}{{executor=\"{}\"}} {}",
+                    escape(&id.0),
+                    figure(e, now)
+                );
+            }
+        }
+    });
+
+    let m = &driver.metrics;
+    family(
+        &mut out,
+        "flint_task_duration_seconds",
+        "histogram",
+        "Guest run time of tasks that succeeded or failed (executor clock).",
+    );
+    let mut cumulative = 0;
+    for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
+        cumulative += m.duration_buckets[i].load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "flint_task_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+        );
+    }
+    cumulative += m.duration_buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "flint_task_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+    );
+    let sum = m.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+    let _ = writeln!(out, "flint_task_duration_seconds_sum {sum}");
+    let _ = writeln!(
+        out,
+        "flint_task_duration_seconds_count {}",
+        m.duration_count.load(Ordering::Relaxed)
+    );
+    family(
+        &mut out,
+        "flint_result_bytes_total",
+        "counter",
+        "Bytes of task results received.",
+    );
+    let _ = writeln!(
+        out,
+        "flint_result_bytes_total {}",
+        m.result_bytes.load(Ordering::Relaxed)
+    );
+    family(
+        &mut out,
+        "flint_results_total",
+        "counter",
+        "Task results received.",
+    );
+    let _ = writeln!(
+        out,
+        "flint_results_total {}",
+        m.results.load(Ordering::Relaxed)
+    );
+    out
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A label value as the text format wants it.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn job_state_index(state: JobState) -> usize {
+    match state {
+        JobState::Queued => 0,
+        JobState::Running => 1,
+        JobState::Succeeded => 2,
+        JobState::Failed => 3,
+        JobState::Killed => 4,
+    }
+}
+
+fn executor_state_index(state: ExecutorState) -> usize {
+    match state {
+        ExecutorState::Alive => 0,
+        ExecutorState::Lost => 1,
+        ExecutorState::Exited => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape("a\nb"), "a\\nb");
+    }
+}

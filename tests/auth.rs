@@ -1,0 +1,213 @@
+//! End to end: the API token and the cluster secret guard every listener (API, executor
+//! port, module downloads); refusals change nothing in the driver; a driver listening
+//! beyond loopback will not start without them.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{DevCluster, FLINT, guests, spec};
+use serde_json::Value;
+
+const TOKEN: &str = "api-token-for-tests";
+const SECRET: &str = "cluster-secret-for-tests";
+
+fn secured() -> DevCluster {
+    DevCluster::start_with(2, 1, &["--token", TOKEN, "--cluster-secret", SECRET])
+}
+
+/// Status and error kind of a request sent with `bearer` (or none).
+fn send(
+    cluster: &DevCluster,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<String>,
+) -> (u16, Value) {
+    // A client of its own: the cluster's client carries the right token.
+    let client = reqwest::blocking::Client::new();
+    let mut request = client.request(method.parse().unwrap(), cluster.url(path));
+    if let Some(bearer) = bearer {
+        request = request.bearer_auth(bearer);
+    }
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().unwrap();
+    let status = response.status().as_u16();
+    if status == 401 {
+        assert_eq!(
+            response.headers()["www-authenticate"],
+            "Bearer",
+            "{method} {path}"
+        );
+    }
+    (status, response.json().unwrap_or(Value::Null))
+}
+
+fn executor_with_secret(cluster: &DevCluster, id: &str, secret: Option<&str>) -> (i32, String) {
+    let work_dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(FLINT);
+    command
+        .args(["executor", "--driver-url"])
+        .arg(format!("flint://{}", cluster.executor_addr))
+        .args(["--executor-id", id, "--cores", "1", "--work-dir"])
+        .arg(work_dir.path())
+        .env_remove("FLINT_CLUSTER_SECRET")
+        .stdin(Stdio::null());
+    if let Some(secret) = secret {
+        command.args(["--cluster-secret", secret]);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
+    let cluster = secured();
+    let module = cluster.upload(&guests().testkit);
+    let job_spec = spec(&module, &["echo"], &["x"]).to_string();
+    let executors_before = cluster.executors();
+
+    let module_path = format!("/v1/modules/{module}");
+    let guarded: [(&str, &str, Option<String>); 8] = [
+        ("GET", "/v1/jobs", None),
+        ("POST", "/v1/jobs", Some(job_spec.clone())),
+        ("PUT", "/v1/modules", Some("\0asm".into())),
+        ("PUT", "/v1/files", Some("bytes".into())),
+        ("GET", &module_path, None),
+        ("GET", "/v1/executors", None),
+        ("GET", "/metrics", None),
+        ("POST", "/v1/jobs/job-x/kill", None),
+    ];
+    for (method, path, body) in &guarded {
+        for bearer in [None, Some("wrong"), Some("")] {
+            let (status, error) = send(&cluster, method, path, bearer, body.clone());
+            assert_eq!(status, 401, "{method} {path} with {bearer:?}: {error}");
+            assert_eq!(error["error"]["kind"], "unauthorized");
+        }
+    }
+    // The cluster secret opens downloads only, not the API.
+    let (status, _) = send(&cluster, "POST", "/v1/jobs", Some(SECRET), Some(job_spec));
+    assert_eq!(status, 401);
+    let (status, _) = send(&cluster, "GET", &module_path, Some(SECRET), None);
+    assert_eq!(status, 200, "executors download modules with the secret");
+    // Open routes.
+    assert_eq!(send(&cluster, "GET", "/healthz", None, None).0, 200);
+    assert_eq!(send(&cluster, "GET", "/v1/openapi.json", None, None).0, 200);
+
+    // The executor port: no secret, a wrong one.
+    let (code, stderr) = executor_with_secret(&cluster, "intruder-1", None);
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("requires a cluster secret"), "{stderr}");
+    let (code, stderr) = executor_with_secret(&cluster, "intruder-2", Some("wrong"));
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("wrong cluster secret"), "{stderr}");
+
+    // Nothing changed: no job, the same executors, not re-registered.
+    let (status, jobs) = cluster.get("/v1/jobs");
+    assert_eq!(status, 200);
+    assert_eq!(jobs["items"], Value::Array(vec![]), "{jobs}");
+    let executors = cluster.executors();
+    let ids = |list: &[Value]| -> Vec<(Value, Value)> {
+        list.iter()
+            .map(|e| (e["id"].clone(), e["generation"].clone()))
+            .collect()
+    };
+    assert_eq!(ids(&executors), ids(&executors_before));
+
+    // With the token, work runs: the executors fetched the module with the secret.
+    let job = cluster.run_job(spec(&module, &["echo"], &["hello"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0), b"hello");
+}
+
+#[test]
+fn the_cli_sends_the_token_and_says_when_it_is_missing() {
+    let cluster = secured();
+    let without = Command::new(FLINT)
+        .args(["executors", "--driver", &cluster.http])
+        .env_remove("FLINT_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(without.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert!(stderr.contains("unauthorized"), "{stderr}");
+    assert!(stderr.contains("FLINT_TOKEN"), "{stderr}");
+
+    let with_env = Command::new(FLINT)
+        .args(["executors", "--json", "--driver", &cluster.http])
+        .env("FLINT_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(
+        with_env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_env.stderr)
+    );
+    let submitted = Command::new(FLINT)
+        .arg("submit")
+        .arg(&guests().testkit)
+        .args(["--arg", "echo", "--input-text", "via the cli", "--wait"])
+        .args(["--driver", &cluster.http, "--token", TOKEN])
+        .env_remove("FLINT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    assert!(String::from_utf8_lossy(&submitted.stdout).contains("via the cli"));
+}
+
+fn driver(args: &[&str]) -> std::process::Child {
+    let data_dir = tempfile::tempdir().unwrap();
+    Command::new(FLINT)
+        .arg("driver")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir.path())
+        .env_remove("FLINT_TOKEN")
+        .env_remove("FLINT_CLUSTER_SECRET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_driver_beyond_loopback_needs_auth_or_insecure() {
+    let exposed = ["--listen", "0.0.0.0:0", "--executor-listen", "127.0.0.1:0"];
+    let refused = driver(&exposed).wait_with_output().unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("refusing to listen on 0.0.0.0"), "{stderr}");
+    assert!(stderr.contains("--insecure"), "{stderr}");
+
+    let half = driver(&[&exposed[..], &["--token", TOKEN]].concat())
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(half.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&half.stderr).contains("--cluster-secret"));
+
+    for started in [
+        [&exposed[..], &["--insecure"]].concat(),
+        [
+            &exposed[..],
+            &["--token", TOKEN, "--cluster-secret", SECRET],
+        ]
+        .concat(),
+    ] {
+        let mut child = driver(&started);
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        assert!(first.starts_with("http: http://0.0.0.0:"), "{first}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

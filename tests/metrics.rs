@@ -1,0 +1,105 @@
+//! End to end: `/metrics` in Prometheus text form moves with the work: queue depth and
+//! running tasks while a job runs, then task states, the duration histogram, result
+//! bytes and the executors' own heartbeat figures after it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{DevCluster, guests, spec, wait_until};
+
+/// Every sample of a scrape: `name{labels}` -> value.
+fn scrape(cluster: &DevCluster) -> HashMap<String, f64> {
+    let response = cluster.client.get(cluster.url("/metrics")).send().unwrap();
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    let text = response.text().unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.to_owned(), value.parse::<f64>().unwrap())
+        })
+        .collect()
+}
+
+fn sum_over_executors(samples: &HashMap<String, f64>, name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(k, _)| k.starts_with(&format!("{name}{{executor=")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn metrics_move_with_a_job() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    let before = scrape(&cluster);
+    assert_eq!(before["flint_executors{state=\"alive\"}"], 2.0);
+    assert_eq!(before["flint_cores"], 2.0);
+    assert_eq!(before["flint_cores_free"], 2.0);
+    assert_eq!(before["flint_task_duration_seconds_count"], 0.0);
+    assert_eq!(before["flint_result_bytes_total"], 0.0);
+    assert_eq!(before["flint_executor_cores{executor=\"exec-1\"}"], 1.0);
+
+    // Four sleeping tasks on two cores: two run, two wait.
+    let (status, job) = cluster.post_raw(
+        "/v1/jobs",
+        spec(&module, &["sleep", "1500"], &["", "", "", ""]).to_string(),
+    );
+    assert_eq!(status, 202, "{job}");
+    wait_until(
+        Duration::from_secs(10),
+        "two tasks running and two queued",
+        || {
+            let now = scrape(&cluster);
+            now["flint_tasks{state=\"running\"}"] == 2.0
+                && now["flint_queue_depth"] == 2.0
+                && now["flint_cores_free"] == 0.0
+                && sum_over_executors(&now, "flint_executor_running_tasks") == 2.0
+        },
+    );
+    let id = job["id"].as_str().unwrap();
+    let (_, job) = cluster.get(&format!("/v1/jobs/{id}?wait=60"));
+    assert_eq!(job["state"], "succeeded", "{job}");
+
+    let echoed = cluster.run_job(spec(&module, &["echo"], &["abc", "defgh"]));
+    assert_eq!(echoed["state"], "succeeded", "{echoed}");
+
+    // Heartbeats bring the executors' figures within a second or so.
+    wait_until(Duration::from_secs(10), "heartbeats after the jobs", || {
+        let now = scrape(&cluster);
+        // Each executor compiles the module once; later tasks find it compiled.
+        sum_over_executors(&now, "flint_executor_running_tasks") == 0.0
+            && sum_over_executors(&now, "flint_executor_modules_compiled_total") >= 1.0
+            && sum_over_executors(&now, "flint_executor_module_cache_hits_total") >= 1.0
+    });
+    let after = scrape(&cluster);
+    assert_eq!(after["flint_tasks{state=\"succeeded\"}"], 6.0);
+    assert_eq!(after["flint_queue_depth"], 0.0);
+    assert_eq!(after["flint_jobs{state=\"succeeded\"}"], 2.0);
+    assert_eq!(after["flint_cores_free"], 2.0);
+    assert_eq!(after["flint_task_duration_seconds_count"], 6.0);
+    assert_eq!(
+        after["flint_task_duration_seconds_bucket{le=\"+Inf\"}"],
+        6.0
+    );
+    // The four sleepers took at least 1.5 s each; the echoes far less.
+    assert!(after["flint_task_duration_seconds_sum"] >= 6.0, "{after:?}");
+    assert_eq!(after["flint_task_duration_seconds_bucket{le=\"1\"}"], 2.0);
+    assert_eq!(after["flint_results_total"], 6.0);
+    assert_eq!(after["flint_result_bytes_total"], 8.0, "abc + defgh");
+    assert_eq!(
+        sum_over_executors(&after, "flint_executor_tasks_finished_total"),
+        6.0
+    );
+}
