@@ -220,6 +220,11 @@ impl DevCluster {
         }
     }
 
+    /// The `flint dev` (or `flint driver`) process, which holds the driver.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.http)
     }
