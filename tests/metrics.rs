@@ -41,7 +41,8 @@ fn sum_over_executors(samples: &HashMap<String, f64>, name: &str) -> f64 {
 
 #[test]
 fn metrics_move_with_a_job() {
-    let cluster = DevCluster::start(2, 1);
+    // No launches ahead of free cores, so that waiting tasks wait in the driver's queue.
+    let cluster = DevCluster::start_with(2, 1, &["--launch-ahead", "0"]);
     let module = cluster.upload(&guests().testkit);
     let before = scrape(&cluster);
     assert_eq!(before["flint_executors{state=\"alive\"}"], 2.0);
