@@ -322,7 +322,9 @@ const GROW_LOOP: &str = r#"(module
 
 #[test]
 fn memory_bombs_keep_executor_rss_under_cores_times_limit_plus_overhead() {
-    let cluster = DevCluster::start(2, 2);
+    // No locality wait and no launches ahead: the bombs must fill both executors' cores,
+    // not queue on the first one to have compiled the module.
+    let cluster = DevCluster::start_with(2, 2, &["--locality-wait-ms", "0", "--launch-ahead", "0"]);
     let module = upload_wat(&cluster, GROW_LOOP);
     // Separate jobs, so that one bomb failing does not kill the others: all four cores
     // hold a full 64 MiB at once, twice over.
