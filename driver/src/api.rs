@@ -180,16 +180,12 @@ async fn put_module(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
-    let limit = defaults::MAX_MODULE_BYTES;
-    let body = edge::read_body(
-        &headers,
-        body,
-        limit,
-        driver.config.edge.body_idle_timeout,
-        "module",
-    )
-    .await?;
-    put_blob(driver, body, |d| &d.modules).await
+    let upload = Upload {
+        what: "module",
+        limit: defaults::MAX_MODULE_BYTES,
+        store: |d| &d.modules,
+    };
+    put_blob(driver, &headers, body, upload).await
 }
 
 /// Uploads a file jobs can name in `files`; stored by SHA-256, idempotent.
@@ -204,23 +200,36 @@ async fn put_file(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
-    let limit = defaults::MAX_FILE_BYTES;
-    let body = edge::read_body(
-        &headers,
-        body,
-        limit,
-        driver.config.edge.body_idle_timeout,
-        "file",
-    )
-    .await?;
-    put_blob(driver, body, |d| &d.files).await
+    let upload = Upload {
+        what: "file",
+        limit: defaults::MAX_FILE_BYTES,
+        store: |d| &d.files,
+    };
+    put_blob(driver, &headers, body, upload).await
+}
+
+/// What an upload route stores, and its size limit.
+struct Upload {
+    what: &'static str,
+    limit: usize,
+    store: fn(&Driver) -> &ModuleStore,
 }
 
 async fn put_blob(
     driver: Arc<Driver>,
-    body: axum::body::Bytes,
-    store: fn(&Driver) -> &ModuleStore,
+    headers: &HeaderMap,
+    body: Body,
+    upload: Upload,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let body = edge::read_body(
+        headers,
+        body,
+        upload.limit,
+        driver.config.edge.body_idle_timeout,
+        upload.what,
+    )
+    .await?;
+    let store = upload.store;
     let stored = tokio::task::spawn_blocking(move || store(&driver).put(&body))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;

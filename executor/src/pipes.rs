@@ -7,16 +7,10 @@
 //! still useful) the guest goes on and the excess is dropped and marked. Memory stays at
 //! the cap either way.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 /// Largest write the guest is offered at once; larger writes arrive in pieces.
-const WRITE_PERMIT: usize = 64 * 1024;
+pub(crate) const WRITE_PERMIT: usize = 64 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overflow {
@@ -80,69 +74,96 @@ impl CappedPipe {
     }
 }
 
-impl OutputStream for CappedPipe {
-    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
-        if self.append(&bytes) || !self.traps_on_overflow() {
+impl CappedPipe {
+    /// Takes the guest's bytes: an error traps the guest.
+    fn accept(&self, data: &[u8]) -> Result<(), &'static str> {
+        if self.append(data) || !self.traps_on_overflow() {
             return Ok(());
         }
-        Err(StreamError::trap("output limit exceeded"))
-    }
-
-    fn flush(&mut self) -> Result<(), StreamError> {
-        Ok(())
-    }
-
-    fn check_write(&mut self) -> Result<usize, StreamError> {
-        // Always offer room: the cap is enforced in `write`, where going past it is either
-        // a trap or a truncation, never a stall.
-        Ok(WRITE_PERMIT)
+        Err("output limit exceeded")
     }
 }
 
-#[wasmtime_wasi::async_trait]
-impl Pollable for CappedPipe {
-    async fn ready(&mut self) {}
-}
+/// The wasmtime-wasi output traits (preview 1 and 2) for a pipe type that takes the
+/// guest's bytes through `fn accept(&self, &[u8]) -> Result<(), &'static str>`.
+macro_rules! guest_output_pipe {
+    ($pipe:ty) => {
+        impl wasmtime_wasi::p2::OutputStream for $pipe {
+            fn write(&mut self, bytes: bytes::Bytes) -> Result<(), wasmtime_wasi::p2::StreamError> {
+                self.accept(&bytes)
+                    .map_err(wasmtime_wasi::p2::StreamError::trap)
+            }
 
-impl tokio::io::AsyncWrite for CappedPipe {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        if self.append(data) || !self.traps_on_overflow() {
-            return Poll::Ready(Ok(data.len()));
+            fn flush(&mut self) -> Result<(), wasmtime_wasi::p2::StreamError> {
+                Ok(())
+            }
+
+            fn check_write(&mut self) -> Result<usize, wasmtime_wasi::p2::StreamError> {
+                // Always offer room: caps are enforced in `write`, where going past one
+                // is a trap or a truncation, never a stall.
+                Ok($crate::pipes::WRITE_PERMIT)
+            }
         }
-        Poll::Ready(Err(std::io::Error::other("output limit exceeded")))
-    }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
+        #[wasmtime_wasi::async_trait]
+        impl wasmtime_wasi::p2::Pollable for $pipe {
+            async fn ready(&mut self) {}
+        }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
+        impl tokio::io::AsyncWrite for $pipe {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+                data: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::task::Poll::Ready(
+                    self.accept(data)
+                        .map(|()| data.len())
+                        .map_err(std::io::Error::other),
+                )
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+
+        impl wasmtime_wasi::cli::IsTerminal for $pipe {
+            fn is_terminal(&self) -> bool {
+                false
+            }
+        }
+
+        impl wasmtime_wasi::cli::StdoutStream for $pipe {
+            fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::OutputStream> {
+                Box::new(self.clone())
+            }
+
+            fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+                Box::new(self.clone())
+            }
+        }
+    };
 }
+pub(crate) use guest_output_pipe;
 
-impl IsTerminal for CappedPipe {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl StdoutStream for CappedPipe {
-    fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(self.clone())
-    }
-
-    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(self.clone())
-    }
-}
+guest_output_pipe!(CappedPipe);
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use wasmtime_wasi::p2::OutputStream;
+
     use super::*;
 
     #[test]

@@ -3,21 +3,15 @@
 //! IndirectTaskResult, without holding the whole result anywhere). The digest is taken
 //! as the bytes pass; the cap on the whole result traps the guest, as for inline ones.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use flint_protocol::{BlockRef, Digest, FailureKind, TaskFailure, TaskResult};
 use sha2::{Digest as _, Sha256};
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 /// Bytes handed to the block store at once: big enough that a 64 MiB result is a few
 /// dozen hand-offs, small enough that a task holds little of it in memory.
 const CHUNK: usize = 1 << 20;
-/// Largest write the guest is offered at once; larger writes arrive in pieces.
-const WRITE_PERMIT: usize = 64 * 1024;
 
 /// Receives one result's bytes, in order, on the task thread. `write` may block: that is
 /// the back-pressure that keeps a fast guest from outrunning the upload.
@@ -91,7 +85,8 @@ impl ResultPipe {
         self.lock().failed.clone()
     }
 
-    fn append(&self, data: &[u8]) -> Result<(), &'static str> {
+    /// Takes the guest's bytes: an error traps the guest.
+    fn accept(&self, data: &[u8]) -> Result<(), &'static str> {
         let mut state = self.lock();
         let state = &mut *state;
         if state.failed.is_some() {
@@ -168,65 +163,13 @@ impl ResultPipe {
     }
 }
 
-impl OutputStream for ResultPipe {
-    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
-        self.append(&bytes).map_err(StreamError::trap)
-    }
-
-    fn flush(&mut self) -> Result<(), StreamError> {
-        Ok(())
-    }
-
-    fn check_write(&mut self) -> Result<usize, StreamError> {
-        Ok(WRITE_PERMIT)
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for ResultPipe {
-    async fn ready(&mut self) {}
-}
-
-impl tokio::io::AsyncWrite for ResultPipe {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Poll::Ready(
-            self.append(data)
-                .map(|()| data.len())
-                .map_err(std::io::Error::other),
-        )
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl IsTerminal for ResultPipe {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl StdoutStream for ResultPipe {
-    fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(self.clone())
-    }
-
-    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(self.clone())
-    }
-}
+crate::pipes::guest_output_pipe!(ResultPipe);
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use wasmtime_wasi::p2::OutputStream;
+
     use super::*;
 
     /// Keeps what it is given, as a store would.
@@ -304,7 +247,7 @@ mod tests {
     fn large_results_become_one_block_with_every_byte_in_order() {
         let (mut p, memory) = pipe(10 << 20, 1000);
         let data: Vec<u8> = (0..(3 * CHUNK + 12345)).map(|i| (i % 251) as u8).collect();
-        for piece in data.chunks(WRITE_PERMIT - 7) {
+        for piece in data.chunks(crate::pipes::WRITE_PERMIT - 7) {
             p.write(Bytes::copy_from_slice(piece)).unwrap();
         }
         let result = p.into_result().unwrap();
