@@ -19,6 +19,12 @@ use flint_executor::compiler::CompilerMode;
 use flint_executor::{ExecutorOptions, ExitReason};
 use flint_protocol::ExecutorId;
 
+// The task threads free on one thread what the runtime allocated on another (statuses,
+// results, task descriptions); mimalloc's per-thread heaps make that cheap where glibc's
+// arenas contend. task_cost measures the runner with the same allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "flint",

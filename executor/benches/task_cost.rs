@@ -195,6 +195,12 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
             sandbox::TaskRun {
                 args: &args,
                 env: &[],
+                task: sandbox::TaskEnv {
+                    job: "bench",
+                    index: 0,
+                    count: 1,
+                    attempt: 1,
+                },
                 stdin: Vec::new(),
                 memory_bytes: 256 << 20,
                 timeout: Duration::from_secs(60),

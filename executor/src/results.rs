@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use flint_protocol::{BlockRef, Digest, FailureKind, TaskFailure, TaskResult};
+use flint_protocol::{BlockRef, Digest, FailureKind, TaskFailure, TaskId, TaskResult};
 use sha2::{Digest as _, Sha256};
 
 /// Bytes handed to the block store at once: big enough that a 64 MiB result is a few
@@ -32,8 +32,17 @@ pub trait BlockWriter: Send + Sync {
 #[derive(Clone)]
 pub struct ResultTarget {
     pub writer: Arc<dyn BlockWriter>,
-    pub id: String,
+    /// The attempt, for the block's id: formatted only when a result needs a block.
+    pub task: TaskId,
+    pub attempt: u32,
+    pub generation: u64,
     pub inline_max: usize,
+}
+
+impl ResultTarget {
+    fn id(&self) -> String {
+        BlockRef::id_for(&self.task, self.attempt, self.generation)
+    }
 }
 
 #[derive(Clone)]
@@ -108,7 +117,7 @@ impl ResultPipe {
                 .target
                 .as_ref()
                 .expect("past the inline limit only with a target");
-            state.sink = Some(target.writer.open(&target.id));
+            state.sink = Some(target.writer.open(&target.id()));
             state.pending = std::mem::take(&mut state.head);
         }
         state.pending.extend_from_slice(data);
@@ -146,12 +155,7 @@ impl ResultPipe {
                 state.total
             )));
         }
-        let id = state
-            .target
-            .as_ref()
-            .expect("a sink has a target")
-            .id
-            .clone();
+        let id = state.target.as_ref().expect("a sink has a target").id();
         Ok(TaskResult::Block(BlockRef { id, size, digest }))
     }
 
@@ -171,6 +175,7 @@ mod tests {
     use wasmtime_wasi::p2::OutputStream;
 
     use super::*;
+    use flint_protocol::JobId;
 
     /// Keeps what it is given, as a store would.
     #[derive(Default)]
@@ -226,7 +231,12 @@ mod tests {
         let memory = Arc::new(Memory::default());
         let target = ResultTarget {
             writer: Arc::new(memory.clone()),
-            id: "job/0-1-1".into(),
+            task: TaskId {
+                job: JobId("job".into()),
+                index: 0,
+            },
+            attempt: 1,
+            generation: 1,
             inline_max,
         };
         (ResultPipe::new(cap, Some(target)), memory)

@@ -15,20 +15,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
-    BlockRef, Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure,
-    TaskId, TaskInput, TaskStatus,
+    Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure, TaskId,
+    TaskInput, TaskStatus,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
 use crate::compiler::{ModuleCompiler, Source};
 use crate::results::{BlockWriter, ResultTarget};
-use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskRun};
+use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
 
 /// Compiled modules kept in memory.
 const MODULE_CACHE_ENTRIES: usize = 64;
 
-type AttemptKey = (TaskId, u32);
+/// The attempts of one task held here: almost always one, more only when an old
+/// generation's attempt is still winding down beside its replacement.
+type Attempts = smallvec::SmallVec<[(u32, Arc<AtomicBool>); 1]>;
+
+/// Keyed by task alone so that the per-task path looks it up by reference (no cloned
+/// `TaskId`), with a fast hasher: this map is touched twice per task.
+type AttemptMap = HashMap<TaskId, Attempts, foldhash::fast::RandomState>;
 
 pub struct TaskRunner {
     sandbox: Arc<Sandbox>,
@@ -40,7 +46,7 @@ pub struct TaskRunner {
     files_root: PathBuf,
     queue: crossbeam_channel::Sender<Work>,
     /// Kill flags of the attempts this executor holds, from launch to final status.
-    attempts: Mutex<HashMap<AttemptKey, Arc<AtomicBool>>>,
+    attempts: Mutex<AttemptMap>,
     updates: mpsc::UnboundedSender<ExecutorMessage>,
     held: Held,
     max_log_bytes: usize,
@@ -137,7 +143,7 @@ impl TaskRunner {
             )),
             files_root,
             queue,
-            attempts: Mutex::new(HashMap::new()),
+            attempts: Mutex::new(AttemptMap::default()),
             updates,
             held: Held::default(),
             max_log_bytes,
@@ -176,8 +182,16 @@ impl TaskRunner {
     /// Accepts a task; its status will be reported when it ends, however it ends.
     pub fn launch(self: &Arc<Self>, desc: TaskDescription) {
         let kill = Arc::new(AtomicBool::new(false));
-        self.lock_attempts()
-            .insert((desc.task.clone(), desc.attempt), kill.clone());
+        {
+            let mut attempts = self.lock_attempts();
+            match attempts.get_mut(&desc.task) {
+                Some(held) => held.push((desc.attempt, kill.clone())),
+                None => {
+                    let held = smallvec::smallvec![(desc.attempt, kill.clone())];
+                    attempts.insert(desc.task.clone(), held);
+                }
+            }
+        }
         let cell = {
             let mut modules = self.modules.lock().expect("module cache lock poisoned");
             modules
@@ -220,7 +234,7 @@ impl TaskRunner {
             };
             match ready.await {
                 Ok((compiled, files)) => runner.enqueue(desc, compiled, files, kill),
-                Err(failure) => runner.report(&desc, 0, Err(failure), Vec::new(), false, false),
+                Err(failure) => runner.report(desc, 0, Err(failure), Vec::new(), false, false),
             }
         });
     }
@@ -280,20 +294,22 @@ impl TaskRunner {
     /// Interrupts an attempt. A queued one ends as killed when its turn comes; a running
     /// one at the next epoch tick.
     pub fn kill(&self, task: &TaskId, attempt: u32) {
-        if let Some(flag) = self.lock_attempts().get(&(task.clone(), attempt)) {
-            flag.store(true, Ordering::Relaxed);
+        if let Some(held) = self.lock_attempts().get(task) {
+            for (_, flag) in held.iter().filter(|(a, _)| *a == attempt) {
+                flag.store(true, Ordering::Relaxed);
+            }
         }
     }
 
     pub fn kill_all(&self) {
-        for flag in self.lock_attempts().values() {
+        for (_, flag) in self.lock_attempts().values().flatten() {
             flag.store(true, Ordering::Relaxed);
         }
     }
 
     pub fn heartbeat(&self) -> Heartbeat {
         Heartbeat {
-            running: self.lock_attempts().len() as u32,
+            running: self.attempts_in_flight() as u32,
             modules_compiled: self.modules_compiled.load(Ordering::Relaxed),
             module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
             fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
@@ -302,7 +318,7 @@ impl TaskRunner {
     }
 
     pub fn attempts_in_flight(&self) -> usize {
-        self.lock_attempts().len()
+        self.lock_attempts().values().map(|held| held.len()).sum()
     }
 
     /// A blob the driver referred to, through the fetch cache; it must hash to `digest`.
@@ -358,7 +374,7 @@ impl TaskRunner {
         };
         if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
             let failure = TaskFailure::new(FailureKind::HostError, "executor is shutting down");
-            self.report(&work.desc, 0, Err(failure), Vec::new(), false, false);
+            self.report(work.desc, 0, Err(failure), Vec::new(), false, false);
         }
     }
 
@@ -372,13 +388,27 @@ impl TaskRunner {
         } = work;
         if kill.load(Ordering::Relaxed) {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
-            return self.report(&desc, 0, Err(failure), Vec::new(), false, more_queued);
+            return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
         }
         let started_at_us = now_us();
-        let env = task_env(&desc);
+        // The job's variables, except the `FLINT_*` ones, which a job cannot override
+        // (copied only in the rare case that it tries).
+        let filtered;
+        let env = match desc.env.iter().any(|(k, _)| k.starts_with("FLINT_")) {
+            false => &desc.env[..],
+            true => {
+                filtered = desc
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with("FLINT_"))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                &filtered[..]
+            }
+        };
         let mut args = Vec::with_capacity(desc.args.len() + 1);
-        args.push(desc.name.clone());
-        args.extend(desc.args.iter().cloned());
+        args.push(std::mem::take(&mut desc.name));
+        args.append(&mut desc.args);
         let stdin = match std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new())) {
             TaskInput::Inline(bytes) => bytes,
             // `launch` fetches such inputs before a task is queued.
@@ -387,7 +417,7 @@ impl TaskRunner {
                     FailureKind::HostError,
                     format!("input {} was not fetched before the task ran", input.url),
                 );
-                return self.report(&desc, 0, Err(failure), Vec::new(), false, more_queued);
+                return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
             }
         };
         let resources = desc.resources;
@@ -396,7 +426,13 @@ impl TaskRunner {
                 &compiled,
                 TaskRun {
                     args: &args,
-                    env: &env,
+                    env,
+                    task: TaskEnv {
+                        job: &desc.task.job.0,
+                        index: desc.task.index,
+                        count: desc.task_count,
+                        attempt: desc.attempt,
+                    },
                     stdin,
                     memory_bytes: (resources.memory_mb as usize) << 20,
                     timeout: Duration::from_millis(resources.timeout_ms),
@@ -408,7 +444,9 @@ impl TaskRunner {
                     files_dir: files.as_ref().map(|f| f.dir.as_path()),
                     result_target: self.blocks.as_ref().map(|writer| ResultTarget {
                         writer: writer.clone(),
-                        id: BlockRef::id_for(&desc.task, desc.attempt, desc.generation),
+                        task: desc.task.clone(),
+                        attempt: desc.attempt,
+                        generation: desc.generation,
                         inline_max: self.inline_result_bytes,
                     }),
                 },
@@ -433,7 +471,7 @@ impl TaskRunner {
                 }
             });
         self.report(
-            &desc,
+            desc,
             started_at_us,
             report.outcome,
             report.log,
@@ -444,18 +482,25 @@ impl TaskRunner {
 
     fn report(
         &self,
-        desc: &TaskDescription,
+        desc: TaskDescription,
         started_at_us: u64,
         outcome: Result<flint_protocol::TaskResult, TaskFailure>,
         log: Vec<u8>,
         log_truncated: bool,
         more_queued: bool,
     ) {
-        self.lock_attempts()
-            .remove(&(desc.task.clone(), desc.attempt));
+        {
+            let mut attempts = self.lock_attempts();
+            if let Some(held) = attempts.get_mut(&desc.task) {
+                held.retain(|(a, _)| *a != desc.attempt);
+                if held.is_empty() {
+                    attempts.remove(&desc.task);
+                }
+            }
+        }
         let finished_at_us = now_us();
         let status = TaskStatus {
-            task: desc.task.clone(),
+            task: desc.task,
             attempt: desc.attempt,
             generation: desc.generation,
             end: TaskEnd {
@@ -496,7 +541,7 @@ impl TaskRunner {
         let _ = self.updates.send(message);
     }
 
-    fn lock_attempts(&self) -> std::sync::MutexGuard<'_, HashMap<AttemptKey, Arc<AtomicBool>>> {
+    fn lock_attempts(&self) -> std::sync::MutexGuard<'_, AttemptMap> {
         self.attempts.lock().expect("attempts lock poisoned")
     }
 }
@@ -532,22 +577,6 @@ fn flush_held(runner: Weak<TaskRunner>) {
             runner.send(message);
         }
     }
-}
-
-/// The guest's environment: the job's and task's variables, then the `FLINT_*` ones,
-/// which a job cannot override.
-fn task_env(desc: &TaskDescription) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = desc
-        .env
-        .iter()
-        .filter(|(k, _)| !k.starts_with("FLINT_"))
-        .cloned()
-        .collect();
-    env.push(("FLINT_JOB_ID".into(), desc.task.job.to_string()));
-    env.push(("FLINT_TASK_INDEX".into(), desc.task.index.to_string()));
-    env.push(("FLINT_TASK_COUNT".into(), desc.task_count.to_string()));
-    env.push(("FLINT_ATTEMPT".into(), desc.attempt.to_string()));
-    env
 }
 
 fn now_us() -> u64 {

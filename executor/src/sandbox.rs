@@ -101,7 +101,9 @@ pub struct Sandbox {
 /// What one attempt is given and allowed.
 pub struct TaskRun<'a> {
     pub args: &'a [String],
+    /// The job's variables (never `FLINT_*`: those come from `task`).
     pub env: &'a [(String, String)],
+    pub task: TaskEnv<'a>,
     pub stdin: Vec<u8>,
     pub memory_bytes: usize,
     pub timeout: Duration,
@@ -116,6 +118,15 @@ pub struct TaskRun<'a> {
     /// Where the result goes once it outgrows the inline limit; without one, the whole
     /// result (up to `max_output_bytes`) stays in memory.
     pub result_target: Option<ResultTarget>,
+}
+
+/// Who the attempt is, as the guest sees it in its `FLINT_*` variables.
+#[derive(Clone, Copy)]
+pub struct TaskEnv<'a> {
+    pub job: &'a str,
+    pub index: u32,
+    pub count: u32,
+    pub attempt: u32,
 }
 
 pub struct RunReport {
@@ -285,6 +296,19 @@ impl Sandbox {
             .stderr(stderr.clone())
             .args(run.args)
             .envs(run.env)
+            .env("FLINT_JOB_ID", run.task.job)
+            .env(
+                "FLINT_TASK_INDEX",
+                itoa::Buffer::new().format(run.task.index),
+            )
+            .env(
+                "FLINT_TASK_COUNT",
+                itoa::Buffer::new().format(run.task.count),
+            )
+            .env(
+                "FLINT_ATTEMPT",
+                itoa::Buffer::new().format(run.task.attempt),
+            )
             .allow_blocking_current_thread(true);
         if let Some(dir) = run.files_dir
             && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
