@@ -16,10 +16,11 @@ use axum::routing::{get, put};
 use base64::Engine as _;
 use flint_protocol::api::{
     ErrorBody, ErrorResponse, ExecutorView, FileSpec, InputSpec, JobSpec, JobView, List,
-    ResultInfo, TaskState, TaskView, Uploaded,
+    ResultInfo, ResultsRef, TaskState, TaskView, Uploaded,
 };
 use flint_protocol::{
-    Digest, FetchRef, FileRef, JobId, ModuleRef, Resources, TaskInput, TaskResult, defaults,
+    Digest, FetchRef, FileRef, InputPart, JobId, ModuleRef, Resources, TaskInput, TaskResult,
+    defaults,
 };
 use serde::Deserialize;
 use utoipa::{IntoParams, OpenApi};
@@ -393,7 +394,7 @@ struct WaitQuery {
         (status = 202, description = "accepted (and, with `wait`, maybe ended)", body = JobView),
         (status = 400, description = "not JSON (`invalid_json`), or a bad query", body = ErrorResponse),
         (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
-        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`", body = ErrorResponse),
+        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`", body = ErrorResponse),
     ))]
 async fn submit_job(
     State(driver): State<Arc<Driver>>,
@@ -470,6 +471,8 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         .iter()
         .map(|(name, spec)| file_ref(driver, name, spec))
         .collect::<ApiResult<Vec<FileRef>>>()?;
+    let mut parts_left = defaults::MAX_INPUT_PARTS_PER_JOB;
+    let mut decode = |input, at: &str| decode_input(driver, input, at, &mut parts_left);
     let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -483,7 +486,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, input)| {
                 Ok(NewTask {
-                    input: decode_input(driver, input, &format!("inputs[{i}]"))?,
+                    input: decode(input, &format!("inputs[{i}]"))?,
                     args: Vec::new(),
                     env: Vec::new(),
                 })
@@ -494,7 +497,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, task)| {
                 let input = match task.input {
-                    Some(input) => decode_input(driver, input, &format!("tasks[{i}].input"))?,
+                    Some(input) => decode(input, &format!("tasks[{i}].input"))?,
                     None => TaskInput::Inline(Vec::new()),
                 };
                 Ok(NewTask {
@@ -672,7 +675,13 @@ fn parse_sha256(hex: Option<&str>, at: &str) -> ApiResult<Option<Digest>> {
     .transpose()
 }
 
-fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskInput> {
+/// `parts_left` counts down the input parts the job may still have (`results` inputs).
+fn decode_input(
+    driver: &Driver,
+    input: InputSpec,
+    at: &str,
+    parts_left: &mut usize,
+) -> ApiResult<TaskInput> {
     match input {
         InputSpec::Text(text) => Ok(TaskInput::Inline(text.into_bytes())),
         InputSpec::Base64(b64) => base64::engine::general_purpose::STANDARD
@@ -688,39 +697,137 @@ fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskIn
             })))
         }
         InputSpec::Result(r) => driver.read(|s| {
-            let task = s
-                .jobs
-                .get(&r.job)
-                .and_then(|j| j.tasks.get(r.task as usize))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "unknown_result",
-                        format!("{at}: job {} has no task {}", r.job, r.task),
-                    )
-                })?;
-            match (&task.result, task.state) {
-                (Some(TaskResult::Inline(bytes)), TaskState::Succeeded) => {
-                    Ok(TaskInput::Inline(bytes.clone()))
-                }
-                (Some(TaskResult::Block(block)), TaskState::Succeeded) => {
-                    Ok(TaskInput::Fetch(Box::new(FetchRef {
-                        url: driver.blocks.fetch_url(&block.id),
-                        // A block never changes under its id.
-                        timestamp_ms: 0,
-                        digest: Some(block.digest),
-                    })))
-                }
-                (_, state) => Err(ApiError::invalid(
-                    "result_not_ready",
-                    format!(
-                        "{at}: task {} of {} is {} and has no result yet; submit this job once it has succeeded",
-                        r.task,
-                        r.job,
-                        state_name(state)
-                    ),
-                )),
-            }
+            let job = s.jobs.get(&r.job).ok_or_else(|| {
+                ApiError::invalid("unknown_result", format!("{at}: no job {}", r.job))
+            })?;
+            Ok(match ready_result(job, r.task, at)? {
+                TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
+                TaskResult::Block(block) => TaskInput::Fetch(Box::new(block_fetch(driver, block))),
+            })
         }),
+        InputSpec::Results(r) => driver.read(|s| results_input(driver, s, &r, at, parts_left)),
+    }
+}
+
+/// A `results` input: the chosen results one after the other, as the parts of one input.
+/// Small inline results travel in the launch; the rest the executor fetches, so neither
+/// the job store nor a launch frame grows with the job being reduced.
+fn results_input(
+    driver: &Driver,
+    s: &ClusterState,
+    r: &ResultsRef,
+    at: &str,
+    parts_left: &mut usize,
+) -> ApiResult<TaskInput> {
+    let job = s
+        .jobs
+        .get(&r.job)
+        .ok_or_else(|| ApiError::invalid("unknown_result", format!("{at}: no job {}", r.job)))?;
+    let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
+    if count == 0 {
+        return Err(ApiError::invalid(
+            "invalid_spec",
+            format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
+        ));
+    }
+    if count > *parts_left {
+        return Err(ApiError::invalid(
+            "too_many_input_parts",
+            format!(
+                "{at}: the job's `results` inputs name more than {} results together \
+                 (MAX_INPUT_PARTS_PER_JOB); reduce in stages",
+                defaults::MAX_INPUT_PARTS_PER_JOB
+            ),
+        ));
+    }
+    *parts_left -= count;
+    let all = || 0..job.tasks.len() as u32;
+    let indices: Box<dyn Iterator<Item = u32> + '_> = match &r.tasks {
+        Some(tasks) => Box::new(tasks.iter().copied()),
+        None => Box::new(all()),
+    };
+    let mut parts = Vec::with_capacity(count);
+    let (mut total, mut inline) = (0u64, 0u64);
+    for index in indices {
+        let result = ready_result(job, index, at)?;
+        total += result.len();
+        if total > defaults::MAX_TASK_INPUT_BYTES {
+            return Err(ApiError::invalid(
+                "input_too_large",
+                format!(
+                    "{at}: the results of {} come to more than {} bytes by task {index}, the \
+                     limit of one task's input (MAX_TASK_INPUT_BYTES); split the reduce \
+                     over several tasks with `results.tasks`",
+                    r.job,
+                    defaults::MAX_TASK_INPUT_BYTES
+                ),
+            ));
+        }
+        parts.push(match result {
+            TaskResult::Inline(bytes)
+                if inline + bytes.len() as u64 <= defaults::INLINE_INPUT_PART_BYTES =>
+            {
+                inline += bytes.len() as u64;
+                InputPart::Inline(bytes.clone())
+            }
+            TaskResult::Inline(bytes) => InputPart::Fetch(FetchRef {
+                url: format!(
+                    "{}/v1/jobs/{}/tasks/{index}/result",
+                    driver.http_base, r.job
+                ),
+                // A succeeded task's result never changes.
+                timestamp_ms: 0,
+                digest: Some(
+                    job.tasks[index as usize]
+                        .result_digest
+                        .unwrap_or_else(|| Digest::of(bytes)),
+                ),
+            }),
+            TaskResult::Block(block) => InputPart::Fetch(block_fetch(driver, block)),
+        });
+    }
+    Ok(TaskInput::Parts(parts))
+}
+
+/// Task `index`'s result, if it has one to give: 422 `unknown_result` for a task the job
+/// does not have, `result_not_ready` for one still to run, `no_result` for one that
+/// ended without a result.
+fn ready_result<'j>(job: &'j Job, index: u32, at: &str) -> ApiResult<&'j TaskResult> {
+    let id = &job.def.id;
+    let task = job.tasks.get(index as usize).ok_or_else(|| {
+        ApiError::invalid(
+            "unknown_result",
+            format!("{at}: job {id} has no task {index}"),
+        )
+    })?;
+    match (&task.result, task.state) {
+        (Some(result), TaskState::Succeeded) => Ok(result),
+        (_, state @ (TaskState::Pending | TaskState::Running)) => Err(ApiError::invalid(
+            "result_not_ready",
+            format!(
+                "{at}: task {index} of {id} is {} and has no result yet; submit this job once \
+                 that one has succeeded",
+                state_name(state)
+            ),
+        )),
+        (_, state) => Err(ApiError::invalid(
+            "no_result",
+            format!(
+                "{at}: task {index} of {id} is {} and has no result (job {id} is {})",
+                state_name(state),
+                job_state_name(job.state)
+            ),
+        )),
+    }
+}
+
+/// Where an executor reads a result kept in the block store.
+fn block_fetch(driver: &Driver, block: &flint_protocol::BlockRef) -> FetchRef {
+    FetchRef {
+        url: driver.blocks.fetch_url(&block.id),
+        // A block never changes under its id.
+        timestamp_ms: 0,
+        digest: Some(block.digest),
     }
 }
 
@@ -1058,6 +1165,17 @@ fn task_view(job: &Job, index: usize) -> TaskView {
             }),
         started_at: task.started_at_us.map(micros),
         finished_at: task.finished_at_us.map(micros),
+    }
+}
+
+fn job_state_name(state: flint_protocol::api::JobState) -> &'static str {
+    use flint_protocol::api::JobState;
+    match state {
+        JobState::Queued => "queued",
+        JobState::Running => "running",
+        JobState::Succeeded => "succeeded",
+        JobState::Failed => "failed",
+        JobState::Killed => "killed",
     }
 }
 

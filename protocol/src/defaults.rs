@@ -55,3 +55,13 @@ pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 pub const RETRY_AFTER_SECS: u64 = 1;
 /// Most tasks in one job.
 pub const MAX_TASKS_PER_JOB: usize = 1_000_000;
+/// Largest input a task may have when it is assembled from parts (a `results` input: the
+/// earlier results concatenated). The executor holds a task's input in memory, and one
+/// fetched input is capped at the same size.
+pub const MAX_TASK_INPUT_BYTES: u64 = 1024 * 1024 * 1024;
+/// Most parts in all of one job's `results` inputs together: each costs the driver a
+/// reference in memory and the executor a fetch or a copy.
+pub const MAX_INPUT_PARTS_PER_JOB: usize = 1_000_000;
+/// Inline results copied into one task's launch as input parts; past this the executor
+/// fetches the rest from the driver, so a launch frame stays far below the frame limit.
+pub const INLINE_INPUT_PART_BYTES: u64 = 4 * 1024 * 1024;

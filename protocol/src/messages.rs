@@ -20,7 +20,7 @@ use crate::ids::{ExecutorId, TaskId};
 use crate::task::{TaskDescription, TaskStatus};
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
