@@ -6,7 +6,8 @@
 //!   [`openapi`] completes the document generated from the routes' annotations.
 //! - [`edge`]: serving connections and their bounds (header and body timeouts, body
 //!   limits, concurrency); [`auth`]: the API token and the cluster secret;
-//!   [`metrics`]: Prometheus `/metrics`.
+//!   [`metrics`]: Prometheus `/metrics`; [`events`]: jobs' server-sent event streams,
+//!   bounded so that a slow reader never holds the driver up.
 //! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
@@ -29,6 +30,7 @@ pub mod auth;
 pub mod blocks;
 pub mod durable;
 pub mod edge;
+pub mod events;
 pub mod exclusion;
 pub mod executors;
 pub mod metrics;

@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::{DriverMessage, ExecutorId, defaults};
+use flint_protocol::{DriverMessage, ExecutorId, TaskId, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::blocks::BlockStore;
 use crate::durable;
+use crate::events::{JobEvent, JobEvents};
 use crate::modules::ModuleStore;
 use crate::state::{Action, ClusterState, NewJob, SchedulingConfig};
 use crate::store::{JobStore, StoreError};
@@ -45,6 +46,8 @@ pub struct DriverConfig {
     pub inline_result_bytes: u64,
     /// Exclusion, locality wait and speculation.
     pub scheduling: SchedulingConfig,
+    /// Event streams (`GET /v1/jobs/{id}/events`) open at once; more get 503.
+    pub max_event_streams: usize,
 }
 
 impl DriverConfig {
@@ -62,6 +65,7 @@ impl DriverConfig {
             block_store: crate::blocks::DRIVER_BLOCK_STORE.into(),
             inline_result_bytes: defaults::INLINE_RESULT_BYTES,
             scheduling: SchedulingConfig::default(),
+            max_event_streams: defaults::MAX_EVENT_STREAMS,
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct Driver {
     /// Bumped whenever a job reaches a final state, for `?wait=` callers.
     jobs_finished: watch::Sender<u64>,
     pub metrics: crate::metrics::Metrics,
+    /// Jobs' event streams.
+    pub events: Arc<JobEvents>,
 }
 
 impl Driver {
@@ -108,6 +114,7 @@ impl Driver {
         let http_base = format!("http://{http_addr}");
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
         let scheduling = config.scheduling.clone();
+        let events = JobEvents::new(config.max_event_streams);
         let driver = Arc::new(Driver {
             config,
             modules,
@@ -128,6 +135,7 @@ impl Driver {
             }),
             jobs_finished: watch::Sender::new(0),
             metrics: crate::metrics::Metrics::default(),
+            events,
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -193,7 +201,9 @@ impl Driver {
         for action in actions {
             match action {
                 Action::Launch { executor, task } => {
+                    let id = task.task.clone();
                     inner.send(&executor, DriverMessage::LaunchTask(task));
+                    self.publish_task(&inner.state, &id);
                 }
                 Action::Kill {
                     executor,
@@ -208,7 +218,9 @@ impl Driver {
                         reason: reason.into(),
                     },
                 ),
+                Action::TaskRequeued(task) => self.publish_task(&inner.state, &task),
                 Action::TaskEnded(task) => {
+                    self.publish_task(&inner.state, &task);
                     if let Some(t) = inner
                         .state
                         .jobs
@@ -231,7 +243,9 @@ impl Driver {
                             }
                             None => tracing::info!(job = %job, state = ?j.state, "job ended"),
                         }
-                        self.store.job_ended(job, durable::job_end_record(j));
+                        self.store
+                            .job_ended(job.clone(), durable::job_end_record(j));
+                        self.publish_end(j);
                     }
                     finished = true;
                 }
@@ -242,6 +256,38 @@ impl Driver {
             self.jobs_finished.send_modify(|n| *n += 1);
         }
         result
+    }
+
+    /// Tells a job's watchers (if any) a task's new state.
+    fn publish_task(&self, state: &ClusterState, id: &TaskId) {
+        if !self.events.is_watched(&id.job) {
+            return;
+        }
+        if let Some(task) = state
+            .jobs
+            .get(&id.job)
+            .and_then(|j| j.tasks.get(id.index as usize))
+        {
+            let event = crate::events::task_event(id.index, task);
+            self.events.publish(&id.job, JobEvent::Task(event));
+        }
+    }
+
+    /// Tells a final job's watchers the tasks it killed, then that it ended.
+    fn publish_end(&self, job: &crate::state::Job) {
+        let id = &job.def.id;
+        if !self.events.is_watched(id) {
+            return;
+        }
+        // Tasks killed with their job change state without an action of their own.
+        for (index, task) in job.tasks.iter().enumerate() {
+            if task.state == flint_protocol::api::TaskState::Killed {
+                let event = crate::events::task_event(index as u32, task);
+                self.events.publish(id, JobEvent::Task(event));
+            }
+        }
+        let view = crate::api::job_view(job);
+        self.events.publish(id, JobEvent::End(Box::new(view)));
     }
 
     /// Registers an executor and returns the outbox its connection must drain. The

@@ -42,6 +42,9 @@ pub enum Action {
     },
     /// A task reached `succeeded` or `failed`: its end is worth keeping.
     TaskEnded(TaskId),
+    /// A task went back to pending (its executor was lost, or it failed for the host's
+    /// reasons and will run again): worth telling its watchers, not worth storing.
+    TaskRequeued(TaskId),
     /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
 }
@@ -361,6 +364,7 @@ impl ClusterState {
         executor.free_cores = 0;
         executor.queued_ahead = 0;
         let running: Vec<TaskId> = executor.running.drain().map(|(t, _)| t).collect();
+        let mut actions = Vec::new();
         for task_id in running {
             if self.attempts_running(&task_id) > 0 {
                 continue;
@@ -373,9 +377,11 @@ impl ClusterState {
                 if !self.queue.contains(&task_id.job) {
                     self.queue.push_front(task_id.job.clone());
                 }
+                actions.push(Action::TaskRequeued(task_id));
             }
         }
-        self.make_offers()
+        actions.extend(self.make_offers());
+        actions
     }
 
     /// Live executors whose last heartbeat is older than `timeout`: hung (SIGSTOP) or cut
@@ -593,6 +599,7 @@ impl ClusterState {
                 }
                 if !copy_running {
                     job.requeue(status.task.index, false);
+                    actions.push(Action::TaskRequeued(status.task.clone()));
                     if !self.queue.contains(&job.def.id) {
                         self.queue.push_back(job.def.id.clone());
                     }
@@ -1631,7 +1638,15 @@ mod tests {
         assert!(launches(&state.submit_job(job("small", 2, 1))).is_empty());
         let generation = generation_of(&state, &exec(1));
         let lost = state.executor_lost(&exec(1), generation);
-        assert!(lost.is_empty());
+        // Nothing to launch on: the big task only goes back to pending.
+        assert!(launches(&lost).is_empty());
+        assert_eq!(
+            lost,
+            vec![Action::TaskRequeued(TaskId {
+                job: JobId("big".into()),
+                index: 0
+            })]
+        );
         assert_eq!(state.executors[&exec(1)].queued_ahead, 0);
     }
 }

@@ -351,6 +351,28 @@ pub struct TaskView {
     pub finished_at: Option<String>,
 }
 
+/// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state
+/// (launched, ended, back to pending for a retry, killed with its job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskEvent {
+    pub index: u32,
+    pub state: TaskState,
+    /// The latest attempt's number (0 before the first launch).
+    pub attempt: u32,
+    pub executor: Option<ExecutorId>,
+    /// Why it failed or was killed, or why the attempt before a retry failed.
+    pub error: Option<ErrorBody>,
+}
+
+/// The data of a `lagged` event: the subscriber read too slowly and this many events
+/// were dropped for it; `GET /v1/jobs/{id}/tasks` has the current states.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LaggedEvent {
+    pub missed: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]

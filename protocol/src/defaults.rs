@@ -65,3 +65,10 @@ pub const MAX_INPUT_PARTS_PER_JOB: usize = 1_000_000;
 /// Inline results copied into one task's launch as input parts; past this the executor
 /// fetches the rest from the driver, so a launch frame stays far below the frame limit.
 pub const INLINE_INPUT_PART_BYTES: u64 = 4 * 1024 * 1024;
+/// Job event streams (`GET /v1/jobs/{id}/events`) the driver serves at once; more are
+/// answered 503 with `Retry-After`. Streams are long-lived, so they are not counted among
+/// `MAX_CONCURRENT_REQUESTS`.
+pub const MAX_EVENT_STREAMS: usize = 1024;
+/// How often an idle event stream gets a keep-alive comment, so proxies keep it open
+/// and a gone client is noticed.
+pub const EVENT_KEEP_ALIVE_MS: u64 = 15_000;
