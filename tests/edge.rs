@@ -325,6 +325,7 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/healthz",
             "/metrics",
             "/v1/executors",
+            "/v1/executors/{id}/log",
             "/v1/files",
             "/v1/files/{id}",
             "/v1/jobs",

@@ -57,6 +57,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(get_result))
         .routes(routes!(get_log))
         .routes(routes!(list_executors))
+        .routes(routes!(crate::executor_logs::get_executor_log))
         .split_for_parts();
     let openapi = crate::openapi::finish(openapi);
     let credentials = Arc::new(Credentials {
@@ -1187,6 +1188,7 @@ async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<Ex
                         .filter(|until| *until > now)
                         .map(|until| (until - now).as_millis() as u64),
                     recent_task_failures: e.health.recent_failures(&s.config.exclusion, now) as u32,
+                    log_url: crate::executor_logs::log_url(&driver, id),
                 })
                 .collect(),
             next: None,

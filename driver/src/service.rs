@@ -99,6 +99,8 @@ pub struct Driver {
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
+    /// Executors' stderr files, for those `flint dev` started.
+    pub executor_logs: crate::executor_logs::ExecutorLogs,
 }
 
 impl Driver {
@@ -136,6 +138,7 @@ impl Driver {
             jobs_finished: watch::Sender::new(0),
             metrics: crate::metrics::Metrics::default(),
             events,
+            executor_logs: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {

@@ -414,6 +414,10 @@ pub struct ExecutorView {
     /// Host failures of tasks here that still count towards an exclusion.
     #[serde(default)]
     pub recent_task_failures: u32,
+    /// Where its own log (stderr) can be read (`/v1/executors/{id}/log`): for executors
+    /// `flint dev` started.
+    #[serde(default)]
+    pub log_url: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
