@@ -1182,6 +1182,9 @@ async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<Ex
                     meters_fuel: e.meters_fuel,
                     modules_compiled: e.reported.modules_compiled,
                     module_cache_hits: e.reported.module_cache_hits,
+                    compile_cache_hits: e.reported.compile_cache_hits,
+                    fetch_hits: e.reported.fetch_hits,
+                    fetch_misses: e.reported.fetch_misses,
                     excluded_for_ms: e
                         .health
                         .excluded_until

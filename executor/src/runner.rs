@@ -48,6 +48,7 @@ pub struct TaskRunner {
     module_cache_hits: AtomicU64,
     fetch_hits: AtomicU64,
     fetch_misses: AtomicU64,
+    compile_cache_hits: AtomicU64,
     blocks: Option<Arc<dyn BlockWriter>>,
     inline_result_bytes: usize,
 }
@@ -145,6 +146,7 @@ impl TaskRunner {
             module_cache_hits: AtomicU64::new(0),
             fetch_hits: AtomicU64::new(0),
             fetch_misses: AtomicU64::new(0),
+            compile_cache_hits: AtomicU64::new(0),
             blocks,
             inline_result_bytes,
         });
@@ -373,6 +375,7 @@ impl TaskRunner {
             module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
             fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
             fetch_misses: self.fetch_misses.load(Ordering::Relaxed),
+            compile_cache_hits: self.compile_cache_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -411,9 +414,11 @@ impl TaskRunner {
             .fetch(&module.url, module.timestamp_ms, Some(module.digest))
             .await?;
         let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
-        if source == Source::Compiled {
-            self.modules_compiled.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = match source {
+            Source::Compiled => &self.modules_compiled,
+            Source::DiskCache => &self.compile_cache_hits,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         tracing::info!(module = %module.digest, ?source, "module ready");
         Ok(Arc::new(compiled))
     }

@@ -407,6 +407,14 @@ pub struct ExecutorView {
     /// already compiled in memory.
     pub modules_compiled: u64,
     pub module_cache_hits: u64,
+    /// From its latest heartbeat: modules loaded compiled from its disk cache, and
+    /// fetches served from its fetch cache or downloaded.
+    #[serde(default)]
+    pub compile_cache_hits: u64,
+    #[serde(default)]
+    pub fetch_hits: u64,
+    #[serde(default)]
+    pub fetch_misses: u64,
     /// Excluded from all placement for this many more milliseconds, after too many task
     /// failures in a short window (see the README's "Failures and exclusion").
     #[serde(default)]

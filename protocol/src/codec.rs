@@ -306,6 +306,7 @@ mod tests {
                 module_cache_hits: 10,
                 fetch_hits: 3,
                 fetch_misses: 1,
+                compile_cache_hits: 4,
             }),
         ] {
             round_trip(msg);

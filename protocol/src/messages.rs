@@ -80,6 +80,9 @@ pub struct Heartbeat {
     /// Fetch-cache requests (modules, files, inputs) served from disk, and downloads.
     pub fetch_hits: u64,
     pub fetch_misses: u64,
+    /// Modules loaded from the compiled-module cache on disk (compiled by an earlier run
+    /// of the executor) instead of being compiled.
+    pub compile_cache_hits: u64,
 }
 
 /// Driver to executor.
