@@ -58,8 +58,9 @@ fn results_inputs_concatenate_inline_fetched_and_block_parts_in_order() {
         "module": echo, "args": ["echo"],
         "tasks": [
             {"input": {"results": {"job": small_id}}},
-            // Five MiB of inline results: four fit the launch's 4 MiB budget, the fifth
-            // and the last are fetched from the driver.
+            // Five MiB of inline results: the job's 4 MiB budget of copied inline
+            // results is used up by now (1 MiB by task 0, 3 here), so the fifth and the
+            // last are fetched from the driver.
             {"input": {"results": {"job": small_id, "tasks": [1, 1, 1, 1, 1, 0]}}},
             {"input": {"results": {"job": large_id}}},
         ],

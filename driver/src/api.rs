@@ -473,8 +473,11 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         .iter()
         .map(|(name, spec)| file_ref(driver, name, spec))
         .collect::<ApiResult<Vec<FileRef>>>()?;
-    let mut parts_left = defaults::MAX_INPUT_PARTS_PER_JOB;
-    let mut decode = |input, at: &str| decode_input(driver, input, at, &mut parts_left);
+    let mut budget = InputBudget {
+        parts_left: defaults::MAX_INPUT_PARTS_PER_JOB,
+        inline_left: defaults::INLINE_INPUT_PART_BYTES,
+    };
+    let mut decode = |input, at: &str| decode_input(driver, input, at, &mut budget);
     let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -677,12 +680,20 @@ fn parse_sha256(hex: Option<&str>, at: &str) -> ApiResult<Option<Digest>> {
     .transpose()
 }
 
-/// `parts_left` counts down the input parts the job may still have (`results` inputs).
+/// What a job's `results` inputs may still take, counted down as they are decoded.
+struct InputBudget {
+    /// Results they may name.
+    parts_left: usize,
+    /// Bytes of inline results they may copy (into the job store, and into launches);
+    /// the rest the executors fetch.
+    inline_left: u64,
+}
+
 fn decode_input(
     driver: &Driver,
     input: InputSpec,
     at: &str,
-    parts_left: &mut usize,
+    budget: &mut InputBudget,
 ) -> ApiResult<TaskInput> {
     match input {
         InputSpec::Text(text) => Ok(TaskInput::Inline(text.into_bytes())),
@@ -707,19 +718,20 @@ fn decode_input(
                 TaskResult::Block(block) => TaskInput::Fetch(Box::new(block_fetch(driver, block))),
             })
         }),
-        InputSpec::Results(r) => driver.read(|s| results_input(driver, s, &r, at, parts_left)),
+        InputSpec::Results(r) => driver.read(|s| results_input(driver, s, &r, at, budget)),
     }
 }
 
 /// A `results` input: the chosen results one after the other, as the parts of one input.
-/// Small inline results travel in the launch; the rest the executor fetches, so neither
-/// the job store nor a launch frame grows with the job being reduced.
+/// Inline results travel in the launch while the job's inline budget lasts; the rest the
+/// executor fetches, so neither the job store nor a launch frame grows with the job
+/// being reduced.
 fn results_input(
     driver: &Driver,
     s: &ClusterState,
     r: &ResultsRef,
     at: &str,
-    parts_left: &mut usize,
+    budget: &mut InputBudget,
 ) -> ApiResult<TaskInput> {
     let job = s
         .jobs
@@ -732,7 +744,7 @@ fn results_input(
             format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
         ));
     }
-    if count > *parts_left {
+    if count > budget.parts_left {
         return Err(ApiError::invalid(
             "too_many_input_parts",
             format!(
@@ -742,14 +754,14 @@ fn results_input(
             ),
         ));
     }
-    *parts_left -= count;
+    budget.parts_left -= count;
     let all = || 0..job.tasks.len() as u32;
     let indices: Box<dyn Iterator<Item = u32> + '_> = match &r.tasks {
         Some(tasks) => Box::new(tasks.iter().copied()),
         None => Box::new(all()),
     };
     let mut parts = Vec::with_capacity(count);
-    let (mut total, mut inline) = (0u64, 0u64);
+    let mut total = 0u64;
     for index in indices {
         let result = ready_result(job, index, at)?;
         total += result.len();
@@ -766,10 +778,8 @@ fn results_input(
             ));
         }
         parts.push(match result {
-            TaskResult::Inline(bytes)
-                if inline + bytes.len() as u64 <= defaults::INLINE_INPUT_PART_BYTES =>
-            {
-                inline += bytes.len() as u64;
+            TaskResult::Inline(bytes) if bytes.len() as u64 <= budget.inline_left => {
+                budget.inline_left -= bytes.len() as u64;
                 InputPart::Inline(bytes.clone())
             }
             TaskResult::Inline(bytes) => InputPart::Fetch(FetchRef {

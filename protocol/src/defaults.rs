@@ -62,8 +62,10 @@ pub const MAX_TASK_INPUT_BYTES: u64 = 1024 * 1024 * 1024;
 /// Most parts in all of one job's `results` inputs together: each costs the driver a
 /// reference in memory and the executor a fetch or a copy.
 pub const MAX_INPUT_PARTS_PER_JOB: usize = 1_000_000;
-/// Inline results copied into one task's launch as input parts; past this the executor
-/// fetches the rest from the driver, so a launch frame stays far below the frame limit.
+/// Bytes of inline results one job's `results` inputs copy as input parts (kept in the
+/// job store with the job, sent in launches); past this the executors fetch the rest
+/// from the driver, so neither the job store nor a launch frame grows with the results
+/// a job reads.
 pub const INLINE_INPUT_PART_BYTES: u64 = 4 * 1024 * 1024;
 /// Job event streams (`GET /v1/jobs/{id}/events`) the driver serves at once; more are
 /// answered 503 with `Retry-After`. Streams are long-lived, so they are not counted among
