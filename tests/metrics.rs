@@ -152,6 +152,11 @@ fn executor_cache_figures_grow_as_jobs_reuse_a_file_and_a_module() {
     let work = tempfile::tempdir().unwrap();
     let executor = Executor::start(&cluster, work.path());
     cluster.wait_for_alive_executors(1);
+    // Started by the test, not by `flint dev`: the driver has no log of it.
+    assert!(cluster.executors()[0]["log_url"].is_null());
+    let (status, body) = cluster.get("/v1/executors/solo/log");
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["kind"], "no_log", "{body}");
     let module = cluster.upload(&guests().testkit);
     let file = cluster.upload_file("some data");
     let job = serde_json::json!({

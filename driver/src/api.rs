@@ -16,11 +16,10 @@ use axum::routing::{get, put};
 use base64::Engine as _;
 use flint_protocol::api::{
     ErrorBody, ErrorResponse, ExecutorView, FileSpec, InputSpec, JobSpec, JobView, List,
-    ResultInfo, ResultsRef, TaskState, TaskView, Uploaded,
+    ResultInfo, TaskState, TaskView, Uploaded,
 };
 use flint_protocol::{
-    Digest, FetchRef, FileRef, InputPart, JobId, ModuleRef, Resources, TaskInput, TaskResult,
-    defaults,
+    Digest, FetchRef, FileRef, JobId, ModuleRef, Resources, TaskInput, TaskResult, defaults,
 };
 use serde::Deserialize;
 use utoipa::{IntoParams, OpenApi};
@@ -29,6 +28,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{self, Credentials};
 use crate::edge::{self, RequestLimit};
+use crate::inputs::{InputBudget, block_fetch, ready_result, results_input};
 use crate::modules::{ModuleError, ModuleStore};
 use crate::service::Driver;
 use crate::state::{ClusterState, Job, JobDef, NewJob, NewTask};
@@ -52,7 +52,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(list_jobs, submit_job))
         .routes(routes!(get_job))
         .routes(routes!(kill_job))
-        .routes(routes!(job_events))
+        .routes(routes!(crate::events::job_events))
         .routes(routes!(list_tasks))
         .routes(routes!(get_result))
         .routes(routes!(get_log))
@@ -106,7 +106,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(kind: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, kind, message)
     }
 
@@ -680,15 +680,6 @@ fn parse_sha256(hex: Option<&str>, at: &str) -> ApiResult<Option<Digest>> {
     .transpose()
 }
 
-/// What a job's `results` inputs may still take, counted down as they are decoded.
-struct InputBudget {
-    /// Results they may name.
-    parts_left: usize,
-    /// Bytes of inline results they may copy (into the job store, and into launches);
-    /// the rest the executors fetch.
-    inline_left: u64,
-}
-
 fn decode_input(
     driver: &Driver,
     input: InputSpec,
@@ -719,127 +710,6 @@ fn decode_input(
             })
         }),
         InputSpec::Results(r) => driver.read(|s| results_input(driver, s, &r, at, budget)),
-    }
-}
-
-/// A `results` input: the chosen results one after the other, as the parts of one input.
-/// Inline results travel in the launch while the job's inline budget lasts; the rest the
-/// executor fetches, so neither the job store nor a launch frame grows with the job
-/// being reduced.
-fn results_input(
-    driver: &Driver,
-    s: &ClusterState,
-    r: &ResultsRef,
-    at: &str,
-    budget: &mut InputBudget,
-) -> ApiResult<TaskInput> {
-    let job = s
-        .jobs
-        .get(&r.job)
-        .ok_or_else(|| ApiError::invalid("unknown_result", format!("{at}: no job {}", r.job)))?;
-    let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
-    if count == 0 {
-        return Err(ApiError::invalid(
-            "invalid_spec",
-            format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
-        ));
-    }
-    if count > budget.parts_left {
-        return Err(ApiError::invalid(
-            "too_many_input_parts",
-            format!(
-                "{at}: the job's `results` inputs name more than {} results together \
-                 (MAX_INPUT_PARTS_PER_JOB); reduce in stages",
-                defaults::MAX_INPUT_PARTS_PER_JOB
-            ),
-        ));
-    }
-    budget.parts_left -= count;
-    let all = || 0..job.tasks.len() as u32;
-    let indices: Box<dyn Iterator<Item = u32> + '_> = match &r.tasks {
-        Some(tasks) => Box::new(tasks.iter().copied()),
-        None => Box::new(all()),
-    };
-    let mut parts = Vec::with_capacity(count);
-    let mut total = 0u64;
-    for index in indices {
-        let result = ready_result(job, index, at)?;
-        total += result.len();
-        if total > defaults::MAX_TASK_INPUT_BYTES {
-            return Err(ApiError::invalid(
-                "input_too_large",
-                format!(
-                    "{at}: the results of {} come to more than {} bytes by task {index}, the \
-                     limit of one task's input (MAX_TASK_INPUT_BYTES); split the reduce \
-                     over several tasks with `results.tasks`",
-                    r.job,
-                    defaults::MAX_TASK_INPUT_BYTES
-                ),
-            ));
-        }
-        parts.push(match result {
-            TaskResult::Inline(bytes) if bytes.len() as u64 <= budget.inline_left => {
-                budget.inline_left -= bytes.len() as u64;
-                InputPart::Inline(bytes.clone())
-            }
-            TaskResult::Inline(bytes) => InputPart::Fetch(FetchRef {
-                url: format!(
-                    "{}/v1/jobs/{}/tasks/{index}/result",
-                    driver.http_base, r.job
-                ),
-                // A succeeded task's result never changes.
-                timestamp_ms: 0,
-                digest: Some(
-                    job.tasks[index as usize]
-                        .result_digest
-                        .unwrap_or_else(|| Digest::of(bytes)),
-                ),
-            }),
-            TaskResult::Block(block) => InputPart::Fetch(block_fetch(driver, block)),
-        });
-    }
-    Ok(TaskInput::Parts(parts))
-}
-
-/// Task `index`'s result, if it has one to give: 422 `unknown_result` for a task the job
-/// does not have, `result_not_ready` for one still to run, `no_result` for one that
-/// ended without a result.
-fn ready_result<'j>(job: &'j Job, index: u32, at: &str) -> ApiResult<&'j TaskResult> {
-    let id = &job.def.id;
-    let task = job.tasks.get(index as usize).ok_or_else(|| {
-        ApiError::invalid(
-            "unknown_result",
-            format!("{at}: job {id} has no task {index}"),
-        )
-    })?;
-    match (&task.result, task.state) {
-        (Some(result), TaskState::Succeeded) => Ok(result),
-        (_, state @ (TaskState::Pending | TaskState::Running)) => Err(ApiError::invalid(
-            "result_not_ready",
-            format!(
-                "{at}: task {index} of {id} is {} and has no result yet; submit this job once \
-                 that one has succeeded",
-                state_name(state)
-            ),
-        )),
-        (_, state) => Err(ApiError::invalid(
-            "no_result",
-            format!(
-                "{at}: task {index} of {id} is {} and has no result (job {id} is {})",
-                state_name(state),
-                job_state_name(job.state)
-            ),
-        )),
-    }
-}
-
-/// Where an executor reads a result kept in the block store.
-fn block_fetch(driver: &Driver, block: &flint_protocol::BlockRef) -> FetchRef {
-    FetchRef {
-        url: driver.blocks.fetch_url(&block.id),
-        // A block never changes under its id.
-        timestamp_ms: 0,
-        digest: Some(block.digest),
     }
 }
 
@@ -923,95 +793,6 @@ async fn kill_job(
         .read(|s| s.jobs.get(&id).map(job_view))
         .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
     Ok((StatusCode::ACCEPTED, axum::Json(view)))
-}
-
-/// A job's events as they happen (server-sent events). First `job` (the job as it is
-/// now), then a `task` event for each task state change (launched, ended, back to
-/// pending for a retry, killed), and last `end` (the final job), after which the
-/// stream closes; for a job already over, `end` at once. A reader too slow to keep up
-/// gets `lagged` (how many events it missed) and the stream goes on. Comments every
-/// 15 s keep an idle stream open.
-#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
-    params(("id" = String, Path, description = "the job's id")),
-    responses(
-        (status = 200, description = "`text/event-stream`: events `job` and `end` carry a JobView, `task` a TaskEvent, `lagged` a LaggedEvent", body = String, content_type = "text/event-stream"),
-        (status = 404, description = "no such job", body = ErrorResponse),
-        (status = 503, description = "the driver serves its limit of event streams (`overloaded`)", body = ErrorResponse),
-    ))]
-async fn job_events(
-    State(driver): State<Arc<Driver>>,
-    Path(id): Path<String>,
-) -> ApiResult<Response> {
-    use axum::response::sse::{KeepAlive, Sse};
-    use flint_protocol::api::LaggedEvent;
-    use tokio::sync::broadcast::error::RecvError;
-
-    use crate::events::JobEvent;
-
-    let id = JobId(id);
-    // Subscribed before the job is read, so no change falls between the two.
-    let Some(subscription) = driver.events.subscribe(&id) else {
-        let mut response = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            format!(
-                "the driver serves its limit of {} event streams at once (MAX_EVENT_STREAMS); \
-                 retry after {} s",
-                driver.events.max_streams,
-                defaults::RETRY_AFTER_SECS
-            ),
-        )
-        .into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, defaults::RETRY_AFTER_SECS.into());
-        return Ok(response);
-    };
-    let view = driver
-        .read(|s| s.jobs.get(&id).map(job_view))
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
-    let first = match view.state.is_final() {
-        true => sse("end", &view),
-        false => sse("job", &view),
-    };
-    let over = view.state.is_final();
-    let stream = futures_util::stream::unfold(
-        (subscription, Some(first), over),
-        move |(mut subscription, first, over)| async move {
-            if let Some(first) = first {
-                return Some((
-                    Ok::<_, std::convert::Infallible>(first),
-                    (subscription, None, over),
-                ));
-            }
-            if over {
-                return None;
-            }
-            let event = match subscription.receiver.recv().await {
-                Ok(event) => event,
-                Err(RecvError::Lagged(missed)) => {
-                    let lagged = sse("lagged", &LaggedEvent { missed });
-                    return Some((Ok(lagged), (subscription, None, false)));
-                }
-                // The channel went without an end: the driver is shutting down.
-                Err(RecvError::Closed) => return None,
-            };
-            Some(match &*event {
-                JobEvent::Task(task) => (Ok(sse("task", task)), (subscription, None, false)),
-                JobEvent::End(view) => (Ok(sse("end", &**view)), (subscription, None, true)),
-            })
-        },
-    );
-    let keep_alive =
-        KeepAlive::new().interval(Duration::from_millis(defaults::EVENT_KEEP_ALIVE_MS));
-    Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
-}
-
-/// One server-sent event: its name, and its data as JSON.
-fn sse<T: serde::Serialize>(name: &str, data: &T) -> axum::response::sse::Event {
-    axum::response::sse::Event::default()
-        .event(name)
-        .data(serde_json::to_string(data).expect("API shapes serialize"))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -1273,7 +1054,7 @@ fn task_view(job: &Job, index: usize) -> TaskView {
     }
 }
 
-fn job_state_name(state: flint_protocol::api::JobState) -> &'static str {
+pub(crate) fn job_state_name(state: flint_protocol::api::JobState) -> &'static str {
     use flint_protocol::api::JobState;
     match state {
         JobState::Queued => "queued",
@@ -1284,7 +1065,7 @@ fn job_state_name(state: flint_protocol::api::JobState) -> &'static str {
     }
 }
 
-fn state_name(state: TaskState) -> &'static str {
+pub(crate) fn state_name(state: TaskState) -> &'static str {
     match state {
         TaskState::Pending => "pending",
         TaskState::Running => "running",

@@ -8,7 +8,8 @@
 //!   limits, concurrency); [`auth`]: the API token and the cluster secret;
 //!   [`metrics`]: Prometheus `/metrics`; [`events`]: jobs' server-sent event streams,
 //!   bounded so that a slow reader never holds the driver up; [`executor_logs`]: the
-//!   stderr of executors `flint dev` started.
+//!   stderr of executors `flint dev` started; [`inputs`]: task inputs made of earlier
+//!   results, checked at submit.
 //! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
@@ -35,6 +36,7 @@ pub mod events;
 pub mod exclusion;
 pub mod executor_logs;
 pub mod executors;
+pub mod inputs;
 pub mod metrics;
 pub mod modules;
 pub mod openapi;
