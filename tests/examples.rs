@@ -240,7 +240,19 @@ fn wordcount_map_then_reduce_through_a_chained_job_equals_counting_the_whole_tex
     let text_of_picked = format!("{}\n{}\n{}", sections[0], sections[1], sections[1]);
     assert_eq!(picked, count(&text_of_picked));
 
-    // The CLI, as in scripts/example: the ten most frequent words of the whole text.
+    // The CLI, as in scripts/example: the map job's results, one line per task in task
+    // order, then a reduce of them to the ten most frequent words of the whole text.
+    let output = std::process::Command::new(common::FLINT)
+        .args(["results", "--driver", &cluster.http, "--wait", map_id])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let lines: Vec<Value> = text(output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), sections.len());
+    assert_eq!(lines[1], count(sections[1]));
     let output = std::process::Command::new(common::FLINT)
         .args([
             "submit",
