@@ -221,3 +221,65 @@ fn job_events_stream_every_task_change_then_the_end_and_close() {
     assert_eq!(events[0].1["state"], "succeeded");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// A task whose executor dies goes back to pending and runs again elsewhere: its
+/// watchers see each step, attempt by attempt.
+#[test]
+fn a_task_that_loses_its_executor_is_seen_going_back_to_pending_and_running_again() {
+    let cluster = DevCluster::start(2, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let job = submit(
+        &cluster,
+        json!({"module": testkit, "args": ["sleep", "2000"], "inputs": [{"text": ""}]}),
+    );
+    let mut stream = EventStream::open(&cluster, &job, None);
+    assert_eq!(stream.status, 200, "{}", stream.head);
+    // Up to its launch: the `job` event, maybe a `running` one (it may have started
+    // before the stream opened, which the `job` event's counts then show).
+    let mut first_executor = None;
+    while first_executor.is_none() {
+        let (name, data) = stream.next().unwrap();
+        first_executor = match name.as_str() {
+            "job" if data["counts"]["running"] == 1 => {
+                cluster.tasks(&json!({"id": job}))[0]["executor"]
+                    .as_str()
+                    .map(str::to_owned)
+            }
+            "task" if data["state"] == "running" => data["executor"].as_str().map(str::to_owned),
+            _ => None,
+        };
+    }
+    let first_executor = first_executor.unwrap();
+    let victim = cluster
+        .executors()
+        .into_iter()
+        .find(|e| e["id"] == first_executor.as_str())
+        .unwrap();
+    common::signal(victim["pid"].as_u64().unwrap() as u32, libc::SIGKILL);
+
+    let events = stream.rest();
+    let tasks: Vec<&Value> = events
+        .iter()
+        .filter(|(name, _)| name == "task")
+        .map(|(_, data)| data)
+        .collect();
+    let steps: Vec<(&str, u64)> = tasks
+        .iter()
+        .map(|t| (t["state"].as_str().unwrap(), t["attempt"].as_u64().unwrap()))
+        .collect();
+    let back = steps
+        .iter()
+        .position(|s| *s == ("pending", 1))
+        .unwrap_or_else(|| panic!("no return to pending: {events:?}"));
+    assert_eq!(
+        steps[back..],
+        [("pending", 1), ("running", 2), ("succeeded", 2)],
+        "{events:?}"
+    );
+    assert_eq!(tasks[back]["error"]["kind"], "executor_lost", "{events:?}");
+    let second = tasks[back + 1]["executor"].as_str().unwrap();
+    assert_ne!(second, first_executor, "{events:?}");
+    let (last, end) = events.last().unwrap();
+    assert_eq!(last, "end");
+    assert_eq!(end["state"], "succeeded");
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use flint_protocol::api::{TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
 use flint_protocol::{DriverMessage, ExecutorId, TaskId, defaults};
 use tokio::net::TcpListener;
@@ -204,9 +205,21 @@ impl Driver {
         for action in actions {
             match action {
                 Action::Launch { executor, task } => {
-                    let id = task.task.clone();
+                    // Made from the launch itself, not the state, which may be further on.
+                    let event = self.events.is_watched(&task.task.job).then(|| {
+                        let event = TaskEvent {
+                            index: task.task.index,
+                            state: TaskState::Running,
+                            attempt: task.attempt,
+                            executor: Some(executor.clone()),
+                            error: None,
+                        };
+                        (task.task.job.clone(), event)
+                    });
                     inner.send(&executor, DriverMessage::LaunchTask(task));
-                    self.publish_task(&inner.state, &id);
+                    if let Some((job, event)) = event {
+                        self.events.publish(&job, JobEvent::Task(event));
+                    }
                 }
                 Action::Kill {
                     executor,
@@ -221,7 +234,9 @@ impl Driver {
                         reason: reason.into(),
                     },
                 ),
-                Action::TaskRequeued(task) => self.publish_task(&inner.state, &task),
+                Action::TaskRequeued { job, event } => {
+                    self.events.publish(&job, JobEvent::Task(event));
+                }
                 Action::TaskEnded(task) => {
                     self.publish_task(&inner.state, &task);
                     if let Some(t) = inner
@@ -284,7 +299,7 @@ impl Driver {
         }
         // Tasks killed with their job change state without an action of their own.
         for (index, task) in job.tasks.iter().enumerate() {
-            if task.state == flint_protocol::api::TaskState::Killed {
+            if task.state == TaskState::Killed {
                 let event = crate::events::task_event(index as u32, task);
                 self.events.publish(id, JobEvent::Task(event));
             }

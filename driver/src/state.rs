@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
+use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
     Digest, ExecutorId, FailureKind, JobId, TaskDescription, TaskFailure, TaskId, TaskInput,
     TaskResult, TaskStatus,
@@ -43,8 +43,10 @@ pub enum Action {
     /// A task reached `succeeded` or `failed`: its end is worth keeping.
     TaskEnded(TaskId),
     /// A task went back to pending (its executor was lost, or it failed for the host's
-    /// reasons and will run again): worth telling its watchers, not worth storing.
-    TaskRequeued(TaskId),
+    /// reasons and will run again): worth telling its watchers, not worth storing. The
+    /// event is made now: by the time actions are carried out the task may be running
+    /// again.
+    TaskRequeued { job: JobId, event: TaskEvent },
     /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
 }
@@ -377,7 +379,11 @@ impl ClusterState {
                 if !self.queue.contains(&task_id.job) {
                     self.queue.push_front(task_id.job.clone());
                 }
-                actions.push(Action::TaskRequeued(task_id));
+                let why = ErrorBody {
+                    kind: "executor_lost".into(),
+                    message: format!("executor {id} was lost; the task runs again"),
+                };
+                actions.push(requeued(job, task_id.index, why));
             }
         }
         actions.extend(self.make_offers());
@@ -599,7 +605,12 @@ impl ClusterState {
                 }
                 if !copy_running {
                     job.requeue(status.task.index, false);
-                    actions.push(Action::TaskRequeued(status.task.clone()));
+                    let failure = job.tasks[status.task.index as usize].failure.as_ref();
+                    let why = ErrorBody {
+                        kind: failure.map_or("host_error", |f| f.kind.as_str()).into(),
+                        message: failure.map_or(String::new(), |f| f.message.clone()),
+                    };
+                    actions.push(requeued(job, status.task.index, why));
                     if !self.queue.contains(&job.def.id) {
                         self.queue.push_back(job.def.id.clone());
                     }
@@ -1007,6 +1018,20 @@ impl ClusterState {
                 });
             }
         }
+    }
+}
+
+/// The event of a task put back to pending, with why.
+fn requeued(job: &Job, index: u32, why: ErrorBody) -> Action {
+    Action::TaskRequeued {
+        job: job.def.id.clone(),
+        event: TaskEvent {
+            index,
+            state: TaskState::Pending,
+            attempt: job.tasks[index as usize].attempts,
+            executor: None,
+            error: Some(why),
+        },
     }
 }
 
@@ -1642,10 +1667,19 @@ mod tests {
         assert!(launches(&lost).is_empty());
         assert_eq!(
             lost,
-            vec![Action::TaskRequeued(TaskId {
+            vec![Action::TaskRequeued {
                 job: JobId("big".into()),
-                index: 0
-            })]
+                event: TaskEvent {
+                    index: 0,
+                    state: TaskState::Pending,
+                    attempt: 1,
+                    executor: None,
+                    error: Some(ErrorBody {
+                        kind: "executor_lost".into(),
+                        message: "executor exec-1 was lost; the task runs again".into(),
+                    }),
+                },
+            }]
         );
         assert_eq!(state.executors[&exec(1)].queued_ahead, 0);
     }
