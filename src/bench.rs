@@ -57,6 +57,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             header_read_timeout_ms: flint_protocol::defaults::HEADER_READ_TIMEOUT_MS,
             body_idle_timeout_ms: flint_protocol::defaults::BODY_IDLE_TIMEOUT_MS,
             max_concurrent_requests: flint_protocol::defaults::MAX_CONCURRENT_REQUESTS as u64,
+            max_event_streams: flint_protocol::defaults::MAX_EVENT_STREAMS as u64,
             executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
             fetch_allow: Vec::new(),
             block_store: "driver".into(),

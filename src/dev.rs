@@ -160,6 +160,9 @@ fn spawn_executor(
     let mut child = command.spawn()?;
     let pid = child.id();
     tracing::info!(executor = %id, pid, work_dir = %work_dir.display(), "started executor");
+    driver
+        .executor_logs
+        .set(id.clone(), work_dir.join("stderr"));
     let monitor_id = id.clone();
     let monitor = tokio::spawn(async move {
         let code = match child.wait().await {

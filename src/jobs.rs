@@ -41,6 +41,9 @@ pub struct ResultsArgs {
     /// Write each task's result to DIR/<index> instead of printing them in task order.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Wait for the job to end first (for a job submitted without --wait).
+    #[arg(long)]
+    wait: bool,
     #[command(flatten)]
     url: DriverUrl,
 }
@@ -123,6 +126,15 @@ fn print_failure(task: &TaskView) {
 
 pub async fn results(args: ResultsArgs) -> anyhow::Result<i32> {
     let client = args.url.client();
+    if args.wait {
+        // The driver answers `?wait=` when the job ends; ask again until it has.
+        while !client
+            .job(&args.job, Some(std::time::Duration::from_secs(60)))
+            .await?
+            .state
+            .is_final()
+        {}
+    }
     let tasks = client.tasks(&args.job).await?;
     let missing = write_results(&client, &args.job, &tasks, args.out.as_deref()).await?;
     if missing > 0 {

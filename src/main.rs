@@ -156,6 +156,11 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_MAX_CONCURRENT_REQUESTS", default_value_t = flint_protocol::defaults::MAX_CONCURRENT_REQUESTS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_concurrent_requests: u64,
+    /// Job event streams (`GET /v1/jobs/{id}/events`) served at once; more are answered
+    /// 503 with `Retry-After`. Not counted among --max-concurrent-requests.
+    #[arg(long, env = "FLINT_MAX_EVENT_STREAMS", default_value_t = flint_protocol::defaults::MAX_EVENT_STREAMS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_event_streams: u64,
     /// An executor silent for this long (no heartbeat, no frame) is lost and its tasks
     /// run elsewhere.
     #[arg(long, env = "FLINT_EXECUTOR_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
@@ -228,6 +233,7 @@ impl DriverArgs {
             body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
             max_concurrent_requests: self.max_concurrent_requests as usize,
         };
+        config.max_event_streams = self.max_event_streams as usize;
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
         config.block_store = self.block_store.clone();

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::ArgMatches;
-use flint_protocol::api::{FileSpec, InputSpec, JobSpec, JobState, JobView, ResourcesSpec};
+use flint_protocol::JobId;
+use flint_protocol::api::{
+    FileSpec, InputSpec, JobSpec, JobState, JobView, ResourcesSpec, ResultsRef,
+};
 
 use crate::client::Client;
 use crate::jobs;
@@ -27,6 +30,11 @@ pub struct SubmitArgs {
     /// A task's input given as text (repeat for more tasks).
     #[arg(long = "input-text", value_name = "TEXT")]
     input_texts: Vec<String>,
+    /// A task whose input is every result of an earlier job, one after the other in task
+    /// order, read by the executors from the driver: a reduce over a map job (repeat for
+    /// more tasks). The job must have succeeded.
+    #[arg(long = "input-results", value_name = "JOB")]
+    input_results: Vec<String>,
     /// An argument for every task (repeat for more).
     #[arg(
         long = "arg",
@@ -84,7 +92,7 @@ fn parse_env(value: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Inputs in the order they were given on the command line, files and texts mixed.
+/// Inputs in the order they were given on the command line, kinds mixed.
 fn inputs_in_order(args: &SubmitArgs, matches: &ArgMatches) -> anyhow::Result<Vec<InputSpec>> {
     let mut ordered: Vec<(usize, InputSpec)> = Vec::new();
     let file_positions = matches.indices_of("inputs").into_iter().flatten();
@@ -102,6 +110,14 @@ fn inputs_in_order(args: &SubmitArgs, matches: &ArgMatches) -> anyhow::Result<Ve
     let text_positions = matches.indices_of("input_texts").into_iter().flatten();
     for (position, text) in text_positions.zip(&args.input_texts) {
         ordered.push((position, InputSpec::Text(text.clone())));
+    }
+    let results_positions = matches.indices_of("input_results").into_iter().flatten();
+    for (position, job) in results_positions.zip(&args.input_results) {
+        let results = ResultsRef {
+            job: JobId(job.clone()),
+            tasks: None,
+        };
+        ordered.push((position, InputSpec::Results(results)));
     }
     ordered.sort_by_key(|(position, _)| *position);
     Ok(ordered.into_iter().map(|(_, input)| input).collect())

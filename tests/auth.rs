@@ -74,7 +74,7 @@ fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
     let executors_before = cluster.executors();
 
     let module_path = format!("/v1/modules/{module}");
-    let guarded: [(&str, &str, Option<String>); 8] = [
+    let guarded: [(&str, &str, Option<String>); 11] = [
         ("GET", "/v1/jobs", None),
         ("POST", "/v1/jobs", Some(job_spec.clone())),
         ("PUT", "/v1/modules", Some("\0asm".into())),
@@ -83,6 +83,9 @@ fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
         ("GET", "/v1/executors", None),
         ("GET", "/metrics", None),
         ("POST", "/v1/jobs/job-x/kill", None),
+        ("GET", "/v1/jobs/job-x/events", None),
+        ("GET", "/v1/jobs/job-x/tasks/0/result", None),
+        ("GET", "/v1/executors/exec-1/log", None),
     ];
     for (method, path, body) in &guarded {
         for bearer in [None, Some("wrong"), Some("")] {
@@ -96,6 +99,17 @@ fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
     assert_eq!(status, 401);
     let (status, _) = send(&cluster, "GET", &module_path, Some(SECRET), None);
     assert_eq!(status, 200, "executors download modules with the secret");
+    // ... and earlier results (for `results` inputs), but not a job's events or logs.
+    let result = "/v1/jobs/job-x/tasks/0/result";
+    let (status, error) = send(&cluster, "GET", result, Some(SECRET), None);
+    assert_eq!(status, 404, "past auth: {error}");
+    for path in ["/v1/jobs/job-x/events", "/v1/jobs/job-x/tasks/0/log"] {
+        assert_eq!(
+            send(&cluster, "GET", path, Some(SECRET), None).0,
+            401,
+            "{path}"
+        );
+    }
     // Open routes.
     assert_eq!(send(&cluster, "GET", "/healthz", None, None).0, 200);
     assert_eq!(send(&cluster, "GET", "/v1/openapi.json", None, None).0, 200);

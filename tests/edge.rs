@@ -325,10 +325,12 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/healthz",
             "/metrics",
             "/v1/executors",
+            "/v1/executors/{id}/log",
             "/v1/files",
             "/v1/files/{id}",
             "/v1/jobs",
             "/v1/jobs/{id}",
+            "/v1/jobs/{id}/events",
             "/v1/jobs/{id}/kill",
             "/v1/jobs/{id}/tasks",
             "/v1/jobs/{id}/tasks/{index}/log",
@@ -356,4 +358,18 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
         "the schema's maximum follows the default"
     );
     assert_eq!(resources["additionalProperties"], false);
+    let events = &doc["paths"]["/v1/jobs/{id}/events"]["get"]["responses"];
+    assert!(
+        events["200"]["content"]["text/event-stream"].is_object(),
+        "{events}"
+    );
+    // Every shape the document refers to is in it (`result` inputs' ResultRef was not).
+    let text = doc.to_string();
+    for reference in text.split("\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().unwrap();
+        assert!(doc["components"]["schemas"][name].is_object(), "{name}");
+    }
+    for shape in ["TaskEvent", "LaggedEvent", "JobView"] {
+        assert!(doc["components"]["schemas"][shape].is_object(), "{shape}");
+    }
 }

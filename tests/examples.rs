@@ -1,6 +1,6 @@
 //! Every example in guest-examples/ run end to end on a real local cluster: grep over a
 //! job's files, a large generated result checked by SHA-256, the C and Zig examples,
-//! and wordcount as map + reduce.
+//! and wordcount as map + reduce through a chained job.
 
 mod common;
 
@@ -179,10 +179,11 @@ fn the_zig_example_hashes_its_input() {
 }
 
 /// Map: wordcount over each section of examples/sample.txt. Reduce: wordcount-reduce
-/// over the map results, which this test fetches and passes on as the reduce task's
-/// input. (With `{"result": {...}}` inputs the reduce reads them without the client.)
+/// over the map job's results, which the reduce tasks read through the driver (a
+/// `results` input: a chained job), never through this test; once through the HTTP API,
+/// once through `flint submit --input-results`, as scripts/example does.
 #[test]
-fn wordcount_map_then_reduce_equals_counting_the_whole_text() {
+fn wordcount_map_then_reduce_through_a_chained_job_equals_counting_the_whole_text() {
     let cluster = DevCluster::start(2, 1);
     let sample = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sample.txt"),
@@ -198,22 +199,30 @@ fn wordcount_map_then_reduce_equals_counting_the_whole_text() {
     let inputs: Vec<Value> = sections.iter().map(|s| json!({"text": s})).collect();
     let map_job = cluster.run_job(json!({"name": "map", "module": map, "inputs": inputs}));
     assert_eq!(map_job["state"], "succeeded", "{map_job}");
-    let mut map_results = Vec::new();
-    for index in 0..sections.len() as u64 {
-        map_results.extend(cluster.result(&map_job, index));
-        map_results.push(b'\n');
-    }
+    let map_id = map_job["id"].as_str().unwrap();
     let reduce_job = cluster.run_job(json!({
         "name": "reduce",
         "module": reduce,
         "tasks": [
-            {"input": {"text": text(map_results.clone())}},
-            {"input": {"text": text(map_results)}, "args": ["--top", "3"]},
+            {"input": {"results": {"job": map_id}}},
+            {"input": {"results": {"job": map_id}}, "args": ["--top", "3"]},
+            // The first two sections only, the second one twice.
+            {"input": {"results": {"job": map_id, "tasks": [0, 1, 1]}}},
         ],
     }));
     assert_eq!(reduce_job["state"], "succeeded", "{reduce_job}");
-    let whole = cluster.run_job(json!({"module": map, "inputs": [{"text": sample}]}));
-    let expected: Value = serde_json::from_slice(&cluster.result(&whole, 0)).unwrap();
+    let id = reduce_job["id"].as_str().unwrap();
+    let (_, log) = cluster.get_bytes(&format!("/v1/jobs/{id}/tasks/0/log"));
+    assert!(
+        text(log).contains(&format!("summed {} counts", sections.len())),
+        "the reduce read every map result"
+    );
+
+    let count = |text: &str| -> Value {
+        let job = cluster.run_job(json!({"module": map, "inputs": [{"text": text}]}));
+        serde_json::from_slice(&cluster.result(&job, 0)).unwrap()
+    };
+    let expected = count(&sample);
     let reduced: Value = serde_json::from_slice(&cluster.result(&reduce_job, 0)).unwrap();
     assert_eq!(reduced, expected);
     let top: Value = serde_json::from_slice(&cluster.result(&reduce_job, 1)).unwrap();
@@ -227,4 +236,41 @@ fn wordcount_map_then_reduce_equals_counting_the_whole_text() {
         .filter(|(word, _)| !top.contains_key(*word))
         .any(|(_, n)| n.as_u64().unwrap() > smallest_kept);
     assert!(!dropped_larger, "--top 3 kept {top:?}");
+    let picked: Value = serde_json::from_slice(&cluster.result(&reduce_job, 2)).unwrap();
+    let text_of_picked = format!("{}\n{}\n{}", sections[0], sections[1], sections[1]);
+    assert_eq!(picked, count(&text_of_picked));
+
+    // The CLI, as in scripts/example: the map job's results, one line per task in task
+    // order, then a reduce of them to the ten most frequent words of the whole text.
+    let output = std::process::Command::new(common::FLINT)
+        .args(["results", "--driver", &cluster.http, "--wait", map_id])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let lines: Vec<Value> = text(output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), sections.len());
+    assert_eq!(lines[1], count(sections[1]));
+    let output = std::process::Command::new(common::FLINT)
+        .args([
+            "submit",
+            "--driver",
+            &cluster.http,
+            "--wait",
+            "--progress",
+            "off",
+        ])
+        .arg(&guests().wordcount_reduce)
+        .args(["--arg", "--top", "--arg", "10", "--input-results", map_id])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let top: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let top = top.as_object().unwrap();
+    assert_eq!(top.len(), 10, "{top:?}");
+    for (word, n) in top {
+        assert_eq!(&expected[word], n, "{word}");
+    }
 }

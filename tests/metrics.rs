@@ -1,13 +1,15 @@
 //! End to end: `/metrics` in Prometheus text form moves with the work: queue depth and
 //! running tasks while a job runs, then task states, the duration histogram, result
-//! bytes and the executors' own heartbeat figures after it.
+//! bytes and the executors' own heartbeat figures after it; and the executors' cache
+//! figures (fetch cache hits and misses, compiled-module cache hits on disk) grow as
+//! later jobs reuse a file and a module.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{DevCluster, guests, spec, wait_until};
+use common::{DevCluster, FLINT, guests, spec, wait_until};
 
 /// Every sample of a scrape: `name{labels}` -> value.
 fn scrape(cluster: &DevCluster) -> HashMap<String, f64> {
@@ -102,5 +104,113 @@ fn metrics_move_with_a_job() {
     assert_eq!(
         sum_over_executors(&after, "flint_executor_tasks_finished_total"),
         6.0
+    );
+}
+
+/// One `flint executor` process of the test's own, stopped on drop.
+struct Executor(std::process::Child);
+
+impl Executor {
+    fn start(cluster: &DevCluster, work_dir: &std::path::Path) -> Executor {
+        let child = std::process::Command::new(FLINT)
+            .args(["executor", "--executor-id", "solo", "--cores", "1"])
+            .args([
+                "--driver-url",
+                &format!("flint://{}", cluster.executor_addr),
+            ])
+            .arg("--work-dir")
+            .arg(work_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Executor(child)
+    }
+
+    fn stop(mut self) {
+        common::signal(self.0.id(), libc::SIGTERM);
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn executor_cache_figures_grow_as_jobs_reuse_a_file_and_a_module() {
+    let cluster = DevCluster::driver(&[
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--executor-listen".into(),
+        "127.0.0.1:0".into(),
+    ]);
+    let work = tempfile::tempdir().unwrap();
+    let executor = Executor::start(&cluster, work.path());
+    cluster.wait_for_alive_executors(1);
+    // Started by the test, not by `flint dev`: the driver has no log of it.
+    assert!(cluster.executors()[0]["log_url"].is_null());
+    let (status, body) = cluster.get("/v1/executors/solo/log");
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["kind"], "no_log", "{body}");
+    let module = cluster.upload(&guests().testkit);
+    let file = cluster.upload_file("some data");
+    let job = serde_json::json!({
+        "module": module, "files": {"data.txt": file},
+        "args": ["read", "/files/data.txt"], "inputs": [{"text": ""}],
+    });
+    let figure = |samples: &HashMap<String, f64>, name: &str| {
+        samples
+            .get(&format!("{name}{{executor=\"solo\"}}"))
+            .copied()
+            .unwrap_or(-1.0)
+    };
+    let (hits, misses, compiled, from_disk) = (
+        "flint_executor_fetch_cache_hits_total",
+        "flint_executor_fetch_cache_misses_total",
+        "flint_executor_modules_compiled_total",
+        "flint_executor_compile_cache_hits_total",
+    );
+
+    // The first job downloads the module and the file, and compiles the module.
+    assert_eq!(cluster.run_job(job.clone())["state"], "succeeded");
+    let mut first = HashMap::new();
+    wait_until(Duration::from_secs(10), "the first job's heartbeat", || {
+        first = scrape(&cluster);
+        figure(&first, misses) == 2.0 && figure(&first, compiled) == 1.0
+    });
+    assert_eq!(figure(&first, hits), 0.0, "{first:?}");
+    assert_eq!(figure(&first, from_disk), 0.0, "{first:?}");
+
+    // The second finds the file in the fetch cache (and the module compiled in memory).
+    assert_eq!(cluster.run_job(job.clone())["state"], "succeeded");
+    wait_until(Duration::from_secs(10), "a fetch cache hit", || {
+        let now = scrape(&cluster);
+        figure(&now, hits) == 1.0 && figure(&now, misses) == 2.0
+    });
+
+    // A new process over the same work dir loads the module compiled by the last one.
+    executor.stop();
+    wait_until(Duration::from_secs(10), "the executor to be lost", || {
+        cluster.executors()[0]["state"] != "alive"
+    });
+    let _executor = Executor::start(&cluster, work.path());
+    cluster.wait_for_alive_executors(1);
+    assert_eq!(cluster.run_job(job)["state"], "succeeded");
+    wait_until(
+        Duration::from_secs(10),
+        "a compiled-module cache hit",
+        || {
+            let now = scrape(&cluster);
+            // Counters start again with the process (Prometheus reads that as a reset).
+            figure(&now, from_disk) == 1.0
+                && figure(&now, compiled) == 0.0
+                && figure(&now, hits) == 2.0
+                && figure(&now, misses) == 0.0
+        },
     );
 }

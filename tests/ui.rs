@@ -1,7 +1,7 @@
 //! The web UI in a real browser: headless Chromium driven through chromedriver (the
 //! W3C WebDriver protocol over HTTP, spoken by the small client below). A job is
 //! submitted while the page is open; the page must show it finish, its tasks and the
-//! executors, from polling alone. A screenshot is kept as a test artifact at
+//! executors, from polling and the open job's event stream. A screenshot is kept as a test artifact at
 //! `$CARGO_TARGET_DIR/artifacts/ui.png` (`target/artifacts/ui.png` by default).
 
 mod common;
@@ -255,6 +255,28 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
         })
         .sum();
     assert_eq!(finished, 4);
+    // The open job's tasks follow its event stream, which ended with the job.
+    wait_until(Duration::from_secs(10), "the job's end event", || {
+        browser.eval("return document.body.getAttribute('data-last-event');") == json!("end")
+    });
+    let events = browser.eval("return Number(document.body.getAttribute('data-events'));");
+    assert!(events.as_u64().unwrap() >= 1, "{events}");
+
+    // Each executor `flint dev` started links to its own log (its stderr).
+    for executor in ["exec-1", "exec-2"] {
+        let href = browser.eval(&format!(
+            "const a = document.querySelector(\"tr[data-executor='{executor}'] td[data-col='log'] a\"); \
+             return a ? a.getAttribute('href') : null;"
+        ));
+        assert_eq!(href, json!(format!("/v1/executors/{executor}/log")));
+        let (status, log) = cluster.get_bytes(href.as_str().unwrap());
+        assert_eq!(status, 200);
+        let log = String::from_utf8_lossy(&log);
+        assert!(log.contains("registered with driver"), "{log}");
+    }
+    let (status, body) = cluster.get("/v1/executors/exec-9/log");
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["kind"], "executor_not_found");
 
     // A failed job shows its reason, per task too.
     let failing = cluster.run_job(spec(&module, &["exit", "3"], &[""]));

@@ -28,6 +28,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{self, Credentials};
 use crate::edge::{self, RequestLimit};
+use crate::inputs::{InputBudget, block_fetch, ready_result, results_input};
 use crate::modules::{ModuleError, ModuleStore};
 use crate::service::Driver;
 use crate::state::{ClusterState, Job, JobDef, NewJob, NewTask};
@@ -51,10 +52,12 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(list_jobs, submit_job))
         .routes(routes!(get_job))
         .routes(routes!(kill_job))
+        .routes(routes!(crate::events::job_events))
         .routes(routes!(list_tasks))
         .routes(routes!(get_result))
         .routes(routes!(get_log))
         .routes(routes!(list_executors))
+        .routes(routes!(crate::executor_logs::get_executor_log))
         .split_for_parts();
     let openapi = crate::openapi::finish(openapi);
     let credentials = Arc::new(Credentials {
@@ -103,7 +106,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(kind: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, kind, message)
     }
 
@@ -393,7 +396,7 @@ struct WaitQuery {
         (status = 202, description = "accepted (and, with `wait`, maybe ended)", body = JobView),
         (status = 400, description = "not JSON (`invalid_json`), or a bad query", body = ErrorResponse),
         (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
-        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`", body = ErrorResponse),
+        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`", body = ErrorResponse),
     ))]
 async fn submit_job(
     State(driver): State<Arc<Driver>>,
@@ -470,6 +473,11 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
         .iter()
         .map(|(name, spec)| file_ref(driver, name, spec))
         .collect::<ApiResult<Vec<FileRef>>>()?;
+    let mut budget = InputBudget {
+        parts_left: defaults::MAX_INPUT_PARTS_PER_JOB,
+        inline_left: defaults::INLINE_INPUT_PART_BYTES,
+    };
+    let mut decode = |input, at: &str| decode_input(driver, input, at, &mut budget);
     let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -483,7 +491,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, input)| {
                 Ok(NewTask {
-                    input: decode_input(driver, input, &format!("inputs[{i}]"))?,
+                    input: decode(input, &format!("inputs[{i}]"))?,
                     args: Vec::new(),
                     env: Vec::new(),
                 })
@@ -494,7 +502,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .enumerate()
             .map(|(i, task)| {
                 let input = match task.input {
-                    Some(input) => decode_input(driver, input, &format!("tasks[{i}].input"))?,
+                    Some(input) => decode(input, &format!("tasks[{i}].input"))?,
                     None => TaskInput::Inline(Vec::new()),
                 };
                 Ok(NewTask {
@@ -672,7 +680,12 @@ fn parse_sha256(hex: Option<&str>, at: &str) -> ApiResult<Option<Digest>> {
     .transpose()
 }
 
-fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskInput> {
+fn decode_input(
+    driver: &Driver,
+    input: InputSpec,
+    at: &str,
+    budget: &mut InputBudget,
+) -> ApiResult<TaskInput> {
     match input {
         InputSpec::Text(text) => Ok(TaskInput::Inline(text.into_bytes())),
         InputSpec::Base64(b64) => base64::engine::general_purpose::STANDARD
@@ -688,39 +701,15 @@ fn decode_input(driver: &Driver, input: InputSpec, at: &str) -> ApiResult<TaskIn
             })))
         }
         InputSpec::Result(r) => driver.read(|s| {
-            let task = s
-                .jobs
-                .get(&r.job)
-                .and_then(|j| j.tasks.get(r.task as usize))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "unknown_result",
-                        format!("{at}: job {} has no task {}", r.job, r.task),
-                    )
-                })?;
-            match (&task.result, task.state) {
-                (Some(TaskResult::Inline(bytes)), TaskState::Succeeded) => {
-                    Ok(TaskInput::Inline(bytes.clone()))
-                }
-                (Some(TaskResult::Block(block)), TaskState::Succeeded) => {
-                    Ok(TaskInput::Fetch(Box::new(FetchRef {
-                        url: driver.blocks.fetch_url(&block.id),
-                        // A block never changes under its id.
-                        timestamp_ms: 0,
-                        digest: Some(block.digest),
-                    })))
-                }
-                (_, state) => Err(ApiError::invalid(
-                    "result_not_ready",
-                    format!(
-                        "{at}: task {} of {} is {} and has no result yet; submit this job once it has succeeded",
-                        r.task,
-                        r.job,
-                        state_name(state)
-                    ),
-                )),
-            }
+            let job = s.jobs.get(&r.job).ok_or_else(|| {
+                ApiError::invalid("unknown_result", format!("{at}: no job {}", r.job))
+            })?;
+            Ok(match ready_result(job, r.task, at)? {
+                TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
+                TaskResult::Block(block) => TaskInput::Fetch(Box::new(block_fetch(driver, block))),
+            })
         }),
+        InputSpec::Results(r) => driver.read(|s| results_input(driver, s, &r, at, budget)),
     }
 }
 
@@ -984,12 +973,16 @@ async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<List<Ex
                     meters_fuel: e.meters_fuel,
                     modules_compiled: e.reported.modules_compiled,
                     module_cache_hits: e.reported.module_cache_hits,
+                    compile_cache_hits: e.reported.compile_cache_hits,
+                    fetch_hits: e.reported.fetch_hits,
+                    fetch_misses: e.reported.fetch_misses,
                     excluded_for_ms: e
                         .health
                         .excluded_until
                         .filter(|until| *until > now)
                         .map(|until| (until - now).as_millis() as u64),
                     recent_task_failures: e.health.recent_failures(&s.config.exclusion, now) as u32,
+                    log_url: crate::executor_logs::log_url(&driver, id),
                 })
                 .collect(),
             next: None,
@@ -1007,7 +1000,7 @@ fn find_task<'s>(s: &'s ClusterState, id: &JobId, index: u32) -> ApiResult<&'s c
         .ok_or_else(|| ApiError::not_found("task", format!("job {id} has no task {index}")))
 }
 
-fn job_view(job: &Job) -> JobView {
+pub(crate) fn job_view(job: &Job) -> JobView {
     JobView {
         id: job.def.id.clone(),
         name: job.def.name.clone(),
@@ -1061,7 +1054,18 @@ fn task_view(job: &Job, index: usize) -> TaskView {
     }
 }
 
-fn state_name(state: TaskState) -> &'static str {
+pub(crate) fn job_state_name(state: flint_protocol::api::JobState) -> &'static str {
+    use flint_protocol::api::JobState;
+    match state {
+        JobState::Queued => "queued",
+        JobState::Running => "running",
+        JobState::Succeeded => "succeeded",
+        JobState::Failed => "failed",
+        JobState::Killed => "killed",
+    }
+}
+
+pub(crate) fn state_name(state: TaskState) -> &'static str {
     match state {
         TaskState::Pending => "pending",
         TaskState::Running => "running",

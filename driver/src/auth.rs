@@ -26,7 +26,8 @@ fn is_open(path: &str) -> bool {
     matches!(path, "/healthz" | "/v1/openapi.json")
 }
 
-/// Routes executors call with the cluster secret: downloads of what jobs use.
+/// Routes executors call with the cluster secret: downloads of what jobs use, and of the
+/// earlier results tasks read as input.
 pub(crate) fn executors_read(method: &Method, path: &str) -> bool {
     let download = |prefix: &str| {
         path.strip_prefix(prefix)
@@ -36,7 +37,16 @@ pub(crate) fn executors_read(method: &Method, path: &str) -> bool {
     let block = path
         .strip_prefix("/v1/blocks/")
         .is_some_and(|id| id.split('/').count() == 2 && id.split('/').all(|p| !p.is_empty()));
-    (*method == Method::GET && (download("/v1/modules/") || download("/v1/files/") || block))
+    // Earlier results that `results` inputs name: `/v1/jobs/<job>/tasks/<n>/result`.
+    let result = path
+        .strip_prefix("/v1/jobs/")
+        .and_then(|rest| rest.strip_suffix("/result"))
+        .and_then(|rest| rest.split_once("/tasks/"))
+        .is_some_and(|(job, task)| {
+            !job.is_empty() && !job.contains('/') && task.parse::<u32>().is_ok()
+        });
+    (*method == Method::GET
+        && (download("/v1/modules/") || download("/v1/files/") || block || result))
         || (*method == Method::PUT && block)
 }
 
@@ -143,6 +153,26 @@ mod tests {
         assert!(
             credentials
                 .check(&Method::PUT, "/v1/modules", &with_bearer("sec"))
+                .is_err()
+        );
+        // Executors read earlier results (for `results` inputs), but nothing else of a job.
+        let result = "/v1/jobs/job-1/tasks/3/result";
+        assert!(credentials.check(&get, result, &with_bearer("sec")).is_ok());
+        assert!(credentials.check(&get, result, &none).is_err());
+        for other in [
+            "/v1/jobs/job-1/tasks/3/log",
+            "/v1/jobs/job-1/tasks",
+            "/v1/jobs/job-1/tasks/x/result",
+            "/v1/jobs/a/b/tasks/3/result",
+        ] {
+            assert!(
+                credentials.check(&get, other, &with_bearer("sec")).is_err(),
+                "{other}"
+            );
+        }
+        assert!(
+            credentials
+                .check(&Method::POST, "/v1/jobs/job-1/kill", &with_bearer("sec"))
                 .is_err()
         );
         let open = Credentials::default();

@@ -6,7 +6,10 @@
 //!   [`openapi`] completes the document generated from the routes' annotations.
 //! - [`edge`]: serving connections and their bounds (header and body timeouts, body
 //!   limits, concurrency); [`auth`]: the API token and the cluster secret;
-//!   [`metrics`]: Prometheus `/metrics`.
+//!   [`metrics`]: Prometheus `/metrics`; [`events`]: jobs' server-sent event streams,
+//!   bounded so that a slow reader never holds the driver up; [`executor_logs`]: the
+//!   stderr of executors `flint dev` started; [`inputs`]: task inputs made of earlier
+//!   results, checked at submit.
 //! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
@@ -29,8 +32,11 @@ pub mod auth;
 pub mod blocks;
 pub mod durable;
 pub mod edge;
+pub mod events;
 pub mod exclusion;
+pub mod executor_logs;
 pub mod executors;
+pub mod inputs;
 pub mod metrics;
 pub mod modules;
 pub mod openapi;

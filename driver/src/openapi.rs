@@ -16,7 +16,17 @@ use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
         description = "Submit WebAssembly jobs, follow their tasks, fetch their results. \
                        Errors are `{\"error\": {\"kind\", \"message\"}}`.",
     ),
-    components(schemas(flint_protocol::api::ErrorResponse))
+    // The event stream's data shapes, named in `/v1/jobs/{id}/events`' description
+    // (a `text/event-stream` body has no JSON schema of its own).
+    components(schemas(
+        flint_protocol::api::ErrorResponse,
+        flint_protocol::api::JobView,
+        flint_protocol::api::TaskEvent,
+        flint_protocol::api::LaggedEvent,
+        // Named by InputSpec's hand-made schema (RawInput), so not found by the derive.
+        flint_protocol::api::ResultRef,
+        flint_protocol::api::ResultsRef
+    ))
 )]
 pub struct ApiDoc;
 
@@ -33,7 +43,9 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
             HttpBuilder::new()
                 .scheme(HttpAuthScheme::Bearer)
                 .description(Some(
-                    "The driver's --token; module and file downloads also take the cluster secret.",
+                    "The driver's --token. Module and file downloads and task results \
+                     (`GET /v1/jobs/{id}/tasks/{index}/result`) also take the cluster secret, \
+                     for executors.",
                 ))
                 .build(),
         ),

@@ -7,13 +7,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use flint_protocol::api::{TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::{DriverMessage, ExecutorId, defaults};
+use flint_protocol::{DriverMessage, ExecutorId, TaskId, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::blocks::BlockStore;
 use crate::durable;
+use crate::events::{JobEvent, JobEvents};
 use crate::modules::ModuleStore;
 use crate::state::{Action, ClusterState, NewJob, SchedulingConfig};
 use crate::store::{JobStore, StoreError};
@@ -45,6 +47,8 @@ pub struct DriverConfig {
     pub inline_result_bytes: u64,
     /// Exclusion, locality wait and speculation.
     pub scheduling: SchedulingConfig,
+    /// Event streams (`GET /v1/jobs/{id}/events`) open at once; more get 503.
+    pub max_event_streams: usize,
 }
 
 impl DriverConfig {
@@ -62,6 +66,7 @@ impl DriverConfig {
             block_store: crate::blocks::DRIVER_BLOCK_STORE.into(),
             inline_result_bytes: defaults::INLINE_RESULT_BYTES,
             scheduling: SchedulingConfig::default(),
+            max_event_streams: defaults::MAX_EVENT_STREAMS,
         }
     }
 }
@@ -93,6 +98,10 @@ pub struct Driver {
     /// Bumped whenever a job reaches a final state, for `?wait=` callers.
     jobs_finished: watch::Sender<u64>,
     pub metrics: crate::metrics::Metrics,
+    /// Jobs' event streams.
+    pub events: Arc<JobEvents>,
+    /// Executors' stderr files, for those `flint dev` started.
+    pub executor_logs: crate::executor_logs::ExecutorLogs,
 }
 
 impl Driver {
@@ -108,6 +117,7 @@ impl Driver {
         let http_base = format!("http://{http_addr}");
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
         let scheduling = config.scheduling.clone();
+        let events = JobEvents::new(config.max_event_streams);
         let driver = Arc::new(Driver {
             config,
             modules,
@@ -128,6 +138,8 @@ impl Driver {
             }),
             jobs_finished: watch::Sender::new(0),
             metrics: crate::metrics::Metrics::default(),
+            events,
+            executor_logs: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -193,7 +205,21 @@ impl Driver {
         for action in actions {
             match action {
                 Action::Launch { executor, task } => {
+                    // Made from the launch itself, not the state, which may be further on.
+                    let event = self.events.is_watched(&task.task.job).then(|| {
+                        let event = TaskEvent {
+                            index: task.task.index,
+                            state: TaskState::Running,
+                            attempt: task.attempt,
+                            executor: Some(executor.clone()),
+                            error: None,
+                        };
+                        (task.task.job.clone(), event)
+                    });
                     inner.send(&executor, DriverMessage::LaunchTask(task));
+                    if let Some((job, event)) = event {
+                        self.events.publish(&job, JobEvent::Task(event));
+                    }
                 }
                 Action::Kill {
                     executor,
@@ -208,7 +234,11 @@ impl Driver {
                         reason: reason.into(),
                     },
                 ),
+                Action::TaskRequeued { job, event } => {
+                    self.events.publish(&job, JobEvent::Task(event));
+                }
                 Action::TaskEnded(task) => {
+                    self.publish_task(&inner.state, &task);
                     if let Some(t) = inner
                         .state
                         .jobs
@@ -231,7 +261,9 @@ impl Driver {
                             }
                             None => tracing::info!(job = %job, state = ?j.state, "job ended"),
                         }
-                        self.store.job_ended(job, durable::job_end_record(j));
+                        self.store
+                            .job_ended(job.clone(), durable::job_end_record(j));
+                        self.publish_end(j);
                     }
                     finished = true;
                 }
@@ -242,6 +274,38 @@ impl Driver {
             self.jobs_finished.send_modify(|n| *n += 1);
         }
         result
+    }
+
+    /// Tells a job's watchers (if any) a task's new state.
+    fn publish_task(&self, state: &ClusterState, id: &TaskId) {
+        if !self.events.is_watched(&id.job) {
+            return;
+        }
+        if let Some(task) = state
+            .jobs
+            .get(&id.job)
+            .and_then(|j| j.tasks.get(id.index as usize))
+        {
+            let event = crate::events::task_event(id.index, task);
+            self.events.publish(&id.job, JobEvent::Task(event));
+        }
+    }
+
+    /// Tells a final job's watchers the tasks it killed, then that it ended.
+    fn publish_end(&self, job: &crate::state::Job) {
+        let id = &job.def.id;
+        if !self.events.is_watched(id) {
+            return;
+        }
+        // Tasks killed with their job change state without an action of their own.
+        for (index, task) in job.tasks.iter().enumerate() {
+            if task.state == TaskState::Killed {
+                let event = crate::events::task_event(index as u32, task);
+                self.events.publish(id, JobEvent::Task(event));
+            }
+        }
+        let view = crate::api::job_view(job);
+        self.events.publish(id, JobEvent::End(Box::new(view)));
     }
 
     /// Registers an executor and returns the outbox its connection must drain. The

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
-use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
+use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
     Digest, ExecutorId, FailureKind, JobId, TaskDescription, TaskFailure, TaskId, TaskInput,
     TaskResult, TaskStatus,
@@ -42,6 +42,11 @@ pub enum Action {
     },
     /// A task reached `succeeded` or `failed`: its end is worth keeping.
     TaskEnded(TaskId),
+    /// A task went back to pending (its executor was lost, or it failed for the host's
+    /// reasons and will run again): worth telling its watchers, not worth storing. The
+    /// event is made now: by the time actions are carried out the task may be running
+    /// again.
+    TaskRequeued { job: JobId, event: TaskEvent },
     /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
 }
@@ -361,6 +366,7 @@ impl ClusterState {
         executor.free_cores = 0;
         executor.queued_ahead = 0;
         let running: Vec<TaskId> = executor.running.drain().map(|(t, _)| t).collect();
+        let mut actions = Vec::new();
         for task_id in running {
             if self.attempts_running(&task_id) > 0 {
                 continue;
@@ -373,9 +379,15 @@ impl ClusterState {
                 if !self.queue.contains(&task_id.job) {
                     self.queue.push_front(task_id.job.clone());
                 }
+                let why = ErrorBody {
+                    kind: "executor_lost".into(),
+                    message: format!("executor {id} was lost; the task runs again"),
+                };
+                actions.push(requeued(job, task_id.index, why));
             }
         }
-        self.make_offers()
+        actions.extend(self.make_offers());
+        actions
     }
 
     /// Live executors whose last heartbeat is older than `timeout`: hung (SIGSTOP) or cut
@@ -593,6 +605,12 @@ impl ClusterState {
                 }
                 if !copy_running {
                     job.requeue(status.task.index, false);
+                    let failure = job.tasks[status.task.index as usize].failure.as_ref();
+                    let why = ErrorBody {
+                        kind: failure.map_or("host_error", |f| f.kind.as_str()).into(),
+                        message: failure.map_or(String::new(), |f| f.message.clone()),
+                    };
+                    actions.push(requeued(job, status.task.index, why));
                     if !self.queue.contains(&job.def.id) {
                         self.queue.push_back(job.def.id.clone());
                     }
@@ -1000,6 +1018,20 @@ impl ClusterState {
                 });
             }
         }
+    }
+}
+
+/// The event of a task put back to pending, with why.
+fn requeued(job: &Job, index: u32, why: ErrorBody) -> Action {
+    Action::TaskRequeued {
+        job: job.def.id.clone(),
+        event: TaskEvent {
+            index,
+            state: TaskState::Pending,
+            attempt: job.tasks[index as usize].attempts,
+            executor: None,
+            error: Some(why),
+        },
     }
 }
 
@@ -1631,7 +1663,24 @@ mod tests {
         assert!(launches(&state.submit_job(job("small", 2, 1))).is_empty());
         let generation = generation_of(&state, &exec(1));
         let lost = state.executor_lost(&exec(1), generation);
-        assert!(lost.is_empty());
+        // Nothing to launch on: the big task only goes back to pending.
+        assert!(launches(&lost).is_empty());
+        assert_eq!(
+            lost,
+            vec![Action::TaskRequeued {
+                job: JobId("big".into()),
+                event: TaskEvent {
+                    index: 0,
+                    state: TaskState::Pending,
+                    attempt: 1,
+                    executor: None,
+                    error: Some(ErrorBody {
+                        kind: "executor_lost".into(),
+                        message: "executor exec-1 was lost; the task runs again".into(),
+                    }),
+                },
+            }]
+        );
         assert_eq!(state.executors[&exec(1)].queued_ahead, 0);
     }
 }

@@ -1,6 +1,6 @@
 //! The web UI: one static page (HTML, CSS and JS in `ui/index.html`, embedded at build
-//! time, no build step) that polls the JSON API and shows jobs, a job's tasks and the
-//! executors. It reads only what the API already serves, so it needs no state of its
+//! time, no build step) that polls the JSON API and follows the open job's event stream,
+//! and shows jobs, a job's tasks and the executors. It reads only what the API already serves, so it needs no state of its
 //! own, and it writes every user-given string as text, never as markup.
 
 use axum::http::header;

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskEnd, TaskFailure, TaskId,
-    TaskInput, TaskStatus,
+    Digest, ExecutorMessage, FailureKind, InputPart, JobId, TaskDescription, TaskEnd, TaskFailure,
+    TaskId, TaskInput, TaskStatus, defaults,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
@@ -54,6 +54,7 @@ pub struct TaskRunner {
     module_cache_hits: AtomicU64,
     fetch_hits: AtomicU64,
     fetch_misses: AtomicU64,
+    compile_cache_hits: AtomicU64,
     blocks: Option<Arc<dyn BlockWriter>>,
     inline_result_bytes: usize,
 }
@@ -151,6 +152,7 @@ impl TaskRunner {
             module_cache_hits: AtomicU64::new(0),
             fetch_hits: AtomicU64::new(0),
             fetch_misses: AtomicU64::new(0),
+            compile_cache_hits: AtomicU64::new(0),
             blocks,
             inline_result_bytes,
         });
@@ -210,17 +212,26 @@ impl TaskRunner {
         tokio::spawn(async move {
             let mut desc = desc;
             let ready = async {
-                if let TaskInput::Fetch(input) = &desc.input {
-                    let fetched = runner
-                        .fetch(&input.url, input.timestamp_ms, input.digest)
-                        .await?;
-                    let bytes = tokio::fs::read(&fetched.path).await.map_err(|e| {
-                        TaskFailure::new(
-                            FailureKind::HostError,
-                            format!("reading the fetched input {}: {e}", fetched.path.display()),
-                        )
-                    })?;
-                    desc.input = TaskInput::Inline(bytes);
+                match &desc.input {
+                    TaskInput::Inline(_) => {}
+                    TaskInput::Fetch(input) => {
+                        let fetched = runner
+                            .fetch(&input.url, input.timestamp_ms, input.digest)
+                            .await?;
+                        let bytes = tokio::fs::read(&fetched.path).await.map_err(|e| {
+                            TaskFailure::new(
+                                FailureKind::HostError,
+                                format!(
+                                    "reading the fetched input {}: {e}",
+                                    fetched.path.display()
+                                ),
+                            )
+                        })?;
+                        desc.input = TaskInput::Inline(bytes);
+                    }
+                    TaskInput::Parts(parts) => {
+                        desc.input = TaskInput::Inline(runner.assemble(parts).await?);
+                    }
                 }
                 let compiled = cell
                     .get_or_try_init(|| runner.load_module(&desc))
@@ -237,6 +248,72 @@ impl TaskRunner {
                 Err(failure) => runner.report(desc, 0, Err(failure), Vec::new(), false, false),
             }
         });
+    }
+
+    /// A `results` input as one stdin: the parts in order, fetched a few at a time (each
+    /// through the fetch cache, verified by digest), never past
+    /// [`defaults::MAX_TASK_INPUT_BYTES`] (the driver checked the sizes it knew; this
+    /// holds whatever arrives to it).
+    async fn assemble(&self, parts: &[InputPart]) -> Result<Vec<u8>, TaskFailure> {
+        use futures_util::StreamExt;
+        use futures_util::stream::FuturesOrdered;
+        /// Fetches in flight for one task: enough to hide round trips to the driver,
+        /// few enough not to crowd out other tasks' fetches.
+        const PARTS_IN_FLIGHT: usize = 8;
+        let max = defaults::MAX_TASK_INPUT_BYTES;
+        let too_large = || {
+            TaskFailure::new(
+                FailureKind::HostError,
+                format!("the input's parts come to more than {max} bytes (MAX_TASK_INPUT_BYTES)"),
+            )
+        };
+        // In order, at most PARTS_IN_FLIGHT ahead of the part being copied.
+        let mut fetches = FuturesOrdered::new();
+        let mut ahead = parts.iter();
+        for part in ahead.by_ref().take(PARTS_IN_FLIGHT) {
+            fetches.push_back(self.fetch_part(part));
+        }
+        let mut input = Vec::new();
+        for part in parts {
+            let blob = fetches.next().await.expect("one fetch per part")?;
+            if let Some(next) = ahead.next() {
+                fetches.push_back(self.fetch_part(next));
+            }
+            match (part, blob) {
+                (InputPart::Inline(bytes), _) => {
+                    if input.len() as u64 + bytes.len() as u64 > max {
+                        return Err(too_large());
+                    }
+                    input.extend_from_slice(bytes);
+                }
+                (InputPart::Fetch(_), blob) => {
+                    let blob = blob.expect("a fetched part");
+                    let host = |e: std::io::Error| {
+                        TaskFailure::new(
+                            FailureKind::HostError,
+                            format!("reading the input part {}: {e}", blob.path.display()),
+                        )
+                    };
+                    let mut file = tokio::fs::File::open(&blob.path).await.map_err(host)?;
+                    let len = file.metadata().await.map_err(host)?.len();
+                    if input.len() as u64 + len > max {
+                        return Err(too_large());
+                    }
+                    input.reserve(len as usize);
+                    tokio::io::AsyncReadExt::read_to_end(&mut file, &mut input)
+                        .await
+                        .map_err(host)?;
+                }
+            }
+        }
+        Ok(input)
+    }
+
+    async fn fetch_part(&self, part: &InputPart) -> Result<Option<Fetched>, TaskFailure> {
+        match part {
+            InputPart::Inline(_) => Ok(None),
+            InputPart::Fetch(r) => self.fetch(&r.url, r.timestamp_ms, r.digest).await.map(Some),
+        }
     }
 
     /// The job's files, ready under one directory (fetched and linked by the first task
@@ -314,6 +391,7 @@ impl TaskRunner {
             module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
             fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
             fetch_misses: self.fetch_misses.load(Ordering::Relaxed),
+            compile_cache_hits: self.compile_cache_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -352,9 +430,11 @@ impl TaskRunner {
             .fetch(&module.url, module.timestamp_ms, Some(module.digest))
             .await?;
         let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
-        if source == Source::Compiled {
-            self.modules_compiled.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = match source {
+            Source::Compiled => &self.modules_compiled,
+            Source::DiskCache => &self.compile_cache_hits,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         tracing::info!(module = %module.digest, ?source, "module ready");
         Ok(Arc::new(compiled))
     }
@@ -412,10 +492,10 @@ impl TaskRunner {
         let stdin = match std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new())) {
             TaskInput::Inline(bytes) => bytes,
             // `launch` fetches such inputs before a task is queued.
-            TaskInput::Fetch(input) => {
+            input @ (TaskInput::Fetch(_) | TaskInput::Parts(_)) => {
                 let failure = TaskFailure::new(
                     FailureKind::HostError,
-                    format!("input {} was not fetched before the task ran", input.url),
+                    format!("input {input:?} was not fetched before the task ran"),
                 );
                 return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
             }

@@ -74,8 +74,10 @@ pub struct UrlFileSpec {
 }
 
 /// A task's input (its stdin): `{"text": "..."}`, `{"base64": "..."}`,
-/// `{"url": "...", "sha256": "<hex>"}` (fetched by the executor; `sha256` optional), or
-/// `{"result": {"job": "<id>", "task": N}}` (an earlier task's result: chained jobs).
+/// `{"url": "...", "sha256": "<hex>"}` (fetched by the executor; `sha256` optional),
+/// `{"result": {"job": "<id>", "task": N}}` (an earlier task's result: chained jobs), or
+/// `{"results": {"job": "<id>", "tasks": [N, ...]}}` (several earlier results, one after
+/// the other: a reduce over a map job).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawInput", into = "RawInput")]
 pub enum InputSpec {
@@ -83,6 +85,7 @@ pub enum InputSpec {
     Base64(String),
     Url { url: String, sha256: Option<String> },
     Result(ResultRef),
+    Results(ResultsRef),
 }
 
 /// An earlier task's result, by job and task index.
@@ -92,6 +95,18 @@ pub enum InputSpec {
 pub struct ResultRef {
     pub job: JobId,
     pub task: u32,
+}
+
+/// Earlier results concatenated in the order given: every task of `job` in index order
+/// when `tasks` is left out, else the tasks it lists (repeats allowed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ResultsRef {
+    pub job: JobId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
+    pub tasks: Option<Vec<u32>>,
 }
 
 /// [`InputSpec`]'s JSON form: one object whose one key says which kind it is, so that a
@@ -110,6 +125,8 @@ struct RawInput {
     sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result: Option<ResultRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    results: Option<ResultsRef>,
 }
 
 // The document shows the JSON form, which is what clients send.
@@ -136,11 +153,12 @@ impl TryFrom<RawInput> for InputSpec {
             raw.base64.is_some(),
             raw.url.is_some(),
             raw.result.is_some(),
+            raw.results.is_some(),
         ];
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(
-                "an input has exactly one of `text`, `base64`, `url` (with optional `sha256`) \
-                 and `result`"
+                "an input has exactly one of `text`, `base64`, `url` (with optional `sha256`), \
+                 `result` and `results`"
                     .into(),
             );
         }
@@ -160,6 +178,9 @@ impl TryFrom<RawInput> for InputSpec {
             RawInput {
                 result: Some(r), ..
             } => InputSpec::Result(r),
+            RawInput {
+                results: Some(r), ..
+            } => InputSpec::Results(r),
             RawInput { .. } => unreachable!("exactly one kind checked above"),
         })
     }
@@ -183,6 +204,10 @@ impl From<InputSpec> for RawInput {
             },
             InputSpec::Result(r) => RawInput {
                 result: Some(r),
+                ..RawInput::default()
+            },
+            InputSpec::Results(r) => RawInput {
+                results: Some(r),
                 ..RawInput::default()
             },
         }
@@ -326,6 +351,28 @@ pub struct TaskView {
     pub finished_at: Option<String>,
 }
 
+/// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state
+/// (launched, ended, back to pending for a retry, killed with its job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskEvent {
+    pub index: u32,
+    pub state: TaskState,
+    /// The latest attempt's number (0 before the first launch).
+    pub attempt: u32,
+    pub executor: Option<ExecutorId>,
+    /// Why it failed or was killed, or why the attempt before a retry failed.
+    pub error: Option<ErrorBody>,
+}
+
+/// The data of a `lagged` event: the subscriber read too slowly and this many events
+/// were dropped for it; `GET /v1/jobs/{id}/tasks` has the current states.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LaggedEvent {
+    pub missed: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -360,6 +407,14 @@ pub struct ExecutorView {
     /// already compiled in memory.
     pub modules_compiled: u64,
     pub module_cache_hits: u64,
+    /// From its latest heartbeat: modules loaded compiled from its disk cache, and
+    /// fetches served from its fetch cache or downloaded.
+    #[serde(default)]
+    pub compile_cache_hits: u64,
+    #[serde(default)]
+    pub fetch_hits: u64,
+    #[serde(default)]
+    pub fetch_misses: u64,
     /// Excluded from all placement for this many more milliseconds, after too many task
     /// failures in a short window (see the README's "Failures and exclusion").
     #[serde(default)]
@@ -367,6 +422,10 @@ pub struct ExecutorView {
     /// Host failures of tasks here that still count towards an exclusion.
     #[serde(default)]
     pub recent_task_failures: u32,
+    /// Where its own log (stderr) can be read (`/v1/executors/{id}/log`): for executors
+    /// `flint dev` started.
+    #[serde(default)]
+    pub log_url: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -422,7 +481,8 @@ mod tests {
     #[test]
     fn inputs_of_every_kind_read_and_write_their_documented_shape() {
         let json = r#"[{"text":"a"},{"base64":"YQ=="},{"url":"http://h/x","sha256":"ab"},
-            {"url":"http://h/y"},{"result":{"job":"job-1","task":3}}]"#;
+            {"url":"http://h/y"},{"result":{"job":"job-1","task":3}},
+            {"results":{"job":"job-1"}},{"results":{"job":"job-2","tasks":[2,0,2]}}]"#;
         let inputs: Vec<InputSpec> = serde_json::from_str(json).unwrap();
         assert_eq!(
             inputs[2],
@@ -438,6 +498,20 @@ mod tests {
                 task: 3
             })
         );
+        assert_eq!(
+            inputs[5],
+            InputSpec::Results(ResultsRef {
+                job: JobId("job-1".into()),
+                tasks: None
+            })
+        );
+        assert_eq!(
+            inputs[6],
+            InputSpec::Results(ResultsRef {
+                job: JobId("job-2".into()),
+                tasks: Some(vec![2, 0, 2])
+            })
+        );
         let back: Vec<InputSpec> =
             serde_json::from_str(&serde_json::to_string(&inputs).unwrap()).unwrap();
         assert_eq!(back, inputs);
@@ -445,6 +519,7 @@ mod tests {
             r#"{"text":"a","url":"u"}"#,
             r#"{}"#,
             r#"{"text":"a","sha256":"x"}"#,
+            r#"{"result":{"job":"j","task":0},"results":{"job":"j"}}"#,
         ] {
             let err = serde_json::from_str::<InputSpec>(bad)
                 .unwrap_err()

@@ -225,6 +225,17 @@ mod tests {
                 })),
                 ..description(Vec::new(), vec![])
             })),
+            DriverMessage::LaunchTask(Box::new(TaskDescription {
+                input: TaskInput::Parts(vec![
+                    InputPart::Inline(b"{\"a\":1}".to_vec()),
+                    InputPart::Fetch(FetchRef {
+                        url: "http://127.0.0.1:7070/v1/jobs/job-1/tasks/3/result".into(),
+                        timestamp_ms: 0,
+                        digest: Some(Digest::of(b"y")),
+                    }),
+                ]),
+                ..description(Vec::new(), vec![])
+            })),
             DriverMessage::KillTask {
                 task: task_id(1),
                 attempt: 2,
@@ -295,6 +306,7 @@ mod tests {
                 module_cache_hits: 10,
                 fetch_hits: 3,
                 fetch_misses: 1,
+                compile_cache_hits: 4,
             }),
         ] {
             round_trip(msg);

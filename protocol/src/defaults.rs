@@ -55,3 +55,22 @@ pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 pub const RETRY_AFTER_SECS: u64 = 1;
 /// Most tasks in one job.
 pub const MAX_TASKS_PER_JOB: usize = 1_000_000;
+/// Largest input a task may have when it is assembled from parts (a `results` input: the
+/// earlier results concatenated). The executor holds a task's input in memory, and one
+/// fetched input is capped at the same size.
+pub const MAX_TASK_INPUT_BYTES: u64 = 1024 * 1024 * 1024;
+/// Most parts in all of one job's `results` inputs together: each costs the driver a
+/// reference in memory and the executor a fetch or a copy.
+pub const MAX_INPUT_PARTS_PER_JOB: usize = 1_000_000;
+/// Bytes of inline results one job's `results` inputs copy as input parts (kept in the
+/// job store with the job, sent in launches); past this the executors fetch the rest
+/// from the driver, so neither the job store nor a launch frame grows with the results
+/// a job reads.
+pub const INLINE_INPUT_PART_BYTES: u64 = 4 * 1024 * 1024;
+/// Job event streams (`GET /v1/jobs/{id}/events`) the driver serves at once; more are
+/// answered 503 with `Retry-After`. Streams are long-lived, so they are not counted among
+/// `MAX_CONCURRENT_REQUESTS`.
+pub const MAX_EVENT_STREAMS: usize = 1024;
+/// How often an idle event stream gets a keep-alive comment, so proxies keep it open
+/// and a gone client is noticed.
+pub const EVENT_KEEP_ALIVE_MS: u64 = 15_000;

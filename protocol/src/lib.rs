@@ -24,6 +24,6 @@ pub mod task;
 pub use ids::{Digest, ExecutorId, JobId, TaskId};
 pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION};
 pub use task::{
-    BlockRef, FailureKind, FetchRef, FileRef, ModuleRef, Resources, TaskDescription, TaskEnd,
-    TaskFailure, TaskInput, TaskResult, TaskStatus,
+    BlockRef, FailureKind, FetchRef, FileRef, InputPart, ModuleRef, Resources, TaskDescription,
+    TaskEnd, TaskFailure, TaskInput, TaskResult, TaskStatus,
 };

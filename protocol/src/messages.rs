@@ -20,7 +20,7 @@ use crate::ids::{ExecutorId, TaskId};
 use crate::task::{TaskDescription, TaskStatus};
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +80,9 @@ pub struct Heartbeat {
     /// Fetch-cache requests (modules, files, inputs) served from disk, and downloads.
     pub fetch_hits: u64,
     pub fetch_misses: u64,
+    /// Modules loaded from the compiled-module cache on disk (compiled by an earlier run
+    /// of the executor) instead of being compiled.
+    pub compile_cache_hits: u64,
 }
 
 /// Driver to executor.

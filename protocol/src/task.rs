@@ -62,6 +62,19 @@ pub enum TaskInput {
     /// Bytes the executor fetches through its fetch cache: a `url` input, or an earlier
     /// task's result kept in the block store (chained jobs).
     Fetch(Box<FetchRef>),
+    /// Several pieces, read one after the other as one stdin: a `results` input (a reduce
+    /// over earlier tasks' results). Its total is at most
+    /// [`defaults::MAX_TASK_INPUT_BYTES`].
+    Parts(Vec<InputPart>),
+}
+
+/// One piece of a [`TaskInput::Parts`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InputPart {
+    /// Small results, copied into the launch.
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The rest, fetched by the executor (from the driver or the block store).
+    Fetch(FetchRef),
 }
 
 impl fmt::Debug for TaskInput {
@@ -69,6 +82,16 @@ impl fmt::Debug for TaskInput {
         match self {
             TaskInput::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
             TaskInput::Fetch(r) => write!(f, "Fetch({})", r.url),
+            TaskInput::Parts(parts) => write!(f, "Parts({} parts)", parts.len()),
+        }
+    }
+}
+
+impl fmt::Debug for InputPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputPart::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+            InputPart::Fetch(r) => write!(f, "Fetch({})", r.url),
         }
     }
 }

@@ -1,0 +1,307 @@
+//! A job's events for `GET /v1/jobs/{id}/events` (server-sent events): task state
+//! changes as the state machine makes them, then the job's end. The channels here, and
+//! the route that streams them.
+//!
+//! The driver publishes while it holds its state lock, so publishing never waits: each
+//! watched job has a bounded broadcast channel ([`EVENTS_PER_JOB`] events), a subscriber
+//! that falls that far behind loses the oldest and is told so with a `lagged` event,
+//! and a job nobody watches costs one atomic load per event. The end is the last event
+//! on a job's channel, so even a lagging subscriber gets it before its stream closes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use flint_protocol::api::{ErrorBody, ErrorResponse, JobView, LaggedEvent, TaskEvent, TaskState};
+use flint_protocol::{JobId, defaults};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
+
+use crate::api::ApiError;
+use crate::service::Driver;
+use crate::state::Task;
+
+/// Events kept for a job's slowest subscriber before it lags.
+pub const EVENTS_PER_JOB: usize = 1024;
+
+/// One event of a job's stream.
+#[derive(Clone, Debug)]
+pub enum JobEvent {
+    Task(TaskEvent),
+    /// The job reached a final state: the stream's last event.
+    End(Box<JobView>),
+}
+
+/// The channels of the jobs someone watches, and the bound on open streams.
+pub struct JobEvents {
+    channels: Mutex<HashMap<JobId, broadcast::Sender<Arc<JobEvent>>>>,
+    /// Jobs with a channel: publishing skips the lock while it is 0.
+    watched: AtomicUsize,
+    streams: Arc<Semaphore>,
+    pub max_streams: usize,
+}
+
+/// A subscriber's receiver; its channel goes when the last subscriber does.
+pub struct Subscription {
+    events: Arc<JobEvents>,
+    job: JobId,
+    pub receiver: broadcast::Receiver<Arc<JobEvent>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl JobEvents {
+    pub fn new(max_streams: usize) -> Arc<Self> {
+        Arc::new(JobEvents {
+            channels: Mutex::new(HashMap::new()),
+            watched: AtomicUsize::new(0),
+            streams: Arc::new(Semaphore::new(max_streams)),
+            max_streams,
+        })
+    }
+
+    /// Starts receiving a job's events; `None` when `max_streams` are open already.
+    pub fn subscribe(self: &Arc<Self>, job: &JobId) -> Option<Subscription> {
+        let permit = self.streams.clone().try_acquire_owned().ok()?;
+        let mut channels = self.lock();
+        let receiver = channels
+            .entry(job.clone())
+            .or_insert_with(|| {
+                self.watched.fetch_add(1, Ordering::Relaxed);
+                broadcast::channel(EVENTS_PER_JOB).0
+            })
+            .subscribe();
+        Some(Subscription {
+            events: self.clone(),
+            job: job.clone(),
+            receiver,
+            _permit: permit,
+        })
+    }
+
+    /// Whether anyone watches `job`; callers build events only then.
+    pub fn is_watched(&self, job: &JobId) -> bool {
+        self.watched.load(Ordering::Relaxed) > 0 && self.lock().contains_key(job)
+    }
+
+    /// Sends an event to the job's subscribers, if it has any. Never waits.
+    pub fn publish(&self, job: &JobId, event: JobEvent) {
+        if self.watched.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut channels = self.lock();
+        let end = matches!(event, JobEvent::End(_));
+        if let Some(sender) = channels.get(job) {
+            let _ = sender.send(Arc::new(event));
+        }
+        // Nothing follows the end: dropping the sender closes the subscribers' streams
+        // once they have read what is buffered.
+        if end && channels.remove(job).is_some() {
+            self.watched.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, broadcast::Sender<Arc<JobEvent>>>> {
+        self.channels.lock().expect("job events lock poisoned")
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut channels = self.events.lock();
+        // This subscription's receiver still counts until the fields drop.
+        if channels
+            .get(&self.job)
+            .is_some_and(|sender| sender.receiver_count() <= 1)
+        {
+            channels.remove(&self.job);
+            self.events.watched.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A task's state as a `task` event.
+pub fn task_event(index: u32, task: &Task) -> TaskEvent {
+    TaskEvent {
+        index,
+        state: task.state,
+        attempt: task.attempts,
+        executor: task.executor.clone(),
+        error: task
+            .failure
+            .as_ref()
+            .filter(|_| task.state != TaskState::Succeeded)
+            .map(|f| ErrorBody {
+                kind: f.kind.as_str().to_owned(),
+                message: f.message.clone(),
+            }),
+    }
+}
+
+/// A job's events as they happen (server-sent events). First `job` (the job as it is
+/// now), then a `task` event for each task state change (launched, ended, back to
+/// pending for a retry, killed), and last `end` (the final job), after which the
+/// stream closes; for a job already over, `end` at once. A reader too slow to keep up
+/// gets `lagged` (how many events it missed) and the stream goes on. Comments every
+/// 15 s keep an idle stream open.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 200, description = "`text/event-stream`: events `job` and `end` carry a JobView, `task` a TaskEvent, `lagged` a LaggedEvent", body = String, content_type = "text/event-stream"),
+        (status = 404, description = "no such job", body = ErrorResponse),
+        (status = 503, description = "the driver serves its limit of event streams (`overloaded`)", body = ErrorResponse),
+    ))]
+pub async fn job_events(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = JobId(id);
+    // Subscribed before the job is read, so no change falls between the two.
+    let Some(subscription) = driver.events.subscribe(&id) else {
+        let mut response = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            format!(
+                "the driver serves its limit of {} event streams at once (MAX_EVENT_STREAMS); \
+                 retry after {} s",
+                driver.events.max_streams,
+                defaults::RETRY_AFTER_SECS
+            ),
+        )
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, defaults::RETRY_AFTER_SECS.into());
+        return Ok(response);
+    };
+    let view = driver
+        .read(|s| s.jobs.get(&id).map(crate::api::job_view))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "job_not_found",
+                format!("no job {id}"),
+            )
+        })?;
+    let first = match view.state.is_final() {
+        true => sse("end", &view),
+        false => sse("job", &view),
+    };
+    let over = view.state.is_final();
+    let stream = futures_util::stream::unfold(
+        (subscription, Some(first), over),
+        move |(mut subscription, first, over)| async move {
+            if let Some(first) = first {
+                return Some((
+                    Ok::<_, std::convert::Infallible>(first),
+                    (subscription, None, over),
+                ));
+            }
+            if over {
+                return None;
+            }
+            let event = match subscription.receiver.recv().await {
+                Ok(event) => event,
+                Err(RecvError::Lagged(missed)) => {
+                    let lagged = sse("lagged", &LaggedEvent { missed });
+                    return Some((Ok(lagged), (subscription, None, false)));
+                }
+                // The channel went without an end: the driver is shutting down.
+                Err(RecvError::Closed) => return None,
+            };
+            Some(match &*event {
+                JobEvent::Task(task) => (Ok(sse("task", task)), (subscription, None, false)),
+                JobEvent::End(view) => (Ok(sse("end", &**view)), (subscription, None, true)),
+            })
+        },
+    );
+    let keep_alive =
+        KeepAlive::new().interval(Duration::from_millis(defaults::EVENT_KEEP_ALIVE_MS));
+    Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
+}
+
+/// One server-sent event: its name, and its data as JSON.
+fn sse<T: serde::Serialize>(name: &str, data: &T) -> axum::response::sse::Event {
+    axum::response::sse::Event::default()
+        .event(name)
+        .data(serde_json::to_string(data).expect("API shapes serialize"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flint_protocol::api::{JobState, TaskCounts};
+
+    fn task(index: u32) -> JobEvent {
+        JobEvent::Task(TaskEvent {
+            index,
+            state: TaskState::Running,
+            attempt: 1,
+            executor: None,
+            error: None,
+        })
+    }
+
+    fn end(job: &JobId) -> JobEvent {
+        JobEvent::End(Box::new(JobView {
+            id: job.clone(),
+            name: "j".into(),
+            state: JobState::Succeeded,
+            created_at: String::new(),
+            finished_at: None,
+            tasks: 1,
+            counts: TaskCounts::default(),
+            error: None,
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_still_gets_the_end() {
+        let events = JobEvents::new(8);
+        let job = JobId("job-1".into());
+        let mut slow = events.subscribe(&job).unwrap();
+        // The publisher never waits for the subscriber, however far behind it is.
+        for index in 0..(EVENTS_PER_JOB as u32 * 3) {
+            events.publish(&job, task(index));
+        }
+        events.publish(&job, end(&job));
+        let missed = match slow.receiver.recv().await {
+            Err(broadcast::error::RecvError::Lagged(missed)) => missed,
+            other => panic!("expected a lag, got {other:?}"),
+        };
+        assert_eq!(missed as usize, EVENTS_PER_JOB * 2 + 1);
+        let mut last = None;
+        while let Ok(event) = slow.receiver.recv().await {
+            last = Some(event);
+        }
+        assert!(
+            matches!(last.as_deref(), Some(JobEvent::End(_))),
+            "{last:?}"
+        );
+        // The end removed the channel: the job is no longer watched.
+        assert!(!events.is_watched(&job));
+    }
+
+    #[tokio::test]
+    async fn streams_are_bounded_and_a_closed_one_gives_its_place_back() {
+        let events = JobEvents::new(2);
+        let job = JobId("job-1".into());
+        let first = events.subscribe(&job).unwrap();
+        let second = events.subscribe(&JobId("job-2".into())).unwrap();
+        assert!(events.subscribe(&job).is_none());
+        drop(second);
+        assert!(!events.is_watched(&JobId("job-2".into())));
+        let third = events.subscribe(&job).unwrap();
+        drop(first);
+        // Another subscriber of job-1 is still there.
+        assert!(events.is_watched(&job));
+        drop(third);
+        assert!(!events.is_watched(&job));
+        // Unwatched jobs' events go nowhere and cost nothing.
+        events.publish(&job, task(0));
+    }
+}
