@@ -145,7 +145,7 @@ pub fn render(driver: &Driver) -> String {
         let _ = writeln!(out, "flint_cores_free {free}");
 
         type Figure = fn(&crate::state::ExecutorData, Instant) -> String;
-        let per_executor: [(&str, &str, &str, Figure); 7] = [
+        let per_executor: [(&str, &str, &str, Figure); 9] = [
             (
                 "flint_executor_cores",
                 "gauge",
@@ -175,6 +175,18 @@ pub fn render(driver: &Driver) -> String {
                 "counter",
                 "Tasks that found their module already compiled, from an executor's heartbeat.",
                 |e, _| e.reported.module_cache_hits.to_string(),
+            ),
+            (
+                "flint_executor_fetch_hits_total",
+                "counter",
+                "Fetches (modules, files, url and result inputs) an executor served from its fetch cache, from its heartbeat.",
+                |e, _| e.reported.fetch_hits.to_string(),
+            ),
+            (
+                "flint_executor_fetch_misses_total",
+                "counter",
+                "Fetches an executor had to download, from its heartbeat.",
+                |e, _| e.reported.fetch_misses.to_string(),
             ),
             (
                 "flint_executor_tasks_finished_total",
