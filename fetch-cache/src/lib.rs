@@ -280,16 +280,23 @@ impl FetchCache {
             let mut index = self.lock_index();
             (index.lookup(&digest), index.path(&digest))
         };
-        let Lookup::Present { size, verified } = lookup else {
+        let Lookup::Present {
+            size,
+            verified,
+            modified,
+        } = lookup
+        else {
             return Ok(None);
         };
-        let on_disk = match std::fs::metadata(&path) {
-            Ok(meta) => Some(meta.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        let (on_disk, on_disk_modified) = match std::fs::metadata(&path) {
+            Ok(meta) => (Some(meta.len()), meta.modified().ok()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
             Err(e) => return Err(FetchError::io(&path, e)),
         };
         let mut size = size;
-        if !verified || on_disk != Some(size) {
+        // One stat per hit rather than a hash: a blob is hashed again when it was never
+        // hashed since open, or its size or modification time changed since it was.
+        if !verified || on_disk != Some(size) || on_disk_modified != modified {
             let hashed = match on_disk {
                 Some(_) => match download::hash_file(&path).await {
                     Ok(hashed) => Some(hashed),
@@ -310,7 +317,9 @@ impl FetchCache {
             }
         }
         // `None` when evicted while being hashed, which makes this a miss like any other.
-        let pin = self.lock_index().pin_verified(&digest, size);
+        let pin = self
+            .lock_index()
+            .pin_verified(&digest, size, on_disk_modified);
         Ok(pin.map(|pin| Fetched {
             path,
             digest,
