@@ -1,8 +1,9 @@
 //! End to end against a real S3-compatible server (moto's server mode, a separate
-//! process on loopback): task inputs and job files fetched from `s3://` URLs, once per
-//! executor; a missing key as a clear `fetch_error`; and the block store in a bucket
-//! (`--block-store s3://bucket/prefix`), written by the executors directly and read back
-//! by the driver, byte-exact, after the executors that wrote it are gone.
+//! process on loopback): task inputs, job files and modules fetched from `s3://` URLs,
+//! inputs and files once per executor; a missing key as a clear `fetch_error`; and the
+//! block store in a bucket (`--block-store s3://bucket/prefix`), written by the
+//! executors directly and read back by the driver, byte-exact, after the executors that
+//! wrote it are gone.
 //!
 //! The server is found through `FLINT_MOTO_SERVER` (scripts/test sets it) or at
 //! `$CARGO_TARGET_DIR/venv-moto/bin/moto_server`; without it these tests fail and say
@@ -292,6 +293,20 @@ fn s3_inputs_and_files_are_fetched_once_per_executor_and_a_missing_key_names_its
     }));
     assert_eq!(read["state"], "succeeded", "{read}");
     assert_eq!(cluster.result(&read, 0), b"alpha\nbeta\n");
+
+    // A module by s3:// URL, fetched by the executors from the bucket.
+    moto.put(
+        "flint-in",
+        "modules/testkit.wasm",
+        std::fs::read(&guests().testkit).unwrap(),
+    );
+    let by_url = cluster.run_job(json!({
+        "module": "s3://flint-in/modules/testkit.wasm",
+        "args": ["echo"],
+        "inputs": [{"text": "from a module in a bucket"}],
+    }));
+    assert_eq!(by_url["state"], "succeeded", "{by_url}");
+    assert_eq!(cluster.result(&by_url, 0), b"from a module in a bucket");
 
     // A key that does not exist, and a bucket that is not allowed: fetch errors that name
     // the URL, and say why.

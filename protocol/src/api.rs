@@ -13,8 +13,13 @@ use crate::ids::{Digest, ExecutorId, JobId};
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// An uploaded module's id, `sha256:<hex>`.
-    #[cfg_attr(feature = "openapi", schema(pattern = "^sha256:[0-9a-f]{64}$"))]
+    /// An uploaded module's id, `sha256:<hex>`, or a URL (`https://`, `s3://`,
+    /// `file://`) the executors fetch where their URL policy allows it, cached by (URL,
+    /// the time the driver first saw it).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^(sha256:[0-9a-f]{64}|(https?|s3|file)://.+)$")
+    )]
     pub module: String,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
     /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of
