@@ -346,14 +346,13 @@ async fn get_block(
 }
 
 async fn stream_block(driver: &Driver, id: &str) -> ApiResult<Response> {
-    let got = driver.blocks.get(id).await.map_err(block_error)?;
-    let len = got.meta.size;
+    let (len, stream) = driver.blocks.get_stream(id).await.map_err(block_error)?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
             (header::CONTENT_LENGTH, len.to_string()),
         ],
-        Body::from_stream(got.into_stream()),
+        Body::from_stream(stream),
     )
         .into_response())
 }
