@@ -234,7 +234,12 @@ async fn measure_results(
     })
     .await??;
 
+    let pids: Vec<u32> = std::iter::once(std::process::id())
+        .chain(client.executors().await?.iter().filter_map(|e| e.pid))
+        .collect();
     let t = Instant::now();
+    let cpu = CpuTimes::now()?;
+    let ours = process_cpu(&pids);
     let view = client
         .submit(
             &spec(
@@ -246,6 +251,8 @@ async fn measure_results(
         .await?;
     ensure_succeeded(view.state, "results job")?;
     let produced = t.elapsed();
+    let produced_busy = cpu.busy_since()?;
+    let produced_cpu = process_cpu(&pids) - ours;
     let tasks = client.tasks(&view.id.0).await?;
 
     let http = reqwest::Client::builder().no_proxy().build()?;
@@ -269,8 +276,12 @@ async fn measure_results(
             anyhow::Ok((size, hex::encode(hasher.finalize())))
         })
     });
+    let cpu = CpuTimes::now()?;
+    let ours = process_cpu(&pids);
     let fetched = futures_util::future::join_all(fetches).await;
     let read = t.elapsed();
+    let read_busy = cpu.busy_since()?;
+    let read_cpu = process_cpu(&pids) - ours;
     for (task, got) in tasks.iter().zip(fetched) {
         let (size, sha) = got??;
         let expected = task.result.as_ref().context("a result")?;
@@ -296,15 +307,19 @@ async fn measure_results(
         gbs(synced)
     );
     println!(
-        "  tasks -> block store (job wall time): {:.3} s = {:.2} GB/s",
+        "  tasks -> block store (job wall time): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
         produced.as_secs_f64(),
-        gbs(produced)
+        gbs(produced),
+        produced_busy * 100.0,
+        produced_cpu
     );
     println!(
-        "  block store -> client ({} concurrent GETs, hashed): {:.3} s = {:.2} GB/s",
+        "  block store -> client ({} concurrent GETs, hashed): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
         tasks.len(),
         read.as_secs_f64(),
-        gbs(read)
+        gbs(read),
+        read_busy * 100.0,
+        read_cpu
     );
     println!(
         "  end to end: {:.3} s = {:.2} GB/s",
@@ -349,6 +364,63 @@ async fn measure_pending(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyh
         grown as f64 / tasks as f64
     );
     Ok(())
+}
+
+/// CPU seconds (user + system) the given processes used so far; on a shared machine
+/// this, unlike wall time, does not grow with other people's load.
+fn process_cpu(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command name (which may hold spaces): utime and stime are
+            // the 12th and 13th of them.
+            let rest = stat.rsplit(')').next().unwrap_or("");
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            fields.iter().sum::<u64>() as f64 / hz
+        })
+        .sum()
+}
+
+/// The whole machine's CPU time from /proc/stat, to tell a phase bound by the CPUs
+/// (every process here, and anyone else's) from one waiting on something else.
+struct CpuTimes {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    fn now() -> anyhow::Result<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .context("an empty /proc/stat")?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        Ok(CpuTimes {
+            busy: total - idle,
+            total,
+        })
+    }
+
+    /// The share of the machine's CPU time that was busy since `self`.
+    fn busy_since(&self) -> anyhow::Result<f64> {
+        let now = CpuTimes::now()?;
+        let total = now.total.saturating_sub(self.total).max(1);
+        Ok(now.busy.saturating_sub(self.busy) as f64 / total as f64)
+    }
 }
 
 /// This process's resident set, after returning freed heap pages to the system.
