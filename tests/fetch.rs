@@ -224,7 +224,8 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
 
     // What is neither an id nor a fetchable URL is refused at submit.
     for (module, kind) in [
-        ("ftp://example.com/m.wasm", "invalid_spec"),
+        ("ftp://example.com/m.wasm", "invalid_module_id"),
+        ("http://", "invalid_spec"),
         ("testkit.wasm", "invalid_module_id"),
     ] {
         let (status, body) = cluster.post_raw(

@@ -598,11 +598,14 @@ fn module_ref(driver: &Driver, module: &str) -> ApiResult<ModuleRef> {
             size: Some(info.size),
         });
     }
-    if !module.contains("://") {
+    if !["http://", "https://", "s3://", "file://"]
+        .iter()
+        .any(|scheme| module.starts_with(scheme))
+    {
         return Err(ApiError::invalid(
             "invalid_module_id",
             format!(
-                "module `{module}` is neither an uploaded module's id (`sha256:<hex>`) nor a URL (https://, s3://, file://)"
+                "module `{module}` is neither an uploaded module's id (`sha256:<hex>`) nor a URL (http://, https://, s3://, file://)"
             ),
         ));
     }
