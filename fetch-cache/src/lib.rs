@@ -2,7 +2,7 @@
 //!
 //! Spark's executors fetch a job's files through `Utils.fetchFile`, keyed by URL and the
 //! timestamp at which the file was added; every task on an executor shares one download.
-//! This crate does the same for Flint's modules (and later files and inputs):
+//! This crate does the same for Flint's modules, job files and `url` / `result` inputs:
 //!
 //! - **Key** `(url, timestamp_ms)`: a newer timestamp for the same URL fetches again. The
 //!   digest each key resolved to is kept in `<dir>/keys/<sha256 of url and timestamp>`,
@@ -26,7 +26,10 @@
 //!   recently used blobs are deleted until the cache fits, except blobs pinned by a live
 //!   [`Fetched`].
 //! - **Restart**: `open` indexes `<dir>/blobs` without reading it; each blob is hashed on
-//!   first use, and again whenever its size changed, and a corrupt one is refetched.
+//!   first use, and again whenever its size or modification time changed, and a corrupt
+//!   one is refetched. A blob corrupted in place with neither changing (bit rot) is
+//!   found at the next open, not before: hashing on every hit would make a hit cost a
+//!   read of the whole blob.
 //!
 //! Invariants: this crate knows nothing of jobs or tasks; one `FetchCache` owns a
 //! directory; a path it returns holds bytes whose digest it checked, and stays in place
