@@ -35,6 +35,14 @@ pub struct BenchArgs {
     /// resident memory per pending task.
     #[arg(long, value_name = "TASKS")]
     pending_memory: Option<usize>,
+    /// Instead: the large-result path's throughput. One job of `--result-tasks` tasks
+    /// each writing this many MiB (testkit `print`) through the block store in the
+    /// driver's data dir, then every result streamed to this client and hashed; printed
+    /// next to a plain write of as many bytes to a file on the same file system.
+    #[arg(long, value_name = "MIB")]
+    results_mib: Option<usize>,
+    #[arg(long, default_value_t = 8)]
+    result_tasks: usize,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -72,9 +80,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         executor_args: Vec::new(),
     };
     let cluster = Cluster::start(&dev).await?;
-    let result = match args.pending_memory {
-        Some(tasks) => measure_pending(&cluster, wasm, tasks).await,
-        None => measure(&args, &cluster, wasm).await,
+    let result = match (args.pending_memory, args.results_mib) {
+        (Some(tasks), _) => measure_pending(&cluster, wasm, tasks).await,
+        (None, Some(mib)) => measure_results(&args, &cluster, wasm, mib, data_dir.path()).await,
+        (None, None) => measure(&args, &cluster, wasm).await,
     };
     cluster.stop().await?;
     result
@@ -82,25 +91,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::Result<()> {
     let client = Client::new(&cluster.http_url);
-    let started = Instant::now();
-    loop {
-        let alive = cluster.driver.read(|s| {
-            s.executors
-                .values()
-                .filter(|e| e.state == ExecutorState::Alive)
-                .count()
-        });
-        if alive == args.executors as usize {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!(
-                "only {alive} of {} executors registered within 30 s",
-                args.executors
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_executors(args, cluster).await?;
     let module = client.upload_module(wasm).await?;
     let job = |n: usize| JobSpec {
         name: Some("bench".into()),
@@ -166,6 +157,179 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
     Ok(())
 }
 
+async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let alive = cluster.driver.read(|s| {
+            s.executors
+                .values()
+                .filter(|e| e.state == ExecutorState::Alive)
+                .count()
+        });
+        if alive == args.executors as usize {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "only {alive} of {} executors registered within 30 s",
+                args.executors
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Large results from the tasks to the client: the job's wall time (guests writing,
+/// executors hashing and streaming to the driver, the driver hashing and writing its
+/// data dir), then every result fetched over HTTP at once and hashed here. The
+/// baseline is a plain write of the same bytes in 1 MiB pieces to a file in the same
+/// data dir, timed without and then with fsync: the block store does not fsync (it
+/// writes through object_store's local file system), so the fair comparison is the
+/// first.
+async fn measure_results(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    wasm: Vec<u8>,
+    mib: usize,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use futures_util::StreamExt;
+    use sha2::Digest as _;
+
+    let client = Client::new(&cluster.http_url);
+    wait_for_executors(args, cluster).await?;
+    let module = client.upload_module(wasm).await?;
+    let wait = Some(Duration::from_secs(600));
+    let spec = |task_args: Vec<String>, n: usize| JobSpec {
+        name: Some("bench-results".into()),
+        module: module.id.to_string(),
+        args: task_args,
+        inputs: Some(vec![InputSpec::Text(String::new()); n]),
+        ..JobSpec::default()
+    };
+    let warm = client
+        .submit(
+            &spec(vec!["noop".into()], args.executors as usize * 2),
+            wait,
+        )
+        .await?;
+    ensure_succeeded(warm.state, "warm-up")?;
+    let total = (args.result_tasks * mib) as u64 * 1024 * 1024;
+    let gbs = |d: Duration| total as f64 / d.as_secs_f64() / 1e9;
+
+    // The baseline, on the same file system as the block store.
+    let path = data_dir.join("bench-raw-write");
+    let (written, synced) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        use std::io::Write;
+        let piece = vec![0x5au8; 1 << 20];
+        let mut file = std::fs::File::create(&path)?;
+        let t = Instant::now();
+        for _ in 0..total >> 20 {
+            file.write_all(&piece)?;
+        }
+        let written = t.elapsed();
+        file.sync_all()?;
+        let synced = t.elapsed();
+        std::fs::remove_file(&path)?;
+        Ok((written, synced))
+    })
+    .await??;
+
+    let pids: Vec<u32> = std::iter::once(std::process::id())
+        .chain(client.executors().await?.iter().filter_map(|e| e.pid))
+        .collect();
+    let t = Instant::now();
+    let cpu = CpuTimes::now()?;
+    let ours = process_cpu(&pids);
+    let view = client
+        .submit(
+            &spec(
+                vec!["print".into(), (mib << 20).to_string()],
+                args.result_tasks,
+            ),
+            wait,
+        )
+        .await?;
+    ensure_succeeded(view.state, "results job")?;
+    let produced = t.elapsed();
+    let produced_busy = cpu.busy_since()?;
+    let produced_cpu = process_cpu(&pids) - ours;
+    let tasks = client.tasks(&view.id.0).await?;
+
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let t = Instant::now();
+    let fetches = tasks.iter().map(|task| {
+        let url = format!(
+            "{}/v1/jobs/{}/tasks/{}/result",
+            cluster.http_url, view.id, task.index
+        );
+        let http = http.clone();
+        tokio::spawn(async move {
+            let response = http.get(url).send().await?.error_for_status()?;
+            let mut body = response.bytes_stream();
+            let mut hasher = sha2::Sha256::new();
+            let mut size = 0u64;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                size += chunk.len() as u64;
+                hasher.update(&chunk);
+            }
+            anyhow::Ok((size, hex::encode(hasher.finalize())))
+        })
+    });
+    let cpu = CpuTimes::now()?;
+    let ours = process_cpu(&pids);
+    let fetched = futures_util::future::join_all(fetches).await;
+    let read = t.elapsed();
+    let read_busy = cpu.busy_since()?;
+    let read_cpu = process_cpu(&pids) - ours;
+    for (task, got) in tasks.iter().zip(fetched) {
+        let (size, sha) = got??;
+        let expected = task.result.as_ref().context("a result")?;
+        if size != expected.size || sha != expected.sha256 {
+            bail!(
+                "task {}: got {size} bytes hashing to {sha}, the driver says {expected:?}",
+                task.index
+            );
+        }
+    }
+    println!(
+        "flint bench --results-mib {mib}: {} tasks x {mib} MiB = {} MiB, {} executor(s) x {} core(s), block store in the driver's data dir",
+        args.result_tasks,
+        total >> 20,
+        args.executors,
+        args.cores
+    );
+    println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
+    println!(
+        "  raw write of {} MiB to the data dir's file system: {:.2} GB/s without fsync, {:.2} GB/s with it",
+        total >> 20,
+        gbs(written),
+        gbs(synced)
+    );
+    println!(
+        "  tasks -> block store (job wall time): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
+        produced.as_secs_f64(),
+        gbs(produced),
+        produced_busy * 100.0,
+        produced_cpu
+    );
+    println!(
+        "  block store -> client ({} concurrent GETs, hashed): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
+        tasks.len(),
+        read.as_secs_f64(),
+        gbs(read),
+        read_busy * 100.0,
+        read_cpu
+    );
+    println!(
+        "  end to end: {:.3} s = {:.2} GB/s",
+        (produced + read).as_secs_f64(),
+        gbs(produced + read)
+    );
+    Ok(())
+}
+
 /// The driver's memory per pending task: resident set size before and after one job of
 /// `tasks` no-op tasks is accepted, with freed heap handed back to the system before each
 /// reading so that what the request parsing used and dropped is not counted.
@@ -201,6 +365,63 @@ async fn measure_pending(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyh
         grown as f64 / tasks as f64
     );
     Ok(())
+}
+
+/// CPU seconds (user + system) the given processes used so far; on a shared machine
+/// this, unlike wall time, does not grow with other people's load.
+fn process_cpu(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command name (which may hold spaces): utime and stime are
+            // the 12th and 13th of them.
+            let rest = stat.rsplit(')').next().unwrap_or("");
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            fields.iter().sum::<u64>() as f64 / hz
+        })
+        .sum()
+}
+
+/// The whole machine's CPU time from /proc/stat, to tell a phase bound by the CPUs
+/// (every process here, and anyone else's) from one waiting on something else.
+struct CpuTimes {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    fn now() -> anyhow::Result<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .context("an empty /proc/stat")?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        Ok(CpuTimes {
+            busy: total - idle,
+            total,
+        })
+    }
+
+    /// The share of the machine's CPU time that was busy since `self`.
+    fn busy_since(&self) -> anyhow::Result<f64> {
+        let now = CpuTimes::now()?;
+        let total = now.total.saturating_sub(self.total).max(1);
+        Ok(now.busy.saturating_sub(self.busy) as f64 / total as f64)
+    }
 }
 
 /// This process's resident set, after returning freed heap pages to the system.

@@ -17,6 +17,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use flint_driver::DriverConfig;
 use flint_executor::compiler::CompilerMode;
 use flint_executor::{ExecutorOptions, ExitReason};
+use flint_fetch_cache::FetchOptions;
 use flint_protocol::ExecutorId;
 
 // The task threads free on one thread what the runtime allocated on another (statuses,
@@ -313,6 +314,17 @@ struct ExecutorArgs {
     /// Longest a module may take to compile before its tasks fail as `compile_limit`.
     #[arg(long, env = "FLINT_COMPILE_TIMEOUT_MS", default_value_t = 30_000)]
     compile_timeout_ms: u64,
+    /// Largest module, file or `url` input one fetch may bring in; past it the task fails
+    /// as `fetch_error` naming the limit.
+    #[arg(long, env = "FLINT_FETCH_MAX_BYTES", default_value_t = 1 << 30)]
+    fetch_max_bytes: u64,
+    /// Longest one fetch (resolving, connecting and the transfer) may take.
+    #[arg(long, env = "FLINT_FETCH_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    fetch_timeout_ms: u64,
+    /// Bytes the fetch cache keeps on disk before evicting the least recently used.
+    #[arg(long, env = "FLINT_FETCH_CACHE_BYTES", default_value_t = 10 << 30)]
+    fetch_cache_bytes: u64,
     /// How long to keep trying to reach the driver at start, in milliseconds.
     #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
@@ -407,6 +419,12 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
         reconnect_timeout: Duration::from_millis(args.reconnect_timeout_ms),
         max_memory_bytes: (args.max_memory_mb as usize) << 20,
         fuel: args.fuel,
+        fetch: FetchOptions {
+            max_bytes: args.fetch_max_bytes,
+            timeout: Duration::from_millis(args.fetch_timeout_ms),
+            max_cache_bytes: args.fetch_cache_bytes,
+            ..FetchOptions::default()
+        },
         compiler: CompilerMode::Subprocess {
             program: std::env::current_exe()?,
             args: vec!["compile-module".into()],

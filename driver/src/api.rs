@@ -349,14 +349,13 @@ async fn get_block(
 }
 
 async fn stream_block(driver: &Driver, id: &str) -> ApiResult<Response> {
-    let got = driver.blocks.get(id).await.map_err(block_error)?;
-    let len = got.meta.size;
+    let (len, stream) = driver.blocks.get_stream(id).await.map_err(block_error)?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
             (header::CONTENT_LENGTH, len.to_string()),
         ],
-        Body::from_stream(got.into_stream()),
+        Body::from_stream(stream),
     )
         .into_response())
 }
@@ -461,13 +460,7 @@ async fn submit_job(
 
 /// Checks a spec and turns it into a job the scheduler can run.
 fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
-    let digest = parse_module_id(&spec.module)?;
-    let info = driver.modules.get(&digest).ok_or_else(|| {
-        ApiError::invalid(
-            "unknown_module",
-            format!("no module {digest} has been uploaded; PUT it to /v1/modules first"),
-        )
-    })?;
+    let module = module_ref(driver, &spec.module)?;
     let files = spec
         .files
         .iter()
@@ -579,12 +572,7 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
     let def = JobDef {
         id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
         name,
-        module: ModuleRef {
-            digest,
-            url: format!("{}/v1/modules/{digest}", driver.http_base),
-            timestamp_ms: info.timestamp_ms,
-            size: info.size,
-        },
+        module,
         files,
         args: spec.args,
         env: spec.env.into_iter().collect(),
@@ -596,6 +584,46 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .map_or(0, |d| d.as_millis() as u64),
     };
     Ok(NewJob { def, tasks })
+}
+
+/// The job's module: an uploaded one by id, or a URL the executors fetch through their
+/// fetch cache and URL policy (cached by (URL, timestamp) like files; its bytes are
+/// checked as wasm where they are compiled, so a bad one fails its tasks as
+/// `invalid_module`).
+fn module_ref(driver: &Driver, module: &str) -> ApiResult<ModuleRef> {
+    if module.starts_with("sha256:") {
+        let digest = parse_module_id(module)?;
+        let info = driver.modules.get(&digest).ok_or_else(|| {
+            ApiError::invalid(
+                "unknown_module",
+                format!("no module {digest} has been uploaded; PUT it to /v1/modules first"),
+            )
+        })?;
+        return Ok(ModuleRef {
+            digest: Some(digest),
+            url: format!("{}/v1/modules/{digest}", driver.http_base),
+            timestamp_ms: info.timestamp_ms,
+            size: Some(info.size),
+        });
+    }
+    if !["http://", "https://", "s3://", "file://"]
+        .iter()
+        .any(|scheme| module.starts_with(scheme))
+    {
+        return Err(ApiError::invalid(
+            "invalid_module_id",
+            format!(
+                "module `{module}` is neither an uploaded module's id (`sha256:<hex>`) nor a URL (http://, https://, s3://, file://)"
+            ),
+        ));
+    }
+    check_url(module, "module")?;
+    Ok(ModuleRef {
+        digest: None,
+        url: module.to_owned(),
+        timestamp_ms: driver.url_timestamp(module, None),
+        size: None,
+    })
 }
 
 /// A job file: a safe name (it becomes a path under `/files`) and an uploaded file or a

@@ -722,7 +722,10 @@ impl ClusterState {
                     .iter()
                     .zip(&offers)
                     .map(|(id, o)| {
-                        o.usable && self.executors[id].modules.contains(&job.def.module.digest)
+                        o.usable
+                            && self.executors[id]
+                                .modules
+                                .contains(&job.def.module.locality_key())
                     })
                     .collect();
                 let waited = job.locality_wait_since.is_some_and(|since| {
@@ -782,7 +785,7 @@ impl ClusterState {
             } else {
                 executor.queued_ahead += 1;
             }
-            executor.remember_module(job.def.module.digest);
+            executor.remember_module(job.def.module.locality_key());
             if job.state == JobState::Queued {
                 job.state = JobState::Running;
             }
@@ -1074,10 +1077,10 @@ mod tests {
                 id: JobId(id.into()),
                 name: id.into(),
                 module: ModuleRef {
-                    digest: Digest::of(b"m"),
+                    digest: Some(Digest::of(b"m")),
                     url: "http://driver/v1/modules/m".into(),
                     timestamp_ms: 1,
-                    size: 1,
+                    size: Some(1),
                 },
                 files: vec![],
                 args: vec![],

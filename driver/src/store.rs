@@ -14,11 +14,12 @@ use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 // v2: task inputs may be fetched (url / result inputs) and results may be blocks.
-const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v2");
-const TASK_ENDS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("task_ends.v2");
-const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v2");
+// v3: a job's module may be a URL, its digest and size unknown.
+const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v3");
+const TASK_ENDS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("task_ends.v3");
+const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v3");
 /// Tables of earlier layouts: a data dir holding them was written by an older Flint.
-const OLD_TABLES: [&str; 1] = ["jobs.v1"];
+const OLD_TABLES: [&str; 2] = ["jobs.v1", "jobs.v2"];
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
 const GROUP_COMMIT: usize = 4096;

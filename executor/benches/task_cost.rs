@@ -141,10 +141,10 @@ fn runner_per_task(
         task_count: tasks as u32,
         name: "bench".into(),
         module: ModuleRef {
-            digest,
+            digest: Some(digest),
             url: "http://unused.invalid/".into(),
             timestamp_ms: 0,
-            size: 0,
+            size: None,
         },
         files: vec![],
         args: vec!["noop".into()],

@@ -38,6 +38,8 @@ pub struct ExecutorOptions {
     pub max_memory_bytes: usize,
     /// Meter fuel, so that tasks with fuel budgets can run here.
     pub fuel: bool,
+    /// The fetch cache's limits (its URL policy comes from the driver's config).
+    pub fetch: FetchOptions,
     pub compiler: CompilerMode,
 }
 
@@ -91,7 +93,7 @@ pub async fn run(
         options.work_dir.join("compiled"),
         options.compiler.clone(),
     )?;
-    let fetcher = FetchCache::open(options.work_dir.join("cache"), FetchOptions::default())?;
+    let fetcher = FetchCache::open(options.work_dir.join("cache"), options.fetch.clone())?;
 
     tokio::pin!(shutdown);
     let mut conn = match connect(&options, options.connect_timeout).await {

@@ -212,7 +212,8 @@ async fn to_store(
             let chunk = chunk?;
             size += chunk.len() as u64;
             hasher.update(&chunk);
-            writer.write_all(&chunk).await?;
+            // `put` keeps the chunk as it is; `write_all` would copy it into a buffer.
+            writer.put(chunk).await?;
         }
         writer.shutdown().await
     }

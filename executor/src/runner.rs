@@ -197,7 +197,8 @@ impl TaskRunner {
         let cell = {
             let mut modules = self.modules.lock().expect("module cache lock poisoned");
             modules
-                .get_or_insert(desc.module.digest, || Arc::new(OnceCell::new()))
+                // A module by URL with no digest is known by its cache key until fetched.
+                .get_or_insert(desc.module.locality_key(), || Arc::new(OnceCell::new()))
                 .clone()
         };
         if desc.files.is_empty()
@@ -414,7 +415,7 @@ impl TaskRunner {
             .fetcher
             .fetch(&key, digest)
             .await
-            .map_err(|e| TaskFailure::new(FailureKind::FetchError, e.to_string()))?;
+            .map_err(|e| TaskFailure::new(FailureKind::FetchError, with_causes(&e)))?;
         let counter = if hit {
             &self.fetch_hits
         } else {
@@ -427,15 +428,18 @@ impl TaskRunner {
     async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
         let module = &desc.module;
         let fetched = self
-            .fetch(&module.url, module.timestamp_ms, Some(module.digest))
+            .fetch(&module.url, module.timestamp_ms, module.digest)
             .await?;
-        let (compiled, source) = self.compiler.load(module.digest, &fetched.path).await?;
+        // The digest of the bytes fetched (equal to the expected one when there was one):
+        // the compiled-module cache on disk is keyed by what was compiled.
+        let digest = fetched.digest;
+        let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
         let counter = match source {
             Source::Compiled => &self.modules_compiled,
             Source::DiskCache => &self.compile_cache_hits,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(module = %module.digest, ?source, "module ready");
+        tracing::info!(module = %digest, url = %module.url, ?source, "module ready");
         Ok(Arc::new(compiled))
     }
 
@@ -664,4 +668,21 @@ fn now_us() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
+}
+
+/// An error's message followed by each of its causes not already in it: the fetch cache's
+/// messages name the URL and the direct cause, but what went wrong underneath (a body
+/// cut short, a connection reset) is only further down the chain.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
 }

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use flint_protocol::Digest;
 use lru::LruCache;
@@ -19,6 +20,9 @@ struct Blob {
     size: u64,
     /// False for blobs found on disk at open until their bytes are hashed once.
     verified: bool,
+    /// The file's modification time when its bytes were verified: a blob written to
+    /// since (same size or not) is hashed again before it is served.
+    modified: Option<SystemTime>,
     pin: Arc<()>,
 }
 
@@ -33,10 +37,12 @@ impl Blob {
 /// What the index knows about a digest, for the caller to act on outside the lock.
 pub(crate) enum Lookup {
     Absent,
-    /// Present with this size; `verified` says whether its bytes were hashed since open.
+    /// Present with this size; `verified` says whether its bytes were hashed since open,
+    /// and `modified` is the file's modification time then.
     Present {
         size: u64,
         verified: bool,
+        modified: Option<SystemTime>,
     },
 }
 
@@ -76,6 +82,7 @@ impl Index {
                 Blob {
                     size,
                     verified: false,
+                    modified: None,
                     pin: Arc::default(),
                 },
             );
@@ -95,17 +102,25 @@ impl Index {
             Some(blob) => Lookup::Present {
                 size: blob.size,
                 verified: blob.verified,
+                modified: blob.modified,
             },
         }
     }
 
-    /// Pins a blob whose bytes were just checked to be `size` bytes hashing to `digest`,
-    /// or returns `None` if it left the index meanwhile.
-    pub(crate) fn pin_verified(&mut self, digest: &Digest, size: u64) -> Option<Pin> {
+    /// Pins a blob whose bytes were just checked to be `size` bytes hashing to `digest`
+    /// (its file last modified at `modified`), or returns `None` if it left the index
+    /// meanwhile.
+    pub(crate) fn pin_verified(
+        &mut self,
+        digest: &Digest,
+        size: u64,
+        modified: Option<SystemTime>,
+    ) -> Option<Pin> {
         let blob = self.lru.get_mut(digest)?;
         self.total_bytes = self.total_bytes - blob.size + size;
         blob.size = size;
         blob.verified = true;
+        blob.modified = modified;
         Some(Pin {
             _held: blob.pin.clone(),
         })
@@ -128,12 +143,15 @@ impl Index {
         size: u64,
         install: impl FnOnce(&Path) -> std::io::Result<()>,
     ) -> std::io::Result<Pin> {
-        install(&self.path(&digest))?;
+        let path = self.path(&digest);
+        install(&path)?;
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let pin = match self.lru.get_mut(&digest) {
             Some(blob) => {
                 self.total_bytes = self.total_bytes - blob.size + size;
                 blob.size = size;
                 blob.verified = true;
+                blob.modified = modified;
                 Pin {
                     _held: blob.pin.clone(),
                 }
@@ -146,6 +164,7 @@ impl Index {
                     Blob {
                         size,
                         verified: true,
+                        modified,
                         pin: pin.clone(),
                     },
                 );

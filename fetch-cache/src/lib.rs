@@ -2,7 +2,7 @@
 //!
 //! Spark's executors fetch a job's files through `Utils.fetchFile`, keyed by URL and the
 //! timestamp at which the file was added; every task on an executor shares one download.
-//! This crate does the same for Flint's modules (and later files and inputs):
+//! This crate does the same for Flint's modules, job files and `url` / `result` inputs:
 //!
 //! - **Key** `(url, timestamp_ms)`: a newer timestamp for the same URL fetches again. The
 //!   digest each key resolved to is kept in `<dir>/keys/<sha256 of url and timestamp>`,
@@ -26,7 +26,10 @@
 //!   recently used blobs are deleted until the cache fits, except blobs pinned by a live
 //!   [`Fetched`].
 //! - **Restart**: `open` indexes `<dir>/blobs` without reading it; each blob is hashed on
-//!   first use, and again whenever its size changed, and a corrupt one is refetched.
+//!   first use, and again whenever its size or modification time changed, and a corrupt
+//!   one is refetched. A blob corrupted in place with neither changing (bit rot) is
+//!   found at the next open, not before: hashing on every hit would make a hit cost a
+//!   read of the whole blob.
 //!
 //! Invariants: this crate knows nothing of jobs or tasks; one `FetchCache` owns a
 //! directory; a path it returns holds bytes whose digest it checked, and stays in place
@@ -280,16 +283,23 @@ impl FetchCache {
             let mut index = self.lock_index();
             (index.lookup(&digest), index.path(&digest))
         };
-        let Lookup::Present { size, verified } = lookup else {
+        let Lookup::Present {
+            size,
+            verified,
+            modified,
+        } = lookup
+        else {
             return Ok(None);
         };
-        let on_disk = match std::fs::metadata(&path) {
-            Ok(meta) => Some(meta.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        let (on_disk, on_disk_modified) = match std::fs::metadata(&path) {
+            Ok(meta) => (Some(meta.len()), meta.modified().ok()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
             Err(e) => return Err(FetchError::io(&path, e)),
         };
         let mut size = size;
-        if !verified || on_disk != Some(size) {
+        // One stat per hit rather than a hash: a blob is hashed again when it was never
+        // hashed since open, or its size or modification time changed since it was.
+        if !verified || on_disk != Some(size) || on_disk_modified != modified {
             let hashed = match on_disk {
                 Some(_) => match download::hash_file(&path).await {
                     Ok(hashed) => Some(hashed),
@@ -310,7 +320,9 @@ impl FetchCache {
             }
         }
         // `None` when evicted while being hashed, which makes this a miss like any other.
-        let pin = self.lock_index().pin_verified(&digest, size);
+        let pin = self
+            .lock_index()
+            .pin_verified(&digest, size, on_disk_modified);
         Ok(pin.map(|pin| Fetched {
             path,
             digest,

@@ -432,11 +432,27 @@ async fn a_corrupt_blob_is_deleted_and_refetched() {
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
     drop(fetched);
 
+    // Same size, other bytes, without reopening: the modification time tells. File
+    // times tick with the kernel's coarse clock (a few ms), so a rewrite right after the
+    // download could carry the same time: stamp it as written a second later.
+    std::fs::write(&path, b"MODULE BYTES").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(1))
+        .unwrap();
+    let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    assert!(!hit);
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+    assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
+    drop(fetched);
+
     // A size change is noticed without reopening.
     std::fs::write(&path, b"module bytes, truncated or grown").unwrap();
     let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
     assert!(!hit);
-    assert_eq!(hits.load(Ordering::SeqCst), 3);
+    assert_eq!(hits.load(Ordering::SeqCst), 4);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
     let (_, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
     assert!(hit);

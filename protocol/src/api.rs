@@ -13,8 +13,10 @@ use crate::ids::{Digest, ExecutorId, JobId};
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// An uploaded module's id, `sha256:<hex>`.
-    #[cfg_attr(feature = "openapi", schema(pattern = "^sha256:[0-9a-f]{64}$"))]
+    /// An uploaded module's id, `sha256:<hex>`, or a URL (`http://`, `https://`,
+    /// `s3://`, `file://`) the executors fetch where their URL policy allows it, cached by
+    /// (URL, the time the driver first saw it). No pattern in the OpenAPI document: one
+    /// for URLs would have API fuzzers make executors dial whatever address they invent.
     pub module: String,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
     /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of

@@ -181,10 +181,10 @@ mod tests {
             task_count: 8,
             name: "wordcount".into(),
             module: ModuleRef {
-                digest: Digest::of(b"module"),
+                digest: Some(Digest::of(b"module")),
                 url: "http://127.0.0.1:7070/v1/modules/sha256:00".into(),
                 timestamp_ms: 1_700_000_000_000,
-                size: 6,
+                size: Some(6),
             },
             files: vec![FileRef {
                 name: "stopwords.txt".into(),

@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{ExecutorId, TaskId};
 use crate::task::{TaskDescription, TaskStatus};
 
-/// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Bumped on any change to the messages below. 5: a module's digest and size may be
+/// unknown (modules by URL). 6: task inputs made of parts (`results` inputs), compile
+/// cache hits in heartbeats.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

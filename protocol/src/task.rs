@@ -35,11 +35,25 @@ pub struct TaskDescription {
 /// Where an executor fetches a module, and what the bytes must hash to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModuleRef {
-    pub digest: Digest,
+    /// Known for uploaded modules; for a module by URL only when the job gave it. When
+    /// unknown, the executor learns it from the bytes it fetched.
+    pub digest: Option<Digest>,
     pub url: String,
     /// When the driver was given the module: the cache key is (url, timestamp).
     pub timestamp_ms: u64,
-    pub size: u64,
+    /// Known for uploaded modules.
+    pub size: Option<u64>,
+}
+
+impl ModuleRef {
+    /// What the driver's locality remembers a module by: its digest, or, for a module by
+    /// URL whose digest is not known, a digest of its cache key (url, timestamp), which
+    /// stands for the same bytes on every executor that fetched it.
+    pub fn locality_key(&self) -> Digest {
+        self.digest.unwrap_or_else(|| {
+            Digest::of(format!("{}\n{}", self.url, self.timestamp_ms).as_bytes())
+        })
+    }
 }
 
 /// One of a job's named files, mounted read-only at `/files/<name>` for its tasks.

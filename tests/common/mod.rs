@@ -147,6 +147,17 @@ impl DevCluster {
     /// A cluster started with more `flint dev` arguments (`--executor-arg=...` for the
     /// executors' own).
     pub fn start_with(executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
+        Self::start_with_env(executors, cores, dev_args, &[])
+    }
+
+    /// As `start_with`, with extra environment variables for `flint dev`, which its
+    /// driver reads and its executors inherit (e.g. the `AWS_*` of an S3 endpoint).
+    pub fn start_with_env(
+        executors: u32,
+        cores: u32,
+        dev_args: &[&str],
+        env: &[(String, String)],
+    ) -> DevCluster {
         let mut args: Vec<String> = [
             "dev",
             "--listen",
@@ -162,7 +173,7 @@ impl DevCluster {
         .map(|s| s.to_string())
         .collect();
         args.extend(dev_args.iter().map(|s| s.to_string()));
-        let cluster = Self::spawn(&args);
+        let cluster = Self::spawn_env(&args, env);
         cluster.wait_for_alive_executors(executors as usize);
         cluster
     }
@@ -175,9 +186,14 @@ impl DevCluster {
     }
 
     fn spawn(args: &[String]) -> DevCluster {
+        Self::spawn_env(args, &[])
+    }
+
+    fn spawn_env(args: &[String], env: &[(String, String)]) -> DevCluster {
         let data_dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(FLINT)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("--data-dir")
             .arg(data_dir.path())
             .stdout(Stdio::piped())

@@ -1,0 +1,388 @@
+//! End to end: what executors fetch by URL, through a running cluster. Modules by URL
+//! (fetched once per executor, a bad one failing its tasks clearly), and each way a
+//! fetch can go wrong ending the task as a `fetch_error` whose message says which: 404,
+//! past the size cap, past the deadline, a connection cut mid-body (which leaves nothing
+//! in the cache), and a cached blob changed on disk (refetched, not served). The server
+//! is a real HTTP server on loopback that counts the requests for each path.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{DevCluster, guests};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn hex_sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// What the server answers for a path.
+#[derive(Clone)]
+enum Reply {
+    Body(Vec<u8>),
+    Status(u16),
+    /// Declares `declared` bytes, sends `sent`, then closes the connection.
+    Cut {
+        declared: usize,
+        sent: Vec<u8>,
+    },
+    /// `total` bytes, one every `every`.
+    Trickle {
+        total: usize,
+        every: Duration,
+    },
+}
+
+/// A loopback HTTP server answering by path and counting the requests for each.
+struct Server {
+    origin: String,
+    routes: Arc<Mutex<HashMap<String, Reply>>>,
+    hits: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Server {
+    fn start(routes: &[(&str, Reply)]) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        let routes = Arc::new(Mutex::new(
+            routes
+                .iter()
+                .map(|(path, reply)| (path.to_string(), reply.clone()))
+                .collect::<HashMap<_, _>>(),
+        ));
+        let hits = Arc::new(Mutex::new(HashMap::new()));
+        let (served_routes, counted) = (routes.clone(), hits.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (routes, counted) = (served_routes.clone(), counted.clone());
+                std::thread::spawn(move || serve(stream, &routes, &counted));
+            }
+        });
+        Server {
+            origin,
+            routes,
+            hits,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.origin)
+    }
+
+    fn hits(&self, path: &str) -> usize {
+        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
+    fn set(&self, path: &str, reply: Reply) {
+        self.routes.lock().unwrap().insert(path.to_owned(), reply);
+    }
+}
+
+fn serve(
+    mut stream: std::net::TcpStream,
+    routes: &Mutex<HashMap<String, Reply>>,
+    hits: &Mutex<HashMap<String, usize>>,
+) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+    }
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .to_owned();
+    *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+    let reply = routes
+        .lock()
+        .unwrap()
+        .get(&path)
+        .cloned()
+        .unwrap_or(Reply::Status(404));
+    let head = |status: &str, len: usize| {
+        format!("HTTP/1.1 {status}\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n")
+    };
+    // Write errors mean the fetcher hung up (a deadline, a cap): nothing to do.
+    let _ = match reply {
+        Reply::Body(body) => stream
+            .write_all(head("200 OK", body.len()).as_bytes())
+            .and_then(|()| stream.write_all(&body)),
+        Reply::Status(code) => stream.write_all(head(&format!("{code} Whatever"), 0).as_bytes()),
+        Reply::Cut { declared, sent } => stream
+            .write_all(head("200 OK", declared).as_bytes())
+            .and_then(|()| stream.write_all(&sent))
+            .and_then(|()| stream.shutdown(std::net::Shutdown::Both)),
+        Reply::Trickle { total, every } => stream
+            .write_all(head("200 OK", total).as_bytes())
+            .and_then(|()| {
+                for _ in 0..total {
+                    stream.write_all(b".")?;
+                    std::thread::sleep(every);
+                }
+                Ok(())
+            }),
+    };
+    let _ = stream.flush();
+    let _ = reader.read(&mut [0u8; 1]);
+}
+
+/// The one task's error of a failed single-task job.
+fn failure(cluster: &DevCluster, spec: Value) -> (String, String) {
+    let job = cluster.run_job(spec);
+    assert_eq!(job["state"], "failed", "{job}");
+    let task = &cluster.tasks(&job)[0];
+    (
+        task["error"]["kind"].as_str().unwrap().to_owned(),
+        task["error"]["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
+    let testkit = std::fs::read(&guests().testkit).unwrap();
+    let server = Server::start(&[
+        ("/testkit.wasm", Reply::Body(testkit)),
+        (
+            "/garbage.wasm",
+            Reply::Body(b"\0asm but not really".to_vec()),
+        ),
+    ]);
+    // Another loopback origin, which the cluster does not allow.
+    let elsewhere = Server::start(&[]);
+    let cluster = DevCluster::start_with(2, 1, &["--fetch-allow", &server.origin]);
+    let module = server.url("/testkit.wasm");
+    let run = || {
+        let job = cluster.run_job(json!({
+            "module": module,
+            "args": ["echo"],
+            "inputs": (0..10).map(|i| json!({"text": format!("input {i}")})).collect::<Vec<_>>(),
+        }));
+        assert_eq!(job["state"], "succeeded", "{job}");
+        job
+    };
+    let first = run();
+    assert_eq!(cluster.result(&first, 7), b"input 7");
+    let ran_on: std::collections::BTreeSet<String> = cluster
+        .tasks(&first)
+        .iter()
+        .map(|t| t["executor"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        server.hits("/testkit.wasm"),
+        ran_on.len(),
+        "one download per executor"
+    );
+    // Same URL, same timestamp: every executor has it compiled, nothing is fetched.
+    run();
+    assert_eq!(server.hits("/testkit.wasm"), ran_on.len());
+
+    // Bytes that are not wasm fail the task as invalid_module, not retried.
+    let (kind, message) = failure(
+        &cluster,
+        json!({"module": server.url("/garbage.wasm"), "inputs": [{"text": ""}]}),
+    );
+    assert_eq!(kind, "invalid_module", "{message}");
+    assert_eq!(server.hits("/garbage.wasm"), 1, "not retried");
+    // A 404 and an origin the policy refuses are fetch errors naming the URL; the
+    // refused origin is never contacted.
+    let missing = server.url("/missing.wasm");
+    let (kind, message) = failure(
+        &cluster,
+        json!({"module": missing, "inputs": [{"text": ""}], "max_failures": 1}),
+    );
+    assert_eq!(kind, "fetch_error", "{message}");
+    assert!(
+        message.contains(&missing) && message.contains("404"),
+        "{message}"
+    );
+    let refused = elsewhere.url("/testkit.wasm");
+    let (kind, message) = failure(
+        &cluster,
+        json!({"module": refused, "inputs": [{"text": ""}], "max_failures": 1}),
+    );
+    assert_eq!(kind, "fetch_error", "{message}");
+    assert!(
+        message.contains(&refused) && message.contains("refused"),
+        "{message}"
+    );
+    assert_eq!(elsewhere.hits("/testkit.wasm"), 0);
+
+    // What is neither an id nor a fetchable URL is refused at submit.
+    for (module, kind) in [
+        ("ftp://example.com/m.wasm", "invalid_module_id"),
+        ("http://", "invalid_spec"),
+        ("testkit.wasm", "invalid_module_id"),
+    ] {
+        let (status, body) = cluster.post_raw(
+            "/v1/jobs",
+            json!({"module": module, "inputs": [{"text": ""}]}).to_string(),
+        );
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["kind"], kind, "{body}");
+    }
+}
+
+/// The executor's fetch cache directory in a `flint dev` cluster.
+fn cache_dir(cluster: &DevCluster, executor: &str) -> PathBuf {
+    cluster
+        .data_dir
+        .path()
+        .join("work")
+        .join(executor)
+        .join("cache")
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn fetch_faults_end_tasks_as_clear_fetch_errors_and_leave_nothing_cached() {
+    const CAP: usize = 1_000_000;
+    let whole: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+    let server = Server::start(&[
+        ("/big", Reply::Body(vec![7u8; CAP + 1])),
+        (
+            "/slow",
+            Reply::Trickle {
+                total: 100,
+                every: Duration::from_millis(50),
+            },
+        ),
+        (
+            "/cut",
+            Reply::Cut {
+                declared: whole.len(),
+                sent: whole[..whole.len() / 2].to_vec(),
+            },
+        ),
+    ]);
+    let cluster = DevCluster::start_with(
+        1,
+        1,
+        &[
+            "--fetch-allow",
+            &server.origin,
+            &format!("--executor-arg=--fetch-max-bytes={CAP}"),
+            "--executor-arg=--fetch-timeout-ms=1000",
+        ],
+    );
+    let module = cluster.upload(&guests().testkit);
+    let warm =
+        cluster.run_job(json!({"module": module, "args": ["noop"], "inputs": [{"text": ""}]}));
+    assert_eq!(warm["state"], "succeeded", "{warm}");
+    let cache = cache_dir(&cluster, "exec-1");
+    let blobs_before = entries(&cache.join("blobs"));
+    assert_eq!(blobs_before.len(), 1, "the module: {blobs_before:?}");
+
+    let input = |path: &str| {
+        json!({
+            "module": module,
+            "args": ["echo"],
+            "inputs": [{"url": server.url(path)}],
+            "max_failures": 1,
+        })
+    };
+    let cases = [
+        ("/missing", "HTTP status 404".to_owned()),
+        ("/big", format!("more than the {CAP}-byte limit")),
+        ("/slow", "not done within the 1s deadline".to_owned()),
+        // The body ended before its declared length.
+        ("/cut", "before message length reached".to_owned()),
+    ];
+    for (path, why) in &cases {
+        let started = std::time::Instant::now();
+        let (kind, message) = failure(&cluster, input(path));
+        assert_eq!(kind, "fetch_error", "{path}: {message}");
+        assert!(
+            message.contains(&server.url(path)) && message.contains(why.as_str()),
+            "{path}: {message}"
+        );
+        // The deadline holds: a 5-second trickle is cut at 1 s.
+        assert!(started.elapsed() < Duration::from_secs(4), "{path}");
+        assert_eq!(server.hits(path), 1, "{path}: max_failures 1, one request");
+    }
+    // Nothing of the failed fetches stayed: no blob, no temp file.
+    assert_eq!(entries(&cache.join("blobs")), blobs_before);
+    assert!(entries(&cache.join("tmp")).is_empty());
+
+    // The server heals: the same URL is fetched afresh (a failure is not remembered)
+    // and the bytes are whole.
+    server.set("/cut", Reply::Body(whole.clone()));
+    let job = cluster.run_job(json!({
+        "module": module,
+        "args": ["echo"],
+        "inputs": [{"url": server.url("/cut"), "sha256": hex_sha(&whole)}],
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0), whole);
+    assert_eq!(server.hits("/cut"), 2);
+}
+
+#[test]
+fn a_cached_blob_changed_on_disk_is_refetched_not_served() {
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 239) as u8).collect();
+    let server = Server::start(&[("/data.bin", Reply::Body(data.clone()))]);
+    let cluster = DevCluster::start_with(1, 1, &["--fetch-allow", &server.origin]);
+    let module = cluster.upload(&guests().testkit);
+    let spec = json!({
+        "module": module,
+        "args": ["echo"],
+        "inputs": [{"url": server.url("/data.bin")}],
+    });
+    let job = cluster.run_job(spec.clone());
+    assert_eq!(cluster.result(&job, 0), data);
+    assert_eq!(server.hits("/data.bin"), 1);
+    let job = cluster.run_job(spec.clone());
+    assert_eq!(cluster.result(&job, 0), data);
+    assert_eq!(
+        server.hits("/data.bin"),
+        1,
+        "the second job was served from the cache"
+    );
+
+    // Same size, other bytes, as a stray process (or a bad disk write) would leave it.
+    let blob = cache_dir(&cluster, "exec-1")
+        .join("blobs")
+        .join(hex_sha(&data));
+    let mut corrupt = data.clone();
+    corrupt[1000] ^= 0xff;
+    std::fs::write(&blob, &corrupt).unwrap();
+    // File times tick with the kernel's coarse clock; stamp the write a second later so
+    // the test does not depend on when in a tick it ran.
+    std::fs::File::options()
+        .write(true)
+        .open(&blob)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(1))
+        .unwrap();
+    let job = cluster.run_job(spec);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(
+        cluster.result(&job, 0),
+        data,
+        "the corrupt bytes were served"
+    );
+    assert_eq!(server.hits("/data.bin"), 2, "refetched");
+    assert_eq!(std::fs::read(&blob).unwrap(), data);
+}

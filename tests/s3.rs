@@ -1,0 +1,411 @@
+//! End to end against a real S3-compatible server (moto's server mode, a separate
+//! process on loopback): task inputs, job files and modules fetched from `s3://` URLs,
+//! inputs and files once per executor; a missing key as a clear `fetch_error`; and the
+//! block store in a bucket (`--block-store s3://bucket/prefix`), written by the
+//! executors directly and read back by the driver, byte-exact, after the executors that
+//! wrote it are gone.
+//!
+//! The server is found through `FLINT_MOTO_SERVER` (scripts/test sets it) or at
+//! `$CARGO_TARGET_DIR/venv-moto/bin/moto_server`; without it these tests fail and say
+//! how to install it, rather than pass without having tested anything.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{DevCluster, guests, signal, wait_until};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn hex_sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A moto server on a free loopback port; killed on drop.
+struct Moto {
+    child: Child,
+    endpoint: String,
+    http: reqwest::blocking::Client,
+    _logs: tempfile::TempDir,
+}
+
+impl Moto {
+    fn binary() -> PathBuf {
+        if let Some(path) = std::env::var_os("FLINT_MOTO_SERVER") {
+            return PathBuf::from(path);
+        }
+        // CARGO_TARGET_TMPDIR is `<target dir>/tmp`.
+        Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .expect("the target dir")
+            .join("venv-moto/bin/moto_server")
+    }
+
+    fn start() -> Moto {
+        let binary = Self::binary();
+        assert!(
+            binary.exists(),
+            "no S3-compatible server for the S3 tests: {} does not exist. Run scripts/test \
+             (it installs it), or: python3 -m venv $CARGO_TARGET_DIR/venv-moto && \
+             $CARGO_TARGET_DIR/venv-moto/bin/pip install 'moto[server]>=5,<6' \
+             (or point FLINT_MOTO_SERVER at a moto_server)",
+            binary.display()
+        );
+        // moto_server cannot take port 0: find a free port, free it, hand it over. Another
+        // process could take it in between; the readiness check below would then fail.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let logs = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(logs.path().join("moto.log")).unwrap();
+        let mut command = Command::new(&binary);
+        command
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log);
+        // SAFETY: prctl only, between fork and exec: the server dies with the test even
+        // when the test is killed before its destructors run.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .no_proxy()
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(logs.path().join("moto.log")).unwrap();
+                panic!("moto_server exited ({status}) before it served:\n{log}");
+            }
+            if http.get(&endpoint).send().is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not answer in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Moto {
+            child,
+            endpoint,
+            http,
+            _logs: logs,
+        }
+    }
+
+    /// What object_store's `AmazonS3Builder::from_env` reads, for the driver and the
+    /// executors. moto checks no signatures, but object_store wants credentials to sign.
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "flint-test"),
+            ("AWS_SECRET_ACCESS_KEY", "flint-test-secret"),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// Plain path-style S3 requests: moto needs no signature, so the test's own view of
+    /// the bucket does not go through the code under test.
+    fn create_bucket(&self, bucket: &str) {
+        let response = self
+            .http
+            .put(format!("{}/{bucket}", self.endpoint))
+            .send()
+            .unwrap();
+        assert!(response.status().is_success(), "{:?}", response.text());
+    }
+
+    fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) {
+        let response = self
+            .http
+            .put(format!("{}/{bucket}/{key}", self.endpoint))
+            .body(bytes)
+            .send()
+            .unwrap();
+        assert!(response.status().is_success(), "{:?}", response.text());
+    }
+
+    fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        let response = self
+            .http
+            .get(format!("{}/{bucket}/{key}", self.endpoint))
+            .send()
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "{key}: {}",
+            response.status()
+        );
+        response.bytes().unwrap().to_vec()
+    }
+
+    /// The keys under `prefix` (ListObjectsV2; fewer than a page in these tests).
+    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let response = self
+            .http
+            .get(format!(
+                "{}/{bucket}?list-type=2&prefix={prefix}",
+                self.endpoint
+            ))
+            .send()
+            .unwrap();
+        assert!(response.status().is_success());
+        let xml = response.text().unwrap();
+        xml.split("<Key>")
+            .skip(1)
+            .map(|rest| rest.split("</Key>").next().unwrap().to_owned())
+            .collect()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Per executor, a counter from the driver's /metrics (reported by heartbeats).
+fn per_executor(cluster: &DevCluster, metric: &str) -> BTreeMap<String, u64> {
+    let (status, text) = cluster.get_bytes("/metrics");
+    assert_eq!(status, 200);
+    let prefix = format!("{metric}{{executor=\"");
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (id, value) = rest.split_once("\"} ")?;
+            Some((id.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// How many of a job's tasks ran on each executor.
+fn tasks_per_executor(cluster: &DevCluster, job: &Value) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for task in cluster.tasks(job) {
+        *counts
+            .entry(task["executor"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    counts
+}
+
+/// Waits until every executor's heartbeat has reported the expected fetch counters.
+fn wait_for_fetches(
+    cluster: &DevCluster,
+    misses: &BTreeMap<String, u64>,
+    hits: &BTreeMap<String, u64>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now_misses = per_executor(cluster, "flint_executor_fetch_cache_misses_total");
+        let now_hits = per_executor(cluster, "flint_executor_fetch_cache_hits_total");
+        let matches = |want: &BTreeMap<String, u64>, got: &BTreeMap<String, u64>| {
+            got.iter()
+                .all(|(id, n)| *n == want.get(id).copied().unwrap_or(0))
+        };
+        if matches(misses, &now_misses) && matches(hits, &now_hits) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fetch counters: misses {now_misses:?} (want {misses:?}), hits {now_hits:?} (want {hits:?})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn s3_inputs_and_files_are_fetched_once_per_executor_and_a_missing_key_names_its_url() {
+    let moto = Moto::start();
+    moto.create_bucket("flint-in");
+    // Past the 1 MiB inline limit when echoed back: the result goes to the block store too.
+    let input: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+    moto.put("flint-in", "data/input.bin", input.clone());
+    moto.put("flint-in", "data/words.txt", b"alpha\nbeta\n".to_vec());
+    let cluster =
+        DevCluster::start_with_env(2, 1, &["--fetch-allow", "s3://flint-in"], &moto.env());
+    let module = cluster.upload(&guests().testkit);
+    let input_url = "s3://flint-in/data/input.bin";
+    let run = |tasks: usize| {
+        let job = cluster.run_job(json!({
+            "module": module,
+            "files": {"words.txt": {"url": "s3://flint-in/data/words.txt"}},
+            "args": ["echo"],
+            "inputs": vec![json!({"url": input_url, "sha256": hex_sha(&input)}); tasks],
+        }));
+        assert_eq!(job["state"], "succeeded", "{job}");
+        job
+    };
+    let first = run(12);
+    for index in [0, 11] {
+        assert_eq!(
+            hex_sha(&cluster.result(&first, index)),
+            hex_sha(&input),
+            "task {index}"
+        );
+    }
+    // Each executor that ran tasks downloaded three things once: the module (from the
+    // driver), the input and the file (from S3); every other task's input was a hit.
+    let ran = tasks_per_executor(&cluster, &first);
+    let misses: BTreeMap<String, u64> = ran.keys().map(|id| (id.clone(), 3)).collect();
+    let mut hits: BTreeMap<String, u64> = ran.iter().map(|(id, n)| (id.clone(), n - 1)).collect();
+    wait_for_fetches(&cluster, &misses, &hits);
+
+    // The same URLs again (same driver timestamp): nothing downloaded, all hits. The
+    // module is already compiled there and the job's files are fetched once per job.
+    let second = run(6);
+    for (id, n) in tasks_per_executor(&cluster, &second) {
+        // A new job's files: one more (hit) per executor that runs it, plus its inputs.
+        *hits.entry(id).or_default() += n + 1;
+    }
+    wait_for_fetches(&cluster, &misses, &hits);
+
+    // A task reads the file that came from S3.
+    let read = cluster.run_job(json!({
+        "module": module,
+        "files": {"words.txt": {"url": "s3://flint-in/data/words.txt"}},
+        "args": ["read", "/files/words.txt"],
+        "inputs": [{"text": ""}],
+    }));
+    assert_eq!(read["state"], "succeeded", "{read}");
+    assert_eq!(cluster.result(&read, 0), b"alpha\nbeta\n");
+
+    // A module by s3:// URL, fetched by the executors from the bucket.
+    moto.put(
+        "flint-in",
+        "modules/testkit.wasm",
+        std::fs::read(&guests().testkit).unwrap(),
+    );
+    let by_url = cluster.run_job(json!({
+        "module": "s3://flint-in/modules/testkit.wasm",
+        "args": ["echo"],
+        "inputs": [{"text": "from a module in a bucket"}],
+    }));
+    assert_eq!(by_url["state"], "succeeded", "{by_url}");
+    assert_eq!(cluster.result(&by_url, 0), b"from a module in a bucket");
+
+    // A key that does not exist, and a bucket that is not allowed: fetch errors that name
+    // the URL, and say why.
+    for (url, why) in [
+        ("s3://flint-in/data/missing.bin", "not found"),
+        ("s3://other-bucket/data/input.bin", "refused"),
+    ] {
+        let job = cluster.run_job(json!({
+            "module": module,
+            "args": ["echo"],
+            "inputs": [{"url": url}],
+            "max_failures": 1,
+        }));
+        assert_eq!(job["state"], "failed", "{job}");
+        let task = &cluster.tasks(&job)[0];
+        assert_eq!(task["error"]["kind"], "fetch_error", "{task}");
+        let message = task["error"]["message"].as_str().unwrap().to_lowercase();
+        assert!(
+            message.contains(url) && message.contains(why),
+            "{url}: {message}"
+        );
+    }
+}
+
+/// hashgen's output for `seed` and `mib`, made here independently.
+fn splitmix_stream(seed: u64, mib: usize) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(mib << 20);
+    while out.len() < mib << 20 {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
+    // 12 MiB: past object_store's 10 MiB buffer, so each block is a multipart upload.
+    const MIB: usize = 12;
+    let moto = Moto::start();
+    moto.create_bucket("flint-blocks");
+    let cluster = DevCluster::start_with_env(
+        2,
+        1,
+        &["--block-store", "s3://flint-blocks/results"],
+        &moto.env(),
+    );
+    let module = cluster.upload(&guests().hashgen);
+    let seeds = [1u64, 2, 3, 4];
+    let job = cluster.run_job(json!({
+        "module": module,
+        "inputs": seeds.iter().map(|s| json!({"text": format!(r#"{{"seed": {s}, "mib": {MIB}}}"#)})).collect::<Vec<_>>(),
+        "resources": {"memory_mb": 64},
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let expected: Vec<String> = seeds
+        .iter()
+        .map(|&s| hex_sha(&splitmix_stream(s, MIB)))
+        .collect();
+    let id = job["id"].as_str().unwrap();
+
+    // The blocks are in the bucket, under the prefix, with the bytes the tasks wrote.
+    let keys = moto.keys("flint-blocks", "results/");
+    assert_eq!(keys.len(), seeds.len(), "{keys:?}");
+    let by_sha: HashMap<String, String> = keys
+        .iter()
+        .map(|key| (hex_sha(&moto.get("flint-blocks", key)), key.clone()))
+        .collect();
+    for (index, sha) in expected.iter().enumerate() {
+        let key = by_sha
+            .get(sha)
+            .unwrap_or_else(|| panic!("task {index}: no object holds its bytes: {keys:?}"));
+        assert!(key.starts_with(&format!("results/{id}/")), "{key}");
+    }
+
+    // A chained job reads one of them back from the bucket as its input.
+    let chained = cluster.run_job(json!({
+        "module": cluster.upload(&guests().testkit),
+        "args": ["echo"],
+        "inputs": [{"result": {"job": id, "task": 2}}],
+    }));
+    assert_eq!(chained["state"], "succeeded", "{chained}");
+    assert_eq!(hex_sha(&cluster.result(&chained, 0)), expected[2]);
+
+    // Every executor gone: the driver streams the results from the bucket.
+    let executors = cluster.executors();
+    for e in &executors {
+        signal(e["pid"].as_u64().unwrap() as u32, libc::SIGKILL);
+    }
+    wait_until(Duration::from_secs(10), "the executors to be lost", || {
+        cluster.executors().iter().all(|e| e["state"] != "alive")
+    });
+    for (index, task) in cluster.tasks(&job).iter().enumerate() {
+        let bytes = cluster.result(&job, index as u64);
+        assert_eq!(bytes.len(), MIB << 20, "task {index}");
+        assert_eq!(hex_sha(&bytes), expected[index], "task {index}");
+        assert_eq!(task["result"]["sha256"], expected[index].as_str(), "{task}");
+    }
+}
