@@ -43,12 +43,25 @@ pub struct BenchArgs {
     results_mib: Option<usize>,
     #[arg(long, default_value_t = 8)]
     result_tasks: usize,
+    /// The driver's `--block-store` for `--results-mib`: `driver` (uploads through the
+    /// driver), or `local` for a directory beside the data dir that the executors, on
+    /// this machine, write themselves (`file://`), or any object store URL.
+    #[arg(long, default_value = "driver")]
+    block_store: String,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let wasm = std::fs::read(&args.module)
         .with_context(|| format!("reading {}", args.module.display()))?;
     let data_dir = tempfile::tempdir()?;
+    let block_store = match args.block_store.as_str() {
+        "local" => {
+            let dir = data_dir.path().join("local-blocks");
+            std::fs::create_dir_all(&dir)?;
+            format!("file://{}", dir.display())
+        }
+        other => other.to_owned(),
+    };
     let dev = DevArgs {
         executors: if args.pending_memory.is_some() {
             0
@@ -68,7 +81,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             max_event_streams: flint_protocol::defaults::MAX_EVENT_STREAMS as u64,
             executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
             fetch_allow: Vec::new(),
-            block_store: "driver".into(),
+            block_store,
             inline_result_bytes: flint_protocol::defaults::INLINE_RESULT_BYTES,
             locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
             speculation: false,
@@ -92,7 +105,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::Result<()> {
     let client = Client::new(&cluster.http_url);
     wait_for_executors(args, cluster).await?;
-    let module = client.upload_module(wasm).await?;
+    let module = client.upload_module(wasm.clone()).await?;
     let job = |n: usize| JobSpec {
         name: Some("bench".into()),
         module: module.id.to_string(),
@@ -131,6 +144,37 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
         latencies.get(i).copied().unwrap_or_default()
     };
 
+    // The executor-only floor in the same run: the same module through the executor's
+    // task runner in this process, with as many task threads as the cluster has cores,
+    // no driver, no network. What the whole system is measured against.
+    let threads = (args.executors * args.cores) as usize;
+    let (tasks, jobs) = (args.tasks as u32, args.latency_jobs);
+    let (local_elapsed, mut local_trips) = tokio::task::spawn_blocking(move || {
+        let config = flint_executor::sandbox::SandboxConfig {
+            slots: threads as u32,
+            max_memory_bytes: 4096 << 20,
+            fuel: false,
+        };
+        let sandbox = std::sync::Arc::new(flint_executor::sandbox::Sandbox::new(config)?);
+        let mut local = flint_executor::local::LocalRunner::new(
+            sandbox,
+            config,
+            threads,
+            &wasm,
+            vec!["noop".into()],
+        )?;
+        local.throughput(tasks.min(1000))?; // warm-up
+        anyhow::Ok((local.throughput(tasks)?, local.round_trips(jobs)?))
+    })
+    .await??;
+    local_trips.sort();
+    let local_pct = |p: f64| {
+        let i = ((local_trips.len() as f64 - 1.0) * p).round() as usize;
+        local_trips.get(i).copied().unwrap_or_default()
+    };
+    let rate = args.tasks as f64 / elapsed.as_secs_f64();
+    let local_rate = args.tasks as f64 / local_elapsed.as_secs_f64();
+
     println!(
         "flint bench: {} executor(s) x {} core(s), testkit noop",
         args.executors, args.cores
@@ -142,10 +186,12 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
         ms(warm)
     );
     println!(
-        "  throughput: {} tasks in {:.3} s = {:.0} tasks/s",
+        "  throughput: {} tasks in {:.3} s = {:.0} tasks/s; executor-only floor ({threads} task thread(s) in-process): {:.0} tasks/s, {:.1}x the whole system",
         args.tasks,
         elapsed.as_secs_f64(),
-        args.tasks as f64 / elapsed.as_secs_f64()
+        rate,
+        local_rate,
+        local_rate / rate
     );
     println!(
         "  single-task job submit-to-result latency over {} jobs: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
@@ -153,6 +199,11 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
         ms(pct(0.50)),
         ms(pct(0.99)),
         ms(latencies.last().copied().unwrap_or_default())
+    );
+    println!(
+        "  executor-only floor, launch to status of one task: p50 {:.3} ms, p99 {:.3} ms",
+        ms(local_pct(0.50)),
+        ms(local_pct(0.99))
     );
     Ok(())
 }
@@ -294,11 +345,12 @@ async fn measure_results(
         }
     }
     println!(
-        "flint bench --results-mib {mib}: {} tasks x {mib} MiB = {} MiB, {} executor(s) x {} core(s), block store in the driver's data dir",
+        "flint bench --results-mib {mib}: {} tasks x {mib} MiB = {} MiB, {} executor(s) x {} core(s), block store: {}",
         args.result_tasks,
         total >> 20,
         args.executors,
-        args.cores
+        args.cores,
+        args.block_store
     );
     println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
     println!(

@@ -21,12 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flint_executor::compiler::{CompilerMode, ModuleCompiler, Source};
-use flint_executor::runner::{RunnerSettings, TaskRunner};
+use flint_executor::local::LocalRunner;
 use flint_executor::sandbox::{self, Compiled, Sandbox, SandboxConfig};
-use flint_fetch_cache::{FetchCache, FetchOptions};
-use flint_protocol::{
-    Digest, ExecutorMessage, JobId, ModuleRef, Resources, TaskDescription, TaskId, TaskInput,
-};
+use flint_protocol::Digest;
 use wasmtime::{Linker, Module, Store, StoreLimitsBuilder};
 
 const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
@@ -101,87 +98,9 @@ fn floor_per_task(tasks: usize) -> Duration {
 
 /// The executor's own per-task path, one task thread, module already compiled, status
 /// updates consumed as the executor's connection writer does (park, then drain).
-fn runner_per_task(
-    tasks: usize,
-    digest: Digest,
-    compiled: Compiled,
-    sandbox: Arc<Sandbox>,
-) -> Duration {
-    let dir = tempfile::tempdir().unwrap();
-    let fetcher = FetchCache::open(dir.path().join("cache"), FetchOptions::default()).unwrap();
-    let compiler = ModuleCompiler::new(
-        sandbox.clone(),
-        config(),
-        dir.path().join("compiled"),
-        CompilerMode::InProcess,
-    )
-    .unwrap();
-    let (updates, mut statuses) = tokio::sync::mpsc::unbounded_channel();
-    let runner = TaskRunner::start(
-        sandbox,
-        fetcher,
-        compiler,
-        RunnerSettings {
-            files_root: dir.path().join("files"),
-            threads: 1,
-            max_log_bytes: 1 << 20,
-            blocks: None,
-            inline_result_bytes: usize::MAX,
-        },
-        updates,
-    );
-    runner.preload(digest, compiled);
-    let description = |index: u32| TaskDescription {
-        task: TaskId {
-            job: JobId("bench".into()),
-            index,
-        },
-        attempt: 1,
-        generation: 1,
-        task_count: tasks as u32,
-        name: "bench".into(),
-        module: ModuleRef {
-            digest: Some(digest),
-            url: "http://unused.invalid/".into(),
-            timestamp_ms: 0,
-            size: None,
-        },
-        files: vec![],
-        args: vec!["noop".into()],
-        env: vec![],
-        input: TaskInput::Inline(Vec::new()),
-        resources: Resources::default(),
-    };
-    // A deep queue, so that the task thread never waits for the next launch: the figure
-    // is the per-task cost, not the launch latency.
-    const AHEAD: u32 = 256;
-    // Built beforehand, so that the figure is the runner's cost, not the bench's.
-    let mut descriptions: Vec<TaskDescription> = (0..tasks as u32).rev().map(description).collect();
-    let started = Instant::now();
-    let mut launched = 0;
-    let mut done = 0;
-    while done < tasks as u32 {
-        while launched < tasks as u32 && launched - done < AHEAD {
-            runner.launch(descriptions.pop().expect("one per task"));
-            launched += 1;
-        }
-        let first = statuses.blocking_recv();
-        // Then whatever else is ready, as the executor's writer does (write_batched): one
-        // wake-up serves every status that arrived while the consumer was waking.
-        let batch = first
-            .into_iter()
-            .chain(std::iter::from_fn(|| statuses.try_recv().ok()));
-        for message in batch {
-            match message {
-                ExecutorMessage::StatusUpdate(status) => {
-                    assert!(status.end.outcome.is_ok(), "{:?}", status.end.outcome);
-                    done += 1;
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-    }
-    started.elapsed() / tasks as u32
+fn runner_per_task(tasks: usize, wasm: &[u8], sandbox: Arc<Sandbox>) -> Duration {
+    let mut runner = LocalRunner::new(sandbox, config(), 1, wasm, vec!["noop".into()]).unwrap();
+    runner.throughput(tasks as u32).unwrap() / tasks as u32
 }
 
 /// `Sandbox::run` alone: the WASI context, pipes and limits Flint sets up, without the
@@ -270,19 +189,12 @@ fn main() {
     // lands on all of them alike; each figure is the median of its rounds.
     let sandbox = Arc::new(Sandbox::new(config()).unwrap());
     let wasm = wat::parse_str(NOOP).unwrap();
-    let digest = Digest::of(&wasm);
     let mut rounds: [Vec<Duration>; 3] = Default::default();
     for _ in 0..args.rounds {
         rounds[0].push(floor_per_task(args.tasks));
         let compiled = sandbox.compile(&wasm).unwrap();
         rounds[1].push(sandbox_run_per_task(args.tasks, &sandbox, &compiled));
-        let compiled = sandbox.compile(&wasm).unwrap();
-        rounds[2].push(runner_per_task(
-            args.tasks,
-            digest,
-            compiled,
-            sandbox.clone(),
-        ));
+        rounds[2].push(runner_per_task(args.tasks, &wasm, sandbox.clone()));
     }
     let [floor, run_only, runner] = rounds.map(|mut r| {
         r.sort();
@@ -305,8 +217,7 @@ fn main() {
     }
     if let Some(component) = &args.component {
         let wasm = std::fs::read(component).unwrap();
-        let compiled = sandbox.compile(&wasm).unwrap();
-        let runner = runner_per_task(args.tasks, Digest::of(&wasm), compiled, sandbox.clone());
+        let runner = runner_per_task(args.tasks, &wasm, sandbox.clone());
         println!(
             "  p2 testkit noop component, runner, consumer parked: {:.1} us/task",
             us(runner)

@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod blocks;
 pub mod compiler;
+pub mod local;
 mod outcome;
 mod pipes;
 pub mod results;
