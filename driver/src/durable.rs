@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flint_protocol::TaskResult;
-use flint_protocol::api::{JobState, TaskState};
+use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
 
 use crate::state::{Action, ClusterState, Job, NewJob, NewTask, Task};
@@ -61,7 +61,7 @@ impl ClusterState {
                 let Some(task) = entry.tasks.get_mut(index as usize) else {
                     continue;
                 };
-                entry.result_bytes += restore_task(task, record);
+                entry.result_bytes += restore_task(task, &mut entry.counts, record);
             }
             entry
                 .pending
@@ -93,7 +93,8 @@ impl ClusterState {
                     actions.extend(Self::end_job(entry, state, reason, now));
                 }
                 None => {
-                    if entry.tasks.iter().any(|t| t.state.is_final()) {
+                    let c = entry.counts();
+                    if c.succeeded + c.failed + c.killed > 0 {
                         entry.state = JobState::Running;
                     }
                 }
@@ -122,9 +123,9 @@ fn new_job(job: JobRecord) -> NewJob {
 }
 
 /// Returns the size of the task's result.
-fn restore_task(task: &mut Task, record: TaskEndRecord) -> u64 {
+fn restore_task(task: &mut Task, counts: &mut TaskCounts, record: TaskEndRecord) -> u64 {
     let mut job_result_bytes = 0;
-    task.state = record.state;
+    crate::state::set_state(counts, task, record.state);
     task.attempts = record.attempts;
     task.executor = record.executor;
     task.failure = record.failure;

@@ -136,6 +136,25 @@ pub struct Job {
     pub error: Option<(String, String)>,
     /// Bytes of the results kept so far, against `def.max_result_bytes`.
     pub result_bytes: u64,
+    /// Tasks by state, kept as states change through [`set_state`]: a job of a million
+    /// tasks must not be scanned once per status update.
+    pub(crate) counts: TaskCounts,
+}
+
+/// The one way a task's state changes, so that its job's counts stay true.
+pub(crate) fn set_state(counts: &mut TaskCounts, task: &mut Task, to: TaskState) {
+    fn slot(counts: &mut TaskCounts, state: TaskState) -> &mut u32 {
+        match state {
+            TaskState::Pending => &mut counts.pending,
+            TaskState::Running => &mut counts.running,
+            TaskState::Succeeded => &mut counts.succeeded,
+            TaskState::Failed => &mut counts.failed,
+            TaskState::Killed => &mut counts.killed,
+        }
+    }
+    *slot(counts, task.state) -= 1;
+    *slot(counts, to) += 1;
+    task.state = to;
 }
 
 pub struct Task {
@@ -179,7 +198,7 @@ impl Job {
         let constrained = std::mem::take(&mut self.constrained);
         for index in self.pending.drain(..).chain(constrained) {
             let task = &mut self.tasks[index as usize];
-            task.state = TaskState::Killed;
+            set_state(&mut self.counts, task, TaskState::Killed);
             task.failure = Some(TaskFailure::new(
                 FailureKind::Killed,
                 "not run: the job ended before this task started",
@@ -196,7 +215,7 @@ impl Job {
     /// Puts a task back to be launched again.
     fn requeue(&mut self, index: u32, front: bool) {
         let task = &mut self.tasks[index as usize];
-        task.state = TaskState::Pending;
+        set_state(&mut self.counts, task, TaskState::Pending);
         self.speculative.retain(|&i| i != index);
         if !task.failed_on.is_empty() {
             self.constrained.push(index);
@@ -208,6 +227,17 @@ impl Job {
     }
 
     pub fn counts(&self) -> TaskCounts {
+        debug_assert_eq!(self.counts, self.scan_counts(), "job {}", self.def.id);
+        self.counts
+    }
+
+    /// Whether every task has ended.
+    pub fn all_final(&self) -> bool {
+        let c = self.counts();
+        c.pending == 0 && c.running == 0
+    }
+
+    fn scan_counts(&self) -> TaskCounts {
         let mut counts = TaskCounts::default();
         for task in &self.tasks {
             *match task.state {
@@ -453,6 +483,10 @@ impl ClusterState {
             })
             .collect::<Vec<_>>();
         let pending = (0..tasks.len() as u32).collect();
+        let counts = TaskCounts {
+            pending: tasks.len() as u32,
+            ..TaskCounts::default()
+        };
         self.job_order.push(job.def.id.clone());
         self.queue.push_back(job.def.id.clone());
         self.jobs.insert(
@@ -468,6 +502,7 @@ impl ClusterState {
                 finished_at: None,
                 error: None,
                 result_bytes: 0,
+                counts,
             },
         );
     }
@@ -539,7 +574,7 @@ impl ClusterState {
             .any(|e| e.running.contains_key(&status.task));
         match status.end.outcome {
             Ok(result) if job.result_bytes + result.len() > job.def.max_result_bytes => {
-                task.state = TaskState::Failed;
+                set_state(&mut job.counts, task, TaskState::Failed);
                 let failure = TaskFailure::new(
                     FailureKind::ResultLimit,
                     format!(
@@ -559,7 +594,7 @@ impl ClusterState {
             }
             Ok(result) => {
                 job.result_bytes += result.len();
-                task.state = TaskState::Succeeded;
+                set_state(&mut job.counts, task, TaskState::Succeeded);
                 task.executor = Some(executor_id.clone());
                 task.result_digest = Some(result.digest());
                 task.result = Some(result);
@@ -617,7 +652,7 @@ impl ClusterState {
                 }
             }
             Err(failure) => {
-                task.state = TaskState::Failed;
+                set_state(&mut job.counts, task, TaskState::Failed);
                 let reason = format!(
                     "task {} failed after {} attempt(s): {}: {}",
                     status.task.index, task.attempts, failure.kind, failure.message
@@ -632,7 +667,7 @@ impl ClusterState {
             .jobs
             .get_mut(&status.task.job)
             .expect("job checked above");
-        if !job.state.is_final() && job.tasks.iter().all(|t| t.state.is_final()) {
+        if !job.state.is_final() && job.all_final() {
             actions.extend(Self::end_job(job, JobState::Succeeded, None, now));
         }
         actions.extend(self.make_offers_at(now));
@@ -790,7 +825,7 @@ impl ClusterState {
                 job.state = JobState::Running;
             }
             let task = &mut job.tasks[index as usize];
-            task.state = TaskState::Running;
+            set_state(&mut job.counts, task, TaskState::Running);
             task.attempts += 1;
             task.executor = Some(executor_id.clone());
             executor.running.insert(
@@ -1010,7 +1045,7 @@ impl ClusterState {
                     continue;
                 }
                 if !task.state.is_final() {
-                    task.state = TaskState::Killed;
+                    set_state(&mut job.counts, task, TaskState::Killed);
                     task.failure = Some(TaskFailure::new(FailureKind::Killed, why));
                 }
                 actions.push(Action::Kill {
