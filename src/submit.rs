@@ -19,8 +19,18 @@ use crate::progress::{Progress, ProgressMode};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SubmitArgs {
-    /// The task: a wasm32-wasip1 module or a wasm32-wasip2 command component.
+    /// The task: a wasm32-wasip1 module or a wasm32-wasip2 command component. A local
+    /// path is uploaded; an uploaded module's id (`sha256:<hex>`) or a URL (`https://`,
+    /// `http://`, `s3://`, `file://`, fetched by the executors where their URL policy
+    /// allows it) is passed on as it is.
     module: PathBuf,
+    /// For a module by URL: the SHA-256 its bytes must have (`<hex>` or `sha256:<hex>`).
+    #[arg(long, value_name = "HEX")]
+    module_sha256: Option<String>,
+    /// For a module by URL: when it was (re)published, ms since the Unix epoch; a newer
+    /// value makes executors fetch it again.
+    #[arg(long, value_name = "MS")]
+    module_timestamp_ms: Option<u64>,
     /// A file every task reads at /files/NAME (repeat for more).
     #[arg(long = "file", value_name = "NAME=PATH", value_parser = parse_file)]
     files: Vec<(String, PathBuf)>,
@@ -124,8 +134,22 @@ fn inputs_in_order(args: &SubmitArgs, matches: &ArgMatches) -> anyhow::Result<Ve
 }
 
 pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> {
-    let wasm = std::fs::read(&args.module)
-        .with_context(|| format!("reading {}", args.module.display()))?;
+    let given = args.module.to_string_lossy();
+    let remote = given.starts_with("sha256:")
+        || ["http://", "https://", "s3://", "file://"]
+            .iter()
+            .any(|scheme| given.starts_with(scheme));
+    if !remote && (args.module_sha256.is_some() || args.module_timestamp_ms.is_some()) {
+        bail!("--module-sha256 and --module-timestamp-ms are for a module given by URL");
+    }
+    let wasm = if remote {
+        None
+    } else {
+        Some(
+            std::fs::read(&args.module)
+                .with_context(|| format!("reading {}", args.module.display()))?,
+        )
+    };
     let mut inputs = inputs_in_order(&args, matches)?;
     if inputs.is_empty() {
         // One task with empty stdin, so `flint submit task.wasm` just runs it.
@@ -138,7 +162,10 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         file_bytes.push((name.clone(), bytes));
     }
     let client = args.url.client();
-    let module = client.upload_module(wasm).await?;
+    let module = match wasm {
+        Some(wasm) => client.upload_module(wasm).await?.id.to_string(),
+        None => given.into_owned(),
+    };
     let mut files = BTreeMap::new();
     for (name, bytes) in file_bytes {
         let uploaded = client
@@ -153,13 +180,17 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         }
     }
     let name = args.name.clone().or_else(|| {
+        // The last path segment, also of a URL (`https://host/wc.wasm` -> `wc`).
         args.module
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
+            .filter(|s| !s.starts_with("sha256:"))
     });
     let spec = JobSpec {
         name,
-        module: module.id.to_string(),
+        module,
+        module_sha256: args.module_sha256.clone(),
+        module_timestamp_ms: args.module_timestamp_ms,
         files,
         args: args.args.clone(),
         env: args.env.iter().cloned().collect(),

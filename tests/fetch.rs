@@ -191,6 +191,65 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
     run();
     assert_eq!(server.hits("/testkit.wasm"), ran_on.len());
 
+    // The module's expected digest: a wrong one fails the task as a fetch error naming
+    // both digests (one more download, nothing cached under the wrong name); the right
+    // one runs.
+    let wrong = "ab".repeat(32);
+    let stamp = 4_102_444_800_000u64; // 2100-01-01: newer than the driver's first sight
+    let (kind, message) = failure(
+        &cluster,
+        json!({"module": module, "module_sha256": wrong, "module_timestamp_ms": stamp,
+               "args": ["noop"], "inputs": [{"text": ""}], "max_failures": 1}),
+    );
+    assert_eq!(kind, "fetch_error", "{message}");
+    let testkit_sha = hex_sha(&std::fs::read(&guests().testkit).unwrap());
+    assert!(
+        message.contains(&wrong) && message.contains(&testkit_sha),
+        "names both digests: {message}"
+    );
+    let hits = server.hits("/testkit.wasm");
+    assert_eq!(hits, ran_on.len() + 1);
+    // A newer timestamp (and the right digest, given as `sha256:<hex>`): the executors
+    // that run it fetch it again, once each; the CLI passes a URL on as it is.
+    let before = server.hits("/testkit.wasm");
+    let output = std::process::Command::new(common::FLINT)
+        .args([
+            "submit",
+            &module,
+            "--module-sha256",
+            &format!("sha256:{testkit_sha}"),
+            "--module-timestamp-ms",
+            &(stamp + 1).to_string(),
+            "--arg",
+            "echo",
+            "--input-text",
+            "by url",
+            "--wait",
+            "--progress",
+            "off",
+        ])
+        .env("FLINT_URL", &cluster.http)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "by url");
+    assert_eq!(server.hits("/testkit.wasm"), before + 1, "one task, one executor");
+    // Digest and timestamp are for URLs: with an uploaded module's id they are refused.
+    let id = cluster.upload(&guests().testkit);
+    let (status, body) = cluster.post_raw(
+        "/v1/jobs",
+        json!({"module": id, "module_sha256": testkit_sha, "inputs": [{"text": ""}]})
+            .to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("module_sha256"),
+        "{body}"
+    );
+
     // Bytes that are not wasm fail the task as invalid_module, not retried.
     let (kind, message) = failure(
         &cluster,

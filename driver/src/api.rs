@@ -460,7 +460,7 @@ async fn submit_job(
 
 /// Checks a spec and turns it into a job the scheduler can run.
 fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
-    let module = module_ref(driver, &spec.module)?;
+    let module = module_ref(driver, &spec)?;
     let files = spec
         .files
         .iter()
@@ -590,8 +590,15 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
 /// fetch cache and URL policy (cached by (URL, timestamp) like files; its bytes are
 /// checked as wasm where they are compiled, so a bad one fails its tasks as
 /// `invalid_module`).
-fn module_ref(driver: &Driver, module: &str) -> ApiResult<ModuleRef> {
+fn module_ref(driver: &Driver, spec: &JobSpec) -> ApiResult<ModuleRef> {
+    let module = spec.module.as_str();
     if module.starts_with("sha256:") {
+        if spec.module_sha256.is_some() || spec.module_timestamp_ms.is_some() {
+            return Err(ApiError::invalid(
+                "invalid_spec",
+                "module_sha256 and module_timestamp_ms are for a module by URL; an uploaded module's id is already its digest",
+            ));
+        }
         let digest = parse_module_id(module)?;
         let info = driver.modules.get(&digest).ok_or_else(|| {
             ApiError::invalid(
@@ -619,9 +626,9 @@ fn module_ref(driver: &Driver, module: &str) -> ApiResult<ModuleRef> {
     }
     check_url(module, "module")?;
     Ok(ModuleRef {
-        digest: None,
+        digest: parse_sha256(spec.module_sha256.as_deref(), "module")?,
         url: module.to_owned(),
-        timestamp_ms: driver.url_timestamp(module, None),
+        timestamp_ms: driver.url_timestamp(module, spec.module_timestamp_ms),
         size: None,
     })
 }

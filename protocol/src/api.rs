@@ -18,6 +18,16 @@ pub struct JobSpec {
     /// (URL, the time the driver first saw it). No pattern in the OpenAPI document: one
     /// for URLs would have API fuzzers make executors dial whatever address they invent.
     pub module: String,
+    /// For a module by URL: what its bytes must hash to (`<hex>` or `sha256:<hex>`). An
+    /// executor that fetches other bytes fails the task as `fetch_error`, naming both
+    /// digests. Refused with an uploaded module's id (that id is its digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_sha256: Option<String>,
+    /// For a module by URL: when its content was (re)published, ms since the Unix
+    /// epoch. Executors cache a module by (URL, timestamp), so a newer timestamp makes
+    /// them fetch it again. Left out, it is when the driver first saw the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_timestamp_ms: Option<u64>,
     /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
     /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of
     /// `A-Z a-z 0-9 . _ -`, not `.` or `..`.
