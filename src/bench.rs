@@ -30,6 +30,9 @@ pub struct BenchArgs {
     /// The driver's `--launch-ahead`.
     #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD)]
     launch_ahead: u32,
+    /// The driver's `--launch-ahead-max`.
+    #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD_MAX)]
+    launch_ahead_max: u32,
     /// Instead of the throughput and latency figures: start a driver with no executors,
     /// submit one job of this many no-op tasks (all stay pending) and print the driver's
     /// resident memory per pending task.
@@ -86,6 +89,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
             speculation: false,
             launch_ahead: args.launch_ahead,
+            launch_ahead_max: args.launch_ahead_max,
+            queue_budget_us: flint_protocol::defaults::QUEUE_BUDGET_US,
             speculation_quantile: 0.75,
             speculation_multiplier: 1.5,
         },

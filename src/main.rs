@@ -198,6 +198,16 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_LAUNCH_AHEAD", default_value_t = flint_protocol::defaults::LAUNCH_AHEAD,
           value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub launch_ahead: u32,
+    /// The deepest the queue of --launch-ahead grows once the jobs with work are known to
+    /// run short tasks: as many as fit in --queue-budget-us of their run time per core.
+    #[arg(long, env = "FLINT_LAUNCH_AHEAD_MAX", default_value_t = flint_protocol::defaults::LAUNCH_AHEAD_MAX,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub launch_ahead_max: u32,
+    /// Run time of work (microseconds per core, from the jobs' average task run time)
+    /// queued ahead on an executor; bounds what a task queued behind a straggler waits.
+    #[arg(long, env = "FLINT_QUEUE_BUDGET_US", default_value_t = flint_protocol::defaults::QUEUE_BUDGET_US,
+          value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub queue_budget_us: u64,
     #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = 0.75,
           value_parser = parse_quantile)]
     pub speculation_quantile: f64,
@@ -241,6 +251,8 @@ impl DriverArgs {
         config.inline_result_bytes = self.inline_result_bytes;
         config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);
         config.scheduling.launch_ahead = self.launch_ahead;
+        config.scheduling.launch_ahead_max = self.launch_ahead_max;
+        config.scheduling.queue_budget = Duration::from_micros(self.queue_budget_us);
         config.scheduling.speculation =
             self.speculation
                 .then(|| flint_driver::speculation::SpeculationConfig {

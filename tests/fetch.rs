@@ -233,13 +233,16 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "by url");
-    assert_eq!(server.hits("/testkit.wasm"), before + 1, "one task, one executor");
+    assert_eq!(
+        server.hits("/testkit.wasm"),
+        before + 1,
+        "one task, one executor"
+    );
     // Digest and timestamp are for URLs: with an uploaded module's id they are refused.
     let id = cluster.upload(&guests().testkit);
     let (status, body) = cluster.post_raw(
         "/v1/jobs",
-        json!({"module": id, "module_sha256": testkit_sha, "inputs": [{"text": ""}]})
-            .to_string(),
+        json!({"module": id, "module_sha256": testkit_sha, "inputs": [{"text": ""}]}).to_string(),
     );
     assert_eq!(status, 422, "{body}");
     assert!(

@@ -61,8 +61,13 @@ pub struct SchedulingConfig {
     /// Copies of slow tasks; `None` (the default) never copies.
     pub speculation: Option<SpeculationConfig>,
     /// 1-core tasks launched to each executor beyond its free cores, queued there for
-    /// its task threads, so that no thread waits a round trip for its next task.
+    /// its task threads, so that no thread waits a round trip for its next task. The
+    /// depth when nothing is known of the tasks' run time; 0 turns pipelining off.
     pub launch_ahead: u32,
+    /// How deep the queue may grow once the jobs with work are known to run short tasks:
+    /// up to `queue_budget` of their run time per core, at most this many.
+    pub launch_ahead_max: u32,
+    pub queue_budget: Duration,
 }
 
 impl Default for SchedulingConfig {
@@ -72,6 +77,8 @@ impl Default for SchedulingConfig {
             locality_wait: Duration::from_millis(flint_protocol::defaults::LOCALITY_WAIT_MS),
             speculation: None,
             launch_ahead: flint_protocol::defaults::LAUNCH_AHEAD,
+            launch_ahead_max: flint_protocol::defaults::LAUNCH_AHEAD_MAX,
+            queue_budget: Duration::from_micros(flint_protocol::defaults::QUEUE_BUDGET_US),
         }
     }
 }
@@ -139,6 +146,9 @@ pub struct Job {
     /// Tasks by state, kept as states change through [`set_state`]: a job of a million
     /// tasks must not be scanned once per status update.
     pub(crate) counts: TaskCounts,
+    /// Moving average of its attempts' run time (guest start to end, in microseconds),
+    /// which sizes how far ahead its tasks are queued; `None` until one has ended.
+    pub(crate) run_time_us: Option<f64>,
 }
 
 /// The one way a task's state changes, so that its job's counts stay true.
@@ -503,6 +513,7 @@ impl ClusterState {
                 error: None,
                 result_bytes: 0,
                 counts,
+                run_time_us: None,
             },
         );
     }
@@ -554,6 +565,13 @@ impl ClusterState {
             .jobs
             .get_mut(&status.task.job)
             .expect("job checked above");
+        let run = status
+            .end
+            .finished_at_us
+            .saturating_sub(status.end.started_at_us) as f64;
+        // A short memory (weight 0.2 for the newest): a job whose tasks slow down stops
+        // queueing deep within a few ends.
+        job.run_time_us = Some(job.run_time_us.map_or(run, |avg| avg + 0.2 * (run - avg)));
         let task = &mut job.tasks[status.task.index as usize];
         let mut actions = Vec::new();
         // A killed task's times and log are its last attempt's; a succeeded or failed
@@ -674,6 +692,30 @@ impl ClusterState {
         actions
     }
 
+    /// The longest moving-average run time among jobs with work to launch, or `None` if
+    /// one of them has had no attempt end yet (it may be slow: queue as little as ever).
+    fn slowest_queued_run_time(&self) -> Option<f64> {
+        let mut slowest = 0.0f64;
+        for job in self.queue.iter().filter_map(|id| self.jobs.get(id)) {
+            slowest = slowest.max(job.run_time_us?);
+        }
+        Some(slowest)
+    }
+
+    /// Tasks to keep queued on an executor of `cores` cores beyond its free ones:
+    /// `launch_ahead` while the queued jobs' run times are unknown, then as many as
+    /// `queue_budget` of run time per core, between `launch_ahead` and
+    /// `launch_ahead_max`. Short tasks are bound by the round trip to the driver, not the
+    /// guest, and only a deep queue hides it.
+    fn queue_depth(&self, cores: u32, slowest_us: Option<f64>) -> u32 {
+        let c = &self.config;
+        let (Some(slowest), false) = (slowest_us, c.launch_ahead == 0) else {
+            return c.launch_ahead;
+        };
+        let fits = c.queue_budget.as_micros() as f64 * f64::from(cores) / slowest.max(1.0);
+        (fits as u32).clamp(c.launch_ahead, c.launch_ahead_max.max(c.launch_ahead))
+    }
+
     /// Every live executor offers its free cores; pending tasks are placed by the policy.
     pub fn make_offers(&mut self) -> Vec<Action> {
         self.make_offers_at(SystemTime::now())
@@ -695,6 +737,7 @@ impl ClusterState {
         if ids.is_empty() || self.queue.is_empty() {
             return actions;
         }
+        let slowest = self.slowest_queued_run_time();
         let offers: Vec<Offer> = ids
             .iter()
             .map(|id| {
@@ -712,7 +755,8 @@ impl ClusterState {
                     ahead: if multi_core {
                         0
                     } else {
-                        self.config.launch_ahead.saturating_sub(e.queued_ahead)
+                        self.queue_depth(e.cores, slowest)
+                            .saturating_sub(e.queued_ahead)
                     },
                 }
             })
@@ -1184,6 +1228,7 @@ mod tests {
         // Launches only onto free cores unless a test asks for pipelining.
         let config = SchedulingConfig {
             launch_ahead: 0,
+            launch_ahead_max: 0,
             ..SchedulingConfig::default()
         };
         let mut state = ClusterState::new(0, config, Instant::now());
@@ -1691,6 +1736,57 @@ mod tests {
         let e = &state.executors[&exec(1)];
         assert_eq!((e.free_cores, e.queued_ahead), (1, 0));
         assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Succeeded);
+    }
+
+    #[test]
+    fn short_tasks_queue_deeper_and_an_unknown_job_queues_as_little_as_ever() {
+        let (mut state, _) = cluster(1, 1);
+        state.config.launch_ahead = 2;
+        state.config.launch_ahead_max = 8;
+        state.config.queue_budget = Duration::from_micros(1_000);
+        let ended = |state: &mut ClusterState, job: &str, placed: &(ExecutorId, u32, u32), us| {
+            let generation = generation_of(state, &placed.0);
+            let mut status = status(job, placed.1, placed.2, Ok(()));
+            status.end.finished_at_us = status.end.started_at_us + us;
+            launches(&report(
+                state,
+                &placed.0,
+                generation,
+                status,
+                SystemTime::UNIX_EPOCH,
+            ))
+        };
+        let mut placed = launches(&state.submit_job(job("short", 100, 1)));
+        placed.extend(launches(&state.make_offers()));
+        assert_eq!(
+            placed.len(),
+            3,
+            "one running, launch_ahead (2) queued: nothing known yet"
+        );
+        // A 10 us task: 1 ms of them is 100, capped at launch_ahead_max (8) queued.
+        let topped = ended(&mut state, "short", &placed[0], 10);
+        assert_eq!(
+            topped.len(),
+            8 - 1,
+            "queue grown to 8 behind the one running"
+        );
+        assert_eq!(state.executors[&exec(1)].queued_ahead, 8);
+
+        // A second job whose run time is unknown keeps everything at launch_ahead; the
+        // queue drains to it rather than growing.
+        state.submit_job(job("new", 10, 1));
+        let next = ended(&mut state, "short", &placed[1], 10);
+        assert!(next.is_empty(), "8 queued, depth back to 2: {next:?}");
+
+        // Slow tasks (1 ms): the budget fits one, launch_ahead (2) still holds.
+        let (mut state, _) = cluster(1, 1);
+        state.config.launch_ahead = 2;
+        state.config.launch_ahead_max = 8;
+        let mut placed = launches(&state.submit_job(job("slow", 100, 1)));
+        placed.extend(launches(&state.make_offers()));
+        let topped = ended(&mut state, "slow", &placed[0], 1_000);
+        assert_eq!(topped.len(), 1, "one ended, one launched: still 2 queued");
+        assert_eq!(state.executors[&exec(1)].queued_ahead, 2);
     }
 
     #[test]

@@ -34,6 +34,13 @@ pub const LOCALITY_WAIT_MS: u64 = 100;
 /// 1-core tasks the driver launches to an executor beyond its free cores, queued there
 /// for its task threads (launch pipelining); 0 launches only onto free cores.
 pub const LAUNCH_AHEAD: u32 = 2;
+/// The deepest an executor's queue grows for short tasks (see [`QUEUE_BUDGET_US`]).
+pub const LAUNCH_AHEAD_MAX: u32 = 64;
+/// Work queued ahead on an executor, in microseconds of its tasks' observed run time per
+/// core: a job of 10 us tasks queues up to [`LAUNCH_AHEAD_MAX`], one of 1 ms tasks keeps
+/// [`LAUNCH_AHEAD`]. A task queued behind a straggler waits at most about this long more
+/// than it would have with launches only onto free cores.
+pub const QUEUE_BUDGET_US: u64 = 1_000;
 /// Largest module the driver accepts.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest file the driver accepts (`PUT /v1/files`); held in memory while uploading.
