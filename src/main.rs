@@ -137,8 +137,9 @@ pub struct DriverArgs {
     /// downloads). Required, with --token, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
-    /// Bearer token every API request must carry (`/healthz` and `/v1/openapi.json`
-    /// excepted). Required, with --cluster-secret, when a listener is beyond loopback.
+    /// Bearer token every API request must carry (`/healthz`, `/v1/openapi.json` and the
+    /// web UI's page `/ui`, which asks for it, excepted). Required, with
+    /// --cluster-secret, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Listen beyond loopback without a token or cluster secret: anyone who can reach

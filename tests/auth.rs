@@ -110,9 +110,11 @@ fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
             "{path}"
         );
     }
-    // Open routes.
+    // Open routes; the web UI's page only, not what is under it.
     assert_eq!(send(&cluster, "GET", "/healthz", None, None).0, 200);
     assert_eq!(send(&cluster, "GET", "/v1/openapi.json", None, None).0, 200);
+    assert_eq!(send(&cluster, "GET", "/ui", None, None).0, 200);
+    assert_eq!(send(&cluster, "GET", "/ui/x", None, None).0, 401);
 
     // The executor port: no secret, a wrong one.
     let (code, stderr) = executor_with_secret(&cluster, "intruder-1", None);
@@ -138,6 +140,27 @@ fn no_or_wrong_credentials_are_refused_on_every_listener_and_change_nothing() {
     let job = cluster.run_job(spec(&module, &["echo"], &["hello"]));
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(cluster.result(&job, 0), b"hello");
+
+    // The web UI's page opens without the token and holds none of the cluster's data;
+    // the data it shows still needs the token.
+    let page = reqwest::blocking::get(cluster.url("/ui")).unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let page = page.text().unwrap();
+    assert!(page.contains("This driver needs its API token"));
+    let id = job["id"].as_str().unwrap();
+    for secret in [id, "exec-1", "hello", TOKEN, SECRET] {
+        assert!(!page.contains(secret), "{secret} in the page");
+    }
+    let (status, error) = send(&cluster, "GET", "/v1/jobs", None, None);
+    assert_eq!(status, 401, "{error}");
+    let (status, _) = send(&cluster, "GET", &format!("/v1/jobs/{id}/tasks"), None, None);
+    assert_eq!(status, 401);
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! The web UI in a real browser: headless Chromium driven through chromedriver (the
 //! W3C WebDriver protocol over HTTP, spoken by the small client below). A job is
 //! submitted while the page is open; the page must show it finish, its tasks and the
-//! executors, from polling and the open job's event stream. A screenshot is kept as a test artifact at
-//! `$CARGO_TARGET_DIR/artifacts/ui.png` (`target/artifacts/ui.png` by default).
+//! executors, from polling and the open job's event stream. On a driver with an API
+//! token the page asks for it, refuses a wrong one, and with the right one shows the
+//! same, and opens logs and results, all with the token in a header. Screenshots are
+//! kept as test artifacts at `$CARGO_TARGET_DIR/artifacts/ui.png` and `ui-secured.png`
+//! (`target/artifacts/` by default).
 
 mod common;
 
@@ -110,6 +113,41 @@ impl Browser {
         self.eval(&script).as_str().map(str::to_owned)
     }
 
+    /// Waits until `script` (as for `eval`) returns `true`.
+    fn wait_for(&self, what: &str, script: &str) {
+        wait_until(Duration::from_secs(30), what, || {
+            self.eval(script) == json!(true)
+        });
+    }
+
+    fn element(&self, selector: &str) -> String {
+        let found = self.session_call(
+            "POST",
+            "/element",
+            json!({"using": "css selector", "value": selector}),
+        );
+        found["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {selector}: {found}"))
+            .to_owned()
+    }
+
+    /// Types into an input as a user would (key events, not a script setting its value).
+    fn type_into(&self, selector: &str, text: &str) {
+        let element = self.element(selector);
+        self.session_call(
+            "POST",
+            &format!("/element/{element}/value"),
+            json!({"text": text}),
+        );
+    }
+
+    /// Clicks as a user would; only for elements the page does not re-render meanwhile.
+    fn click(&self, selector: &str) {
+        let element = self.element(selector);
+        self.session_call("POST", &format!("/element/{element}/click"), json!({}));
+    }
+
     fn wait_for_text(&self, selector: &str, expected: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -146,11 +184,14 @@ impl Drop for Browser {
     }
 }
 
-fn artifacts_dir() -> PathBuf {
+fn save_artifact(name: &str, png: &[u8]) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("artifacts")
+    let dir = target.join("artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), png).unwrap();
 }
 
 #[test]
@@ -168,6 +209,11 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
             .text("tr[data-executor='exec-2'] td[data-col='cores']")
             .as_deref(),
         Some("1")
+    );
+    // No token on this driver, so the page never asks for one.
+    assert_eq!(
+        browser.eval("return document.getElementById('login').hidden;"),
+        true
     );
 
     // Submitted while the page is open: the page must pick it up by polling.
@@ -294,9 +340,246 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
     // Back to the first job for the screenshot.
     browser.goto(&cluster.url(&format!("/ui#job={id}")));
     browser.wait_for_text("tr[data-task='3'] td[data-col='state']", "succeeded");
-    let png = browser.screenshot();
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    let dir = artifacts_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("ui.png"), &png).unwrap();
+    save_artifact("ui.png", &browser.screenshot());
+}
+
+const TOKEN: &str = "ui-token-for-tests";
+
+fn sign_in(browser: &Browser, token: &str) {
+    browser.wait_for(
+        "the token form",
+        "return !document.getElementById('login').hidden;",
+    );
+    browser.type_into("#token", token);
+    browser.click("#login button");
+}
+
+#[test]
+fn on_a_secured_driver_the_web_ui_asks_for_the_token_and_sends_it_with_every_request() {
+    let cluster = DevCluster::start_with(2, 1, &["--token", TOKEN, "--cluster-secret", "s"]);
+    let browser = Browser::start();
+    let page = cluster.url("/ui");
+    browser.goto(&page);
+    browser.wait_for(
+        "the token form",
+        "return !document.getElementById('login').hidden;",
+    );
+    assert_eq!(
+        browser.text("#login label").as_deref(),
+        Some("This driver needs its API token")
+    );
+    assert_eq!(browser.text("#login-why").as_deref(), Some(""));
+    assert_eq!(
+        browser.eval("return document.querySelector('main').hidden;"),
+        true
+    );
+
+    // A wrong token: asked again, and it is not kept.
+    browser.type_into("#token", "not-the-token");
+    browser.click("#login button");
+    browser.wait_for_text("#login-why", "the driver refused that token");
+    assert_eq!(
+        browser.eval("return document.getElementById('login').hidden;"),
+        false
+    );
+    assert_eq!(
+        browser.eval("return sessionStorage.getItem('flint-token');"),
+        Value::Null
+    );
+
+    sign_in(&browser, TOKEN);
+    browser.wait_for_text("tr[data-executor='exec-1'] td[data-col='state']", "alive");
+    browser.wait_for_text(
+        "#jobs-body td.empty",
+        "no jobs yet: flint submit task.wasm --wait",
+    );
+    // Kept for this tab only, and never in the URL.
+    assert_eq!(
+        browser.eval("return sessionStorage.getItem('flint-token');"),
+        json!(TOKEN)
+    );
+    assert_eq!(browser.eval("return localStorage.length;"), 0);
+    let href = browser.eval("return location.href;");
+    assert!(!href.as_str().unwrap().contains(TOKEN), "{href}");
+
+    // Submitted while the page is open: the page follows it with the token.
+    let module = cluster.upload(&guests().testkit);
+    let job = json!({
+        "name": "secured",
+        "module": module,
+        "tasks": [
+            {"args": ["sleep", "300"]},
+            {"args": ["exit", "0"]},
+            {"args": ["echo"], "input": {"text": "a result for the page"}},
+            {"args": ["sleep", "300"]},
+        ],
+    });
+    let (status, job) = cluster.post_raw("/v1/jobs", job.to_string());
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    let row = format!("tr[data-job='{id}']");
+    browser.wait_for_text(&format!("{row} td[data-col='state']"), "succeeded");
+    browser.wait_for_text(&format!("{row} [data-col='done']"), "4/4");
+    assert_eq!(
+        browser
+            .text(&format!("{row} td[data-col='name']"))
+            .as_deref(),
+        Some("secured")
+    );
+    browser.wait_for_text("tr[data-task='3'] td[data-col='state']", "succeeded");
+    assert_eq!(
+        browser.text("#tasks-title").unwrap(),
+        format!("Tasks of {id}")
+    );
+    for index in 0..4 {
+        let task = format!("tr[data-task='{index}']");
+        assert_eq!(
+            browser
+                .text(&format!("{task} td[data-col='outcome']"))
+                .as_deref(),
+            Some("ok")
+        );
+        let executor = browser
+            .text(&format!("{task} td[data-col='executor']"))
+            .unwrap();
+        assert!(executor.starts_with("exec-"), "{executor}");
+    }
+    // The event stream, read with fetch() and the header, ran to the job's end.
+    browser.wait_for(
+        "the job's end event",
+        "return document.body.getAttribute('data-last-event') === 'end';",
+    );
+
+    // Logs and results are fetched with the header and shown in the page. The rows are
+    // re-rendered every second, so a click is one script (no stale element between
+    // finding and clicking).
+    let open = |selector: &str, path: &str| -> String {
+        browser.eval(&format!(
+            "document.querySelector({}).click();",
+            json!(selector)
+        ));
+        browser.wait_for(
+            path,
+            &format!(
+                "const v = document.getElementById('viewer'); \
+                 return !v.hidden && v.getAttribute('data-path') === {} \
+                        && v.getAttribute('data-state') === 'loaded';",
+                json!(path)
+            ),
+        );
+        let save = browser.eval(
+            "const a = document.getElementById('viewer-save'); \
+             return a.hidden ? null : a.getAttribute('href');",
+        );
+        assert!(save.as_str().unwrap().starts_with("blob:"), "{save}");
+        browser.text("#viewer-body").unwrap()
+    };
+    let result = open(
+        "tr[data-task='2'] td[data-col='result'] a",
+        &format!("/v1/jobs/{id}/tasks/2/result"),
+    );
+    assert_eq!(result, "a result for the page");
+    let log = open(
+        "tr[data-executor='exec-1'] td[data-col='log'] a",
+        "/v1/executors/exec-1/log",
+    );
+    assert!(log.contains("registered with driver"), "{log}");
+
+    // The token outlives a reload of the tab (a new URL's fragment alone would not
+    // reload the page, hence the refresh).
+    browser.goto(&format!("{page}#job={id}"));
+    browser.session_call("POST", "/refresh", json!({}));
+    browser.wait_for_text("tr[data-task='1'] td[data-col='state']", "succeeded");
+    assert_eq!(
+        browser.eval("return document.getElementById('login').hidden;"),
+        true
+    );
+    let log = open(
+        "tr[data-task='1'] td[data-col='log'] a",
+        &format!("/v1/jobs/{id}/tasks/1/log"),
+    );
+    assert_eq!(log, "exiting with 0\n");
+    assert_eq!(
+        browser.text("#viewer-title").unwrap(),
+        format!("log of task 1 of {id}")
+    );
+    save_artifact("ui-secured.png", &browser.screenshot());
+
+    // The stream parser, fed in chunks split anywhere (mid-field, between \r and \n),
+    // as a network may deliver them.
+    let parsed = browser.eval(
+        r#"const got = [];
+           const feed = sseParser((name, data) => got.push([name, data]));
+           const text = "event: job\ndata: {\"a\":1}\n\n: keep-alive\n\n"
+             + "event: task\r\ndata: one\r\ndata:two\r\n\r\nevent: lagged\rdata: 3\r\r"
+             + "event: unsent\n\nevent: end\ndata: {}\n\n";
+           for (let i = 0; i < text.length; i += 3) feed(text.slice(i, i + 3));
+           return got;"#,
+    );
+    assert_eq!(
+        parsed,
+        json!([
+            ["job", "{\"a\":1}"],
+            ["task", "one\ntwo"],
+            ["lagged", "3"],
+            ["end", "{}"]
+        ])
+    );
+}
+
+#[test]
+fn the_web_ui_reopens_a_refused_event_stream_and_follows_the_job_to_its_end() {
+    let cluster = DevCluster::start_with(
+        2,
+        1,
+        &[
+            "--token",
+            TOKEN,
+            "--cluster-secret",
+            "s",
+            "--max-event-streams",
+            "1",
+            // Nothing queued behind the spinning task: the job the page shows runs on
+            // the other executor at once.
+            "--launch-ahead",
+            "0",
+        ],
+    );
+    let module = cluster.upload(&guests().testkit);
+    // The driver's only event stream is taken, following a job that spins until killed.
+    let spin = json!({"module": module, "args": ["spin"], "inputs": [{"text": ""}]});
+    let (status, blocker) = cluster.post_raw("/v1/jobs", spin.to_string());
+    assert_eq!(status, 202, "{blocker}");
+    let blocker = blocker["id"].as_str().unwrap().to_owned();
+    let held = cluster
+        .client
+        .get(cluster.url(&format!("/v1/jobs/{blocker}/events")))
+        .send()
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let job = cluster.run_job(spec(&module, &["echo"], &["x"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap();
+
+    // The page's stream of the job it shows is refused (503) and tried again ...
+    let browser = Browser::start();
+    browser.goto(&cluster.url(&format!("/ui#job={id}")));
+    sign_in(&browser, TOKEN);
+    browser.wait_for_text("tr[data-task='0'] td[data-col='state']", "succeeded");
+    browser.wait_for(
+        "a refused event stream to be tried again",
+        "return Number(document.body.getAttribute('data-event-retries')) >= 1;",
+    );
+    assert_eq!(
+        browser.eval("return document.body.getAttribute('data-last-event');"),
+        Value::Null
+    );
+    // ... until the place is free: killing the blocker ends its stream.
+    let (status, _) = cluster.post_raw(&format!("/v1/jobs/{blocker}/kill"), "");
+    assert_eq!(status, 202);
+    assert!(held.text().unwrap().contains("event: end"));
+    browser.wait_for(
+        "the reopened stream's end event",
+        "return document.body.getAttribute('data-last-event') === 'end';",
+    );
 }

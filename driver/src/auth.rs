@@ -2,7 +2,9 @@
 //! executors (their hello, and their module and file downloads).
 //!
 //! Both are optional here; the binary refuses to listen beyond loopback without them
-//! unless told `--insecure`. Secrets are compared in constant time.
+//! unless told `--insecure`. Secrets are compared in constant time. The web UI's page is
+//! open (it holds no cluster data; it asks the user for the token and sends it on every
+//! request it makes), so a browser can reach it on a secured driver.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, header};
@@ -21,9 +23,12 @@ pub struct Credentials {
     pub cluster_secret: Option<String>,
 }
 
-/// Routes anyone may call: liveness and the API's own description.
+/// Routes anyone may call: liveness, the API's own description, and the web UI's static
+/// page. Matched exactly: `/ui/...` or `/healthz/x` still need the token.
+pub(crate) const OPEN_PATHS: &[&str] = &["/healthz", "/v1/openapi.json", "/ui"];
+
 fn is_open(path: &str) -> bool {
-    matches!(path, "/healthz" | "/v1/openapi.json")
+    OPEN_PATHS.contains(&path)
 }
 
 /// Routes executors call with the cluster secret: downloads of what jobs use, and of the
@@ -125,6 +130,9 @@ mod tests {
         let none = HeaderMap::new();
         assert!(credentials.check(&get, "/healthz", &none).is_ok());
         assert!(credentials.check(&get, "/v1/openapi.json", &none).is_ok());
+        assert!(credentials.check(&get, "/ui", &none).is_ok());
+        assert!(credentials.check(&get, "/ui/", &none).is_err());
+        assert!(credentials.check(&get, "/ui/x", &none).is_err());
         assert!(credentials.check(&get, "/v1/jobs", &none).is_err());
         assert!(
             credentials

@@ -9,6 +9,8 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
 
+use crate::auth::OPEN_PATHS;
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -29,9 +31,6 @@ use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
     ))
 )]
 pub struct ApiDoc;
-
-/// Routes that need no token (see [`crate::auth`]).
-const OPEN: &[&str] = &["/healthz", "/v1/openapi.json"];
 
 /// Adds the edge's answers and the bearer scheme to every guarded operation, and
 /// serializes the document once.
@@ -57,7 +56,7 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
         {
             body.required = Some(Required::False);
         }
-        if OPEN.contains(&path.as_str()) {
+        if OPEN_PATHS.contains(&path.as_str()) {
             continue;
         }
         let with_body = [&mut item.put, &mut item.post];

@@ -28,8 +28,8 @@ pub struct DriverConfig {
     /// Required in every executor's hello when set, and accepted (besides the API
     /// token) on module and file downloads.
     pub cluster_secret: Option<String>,
-    /// Bearer token every API request must carry when set (`/healthz` and
-    /// `/v1/openapi.json` excepted).
+    /// Bearer token every API request must carry when set (`/healthz`,
+    /// `/v1/openapi.json` and the web UI's page `/ui` excepted).
     pub api_token: Option<String>,
     /// Timeouts and concurrency of the HTTP edge.
     pub edge: crate::edge::EdgeLimits,
