@@ -1145,7 +1145,7 @@ fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use flint_protocol::{ModuleRef, Resources, TaskEnd};
 
     use super::*;
@@ -1155,7 +1155,7 @@ mod tests {
         ExecutorId(format!("exec-{n}"))
     }
 
-    fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
+    pub(crate) fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
         NewJob {
             def: JobDef {
                 id: JobId(id.into()),

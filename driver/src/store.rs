@@ -2,9 +2,11 @@
 //! jobs, the tasks that reached a final state (with their inline results), and jobs that
 //! ended. A job is written, and its write committed, before the API answers 202; task
 //! and job ends are group-committed by a writer thread, so a burst of short tasks costs
-//! one commit, not one per task. After a crash, a task whose end was not yet committed
-//! simply runs again: results are kept at least once and served exactly once.
+//! one commit, not one per task, and the task ends of a commit are stored together as a
+//! few values, not one B-tree insert each. After a crash, a task whose end was not yet
+//! committed simply runs again: results are kept at least once and served exactly once.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -16,13 +18,18 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHand
 // v2: task inputs may be fetched (url / result inputs) and results may be blocks.
 // v3: a job's module may be a URL, its digest and size unknown.
 const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v3");
-const TASK_ENDS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("task_ends.v3");
+// v4: task ends in batches, keyed by a sequence number in commit order.
+const TASK_END_BATCHES: TableDefinition<u64, &[u8]> = TableDefinition::new("task_ends.v4");
 const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v3");
 /// Tables of earlier layouts: a data dir holding them was written by an older Flint.
-const OLD_TABLES: [&str; 2] = ["jobs.v1", "jobs.v2"];
+const OLD_TABLES: [&str; 3] = ["jobs.v1", "jobs.v2", "task_ends.v3"];
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
 const GROUP_COMMIT: usize = 4096;
+/// About this many bytes of task ends (inline results and logs, mostly) per stored
+/// value: a commit of 4,096 ends with 1 MiB inline results each is split, not one
+/// 4 GiB value.
+const BATCH_VALUE_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -75,13 +82,18 @@ impl JobStore {
         for table in [JOBS, JOB_ENDS] {
             txn.open_table(table).map_err(db_error)?;
         }
-        txn.open_table(TASK_ENDS).map_err(db_error)?;
+        let next_batch = txn
+            .open_table(TASK_END_BATCHES)
+            .map_err(db_error)?
+            .last()
+            .map_err(db_error)?
+            .map_or(0, |(key, _)| key.value() + 1);
         txn.commit().map_err(db_error)?;
         let (writes, queue) = mpsc::channel();
         let writer_db = db.clone();
         std::thread::Builder::new()
             .name("flint-job-store".into())
-            .spawn(move || write_loop(&writer_db, &queue))
+            .spawn(move || write_loop(&writer_db, &queue, next_batch))
             .map_err(db_error)?;
         Ok(JobStore { db, writes })
     }
@@ -112,20 +124,26 @@ impl JobStore {
     pub fn load(&self) -> Result<Vec<StoredJob>, StoreError> {
         let txn = self.db.begin_read().map_err(db_error)?;
         let jobs = txn.open_table(JOBS).map_err(db_error)?;
-        let task_ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
+        let batches = txn.open_table(TASK_END_BATCHES).map_err(db_error)?;
         let job_ends = txn.open_table(JOB_ENDS).map_err(db_error)?;
+        // Every task end, by job and index; in commit order, so a later end of a task
+        // replaces an earlier one as an insert under its key would.
+        let mut ends: HashMap<String, BTreeMap<u32, TaskEndRecord>> = HashMap::new();
+        for entry in batches.iter().map_err(db_error)? {
+            let (_, bytes) = entry.map_err(db_error)?;
+            let batch: Vec<(JobId, u32, TaskEndRecord)> = postcard::from_bytes(bytes.value())?;
+            for (job, index, end) in batch {
+                ends.entry(job.0).or_default().insert(index, end);
+            }
+        }
         let mut stored = Vec::new();
         for entry in jobs.iter().map_err(db_error)? {
             let (id, bytes) = entry.map_err(db_error)?;
             let job: JobRecord = postcard::from_bytes(bytes.value())?;
-            let mut tasks = Vec::new();
-            for entry in task_ends
-                .range((id.value(), 0)..=(id.value(), u32::MAX))
-                .map_err(db_error)?
-            {
-                let (key, bytes) = entry.map_err(db_error)?;
-                tasks.push((key.value().1, postcard::from_bytes(bytes.value())?));
-            }
+            let tasks = ends
+                .remove(id.value())
+                .map(|t| t.into_iter().collect())
+                .unwrap_or_default();
             let end = job_ends
                 .get(id.value())
                 .map_err(db_error)?
@@ -137,7 +155,7 @@ impl JobStore {
     }
 }
 
-fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
+fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>, mut next_batch: u64) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < GROUP_COMMIT {
@@ -146,7 +164,7 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = commit(db, &batch) {
+        if let Err(e) = commit(db, &batch, &mut next_batch) {
             // The ends stay in memory and are served; after a restart their tasks run
             // again. Nothing else to do but say so.
             tracing::error!(error = %e, ends = batch.len(), "job store commit failed");
@@ -154,18 +172,36 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Write>) {
     }
 }
 
-fn commit(db: &Database, batch: &[Write]) -> Result<(), StoreError> {
+fn commit(db: &Database, batch: &[Write], next_batch: &mut u64) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(db_error)?;
+    let mut sequence = *next_batch;
     {
-        let mut task_ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
+        let mut batches = txn.open_table(TASK_END_BATCHES).map_err(db_error)?;
         let mut job_ends = txn.open_table(JOB_ENDS).map_err(db_error)?;
+        let mut value: Vec<(&JobId, u32, &TaskEndRecord)> = Vec::new();
+        let mut value_bytes = 0;
+        let mut flush = |value: &mut Vec<_>, value_bytes: &mut usize| {
+            if value.is_empty() {
+                return Ok::<_, StoreError>(());
+            }
+            let bytes = postcard::to_stdvec(&*value)?;
+            batches
+                .insert(sequence, bytes.as_slice())
+                .map_err(db_error)?;
+            sequence += 1;
+            value.clear();
+            *value_bytes = 0;
+            Ok(())
+        };
         for write in batch {
             match write {
                 Write::TaskEnd(job, index, end) => {
-                    let bytes = postcard::to_stdvec(end)?;
-                    task_ends
-                        .insert((job.0.as_str(), *index), bytes.as_slice())
-                        .map_err(db_error)?;
+                    value.push((job, *index, end));
+                    value_bytes +=
+                        64 + end.log.len() + end.result.as_ref().map_or(0, |r| r.len() as usize);
+                    if value_bytes >= BATCH_VALUE_BYTES {
+                        flush(&mut value, &mut value_bytes)?;
+                    }
                 }
                 Write::JobEnd(job, end) => {
                     let bytes = postcard::to_stdvec(end)?;
@@ -175,6 +211,93 @@ fn commit(db: &Database, batch: &[Write]) -> Result<(), StoreError> {
                 }
             }
         }
+        flush(&mut value, &mut value_bytes)?;
     }
-    txn.commit().map_err(db_error)
+    txn.commit().map_err(db_error)?;
+    *next_batch = sequence;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use flint_protocol::TaskResult;
+    use flint_protocol::api::{JobState, TaskState};
+
+    use super::*;
+
+    fn end(attempts: u32, result_bytes: usize) -> TaskEndRecord {
+        TaskEndRecord {
+            state: TaskState::Succeeded,
+            attempts,
+            executor: None,
+            failure: None,
+            started_at_us: Some(1),
+            finished_at_us: Some(2),
+            result: Some(TaskResult::Inline(vec![attempts as u8; result_bytes])),
+            log: Vec::new(),
+        }
+    }
+
+    /// Waits for the writer thread's group commits to show `ready`.
+    fn load_until(store: &JobStore, ready: impl Fn(&[StoredJob]) -> bool) -> Vec<StoredJob> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stored = store.load().unwrap();
+            if ready(&stored) {
+                return stored;
+            }
+            assert!(Instant::now() < deadline, "the ends were never committed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn task_ends_come_back_after_a_reopen_latest_first_and_split_when_large() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.redb");
+        let store = JobStore::open(&path).unwrap();
+        let new = crate::state::tests::job("j", 4, 1);
+        store.put_job(&crate::durable::job_record(&new)).unwrap();
+        let job = JobId("j".into());
+        // 700 KiB results: two of them pass BATCH_VALUE_BYTES, so the commit splits.
+        for index in 0..3 {
+            store.task_ended(job.clone(), index, end(1, 700 << 10));
+        }
+        store.task_ended(job.clone(), 0, end(2, 3));
+        store.job_ended(
+            job.clone(),
+            JobEndRecord {
+                state: JobState::Succeeded,
+                finished_at_ms: 5,
+                error: None,
+            },
+        );
+        load_until(&store, |s| s[0].end.is_some());
+        drop(store);
+        // The writer thread lets go of the database once its queue closes.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let store = loop {
+            match JobStore::open(&path) {
+                Ok(store) => break store,
+                Err(e) => assert!(Instant::now() < deadline, "reopen: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let stored = store.load().unwrap();
+        assert_eq!(stored.len(), 1);
+        let indices: Vec<u32> = stored[0].tasks.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indices, [0, 1, 2], "by index, once each");
+        assert_eq!(
+            stored[0].tasks[0].1,
+            end(2, 3),
+            "the later end of task 0 wins"
+        );
+        assert_eq!(stored[0].tasks[2].1, end(1, 700 << 10));
+        // New ends after a reopen go after the old ones, not over them.
+        store.task_ended(job.clone(), 3, end(1, 1));
+        let stored = load_until(&store, |s| s[0].tasks.len() == 4);
+        assert_eq!(stored[0].tasks[1].1, end(1, 700 << 10));
+    }
 }
