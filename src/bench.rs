@@ -12,11 +12,26 @@ use crate::DriverArgs;
 use crate::client::Client;
 use crate::dev::{Cluster, DevArgs};
 
+/// `(module (memory (export "memory") 1) (func (export "_start")))`, assembled.
+const NOOP_WASM: &[u8] = &[
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version 1
+    0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // types: () -> ()
+    0x03, 0x02, 0x01, 0x00, // functions: one of type 0
+    0x05, 0x03, 0x01, 0x00, 0x01, // memories: one of 1 page
+    0x07, 0x13, 0x02, // exports: two
+    0x06, b'm', b'e', b'm', b'o', b'r', b'y', 0x02, 0x00, // "memory", memory 0
+    0x06, b'_', b's', b't', b'a', b'r', b't', 0x00, 0x00, // "_start", function 0
+    0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code: one body, no locals, end
+];
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// The testkit guest (guest-examples/testkit built for wasm32-wasip1).
+    /// The task: the testkit guest (guest-examples/testkit built for wasm32-wasip1),
+    /// run as `noop`, or any module. Without it, a minimal core module whose `_start`
+    /// returns at once (the WAT no-op of the task_cost bench's floor), which measures
+    /// Flint rather than a guest's start-up. `--results-mib` needs testkit.
     #[arg(long)]
-    module: PathBuf,
+    module: Option<PathBuf>,
     #[arg(long, default_value_t = 2)]
     executors: u32,
     #[arg(long, default_value_t = 1)]
@@ -54,8 +69,13 @@ pub struct BenchArgs {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let wasm = std::fs::read(&args.module)
-        .with_context(|| format!("reading {}", args.module.display()))?;
+    let wasm = match &args.module {
+        Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        None if args.results_mib.is_some() => {
+            bail!("--results-mib needs --module testkit.wasm (its `print` writes the results)")
+        }
+        None => NOOP_WASM.to_vec(),
+    };
     let data_dir = tempfile::tempdir()?;
     let block_store = match args.block_store.as_str() {
         "local" => {
@@ -181,8 +201,13 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
     let local_rate = args.tasks as f64 / local_elapsed.as_secs_f64();
 
     println!(
-        "flint bench: {} executor(s) x {} core(s), testkit noop",
-        args.executors, args.cores
+        "flint bench: {} executor(s) x {} core(s), {}",
+        args.executors,
+        args.cores,
+        args.module.as_ref().map_or_else(
+            || format!("the built-in no-op module ({} bytes)", NOOP_WASM.len()),
+            |m| format!("{} noop", m.display())
+        )
     );
     println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
     println!(
@@ -521,4 +546,24 @@ fn cpu_model() -> String {
                 .map(|m| m.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown cpu".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NOOP_WASM;
+
+    #[test]
+    fn the_built_in_noop_module_runs_through_the_task_runner() {
+        let config = flint_executor::sandbox::SandboxConfig {
+            slots: 1,
+            max_memory_bytes: 64 << 20,
+            fuel: false,
+        };
+        let sandbox = std::sync::Arc::new(flint_executor::sandbox::Sandbox::new(config).unwrap());
+        let mut local =
+            flint_executor::local::LocalRunner::new(sandbox, config, 1, NOOP_WASM, Vec::new())
+                .unwrap();
+        local.throughput(10).unwrap();
+        assert_eq!(local.round_trips(3).unwrap().len(), 3);
+    }
 }
