@@ -94,6 +94,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         driver: DriverArgs {
             listen: "127.0.0.1:0".parse()?,
             executor_listen: "127.0.0.1:0".parse()?,
+            advertise_url: None,
             data_dir: data_dir.path().to_owned(),
             cluster_secret: None,
             token: None,
@@ -151,10 +152,17 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
     ensure_succeeded(view.state, "warm-up")?;
     let warm = warm.elapsed();
 
+    // CPU time as well as wall time: on a shared, noisy machine the CPU Flint's
+    // processes spend per task moves far less between runs than tasks per second.
+    let pids: Vec<u32> = std::iter::once(std::process::id())
+        .chain(client.executors().await?.iter().filter_map(|e| e.pid))
+        .collect();
+    let cpu_before = process_cpu(&pids);
     let t0 = Instant::now();
     let view = client.submit(&job(args.tasks), wait).await?;
     ensure_succeeded(view.state, "throughput job")?;
     let elapsed = t0.elapsed();
+    let cpu_per_task = (process_cpu(&pids) - cpu_before) / args.tasks as f64;
 
     let mut latencies = Vec::with_capacity(args.latency_jobs);
     for _ in 0..args.latency_jobs {
@@ -222,6 +230,10 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
         rate,
         local_rate,
         local_rate / rate
+    );
+    println!(
+        "  CPU of Flint's processes (driver and client, executors) in the throughput job: {:.1} us per task",
+        cpu_per_task * 1e6
     );
     println!(
         "  single-task job submit-to-result latency over {} jobs: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",

@@ -130,6 +130,10 @@ pub struct DriverArgs {
     /// Address executors connect to (port 0 picks a free port).
     #[arg(long, env = "FLINT_EXECUTOR_LISTEN", default_value = "127.0.0.1:7071")]
     pub executor_listen: SocketAddr,
+    /// The HTTP API's URL as executors reach it, for module, file and block transfers
+    /// (default: the --listen address, or this host's name when that is 0.0.0.0 or ::).
+    #[arg(long, env = "FLINT_ADVERTISE_URL", value_parser = parse_http_url)]
+    pub advertise_url: Option<String>,
     /// Where modules and state are kept.
     #[arg(long, env = "FLINT_DATA_DIR", default_value = "./flint-data")]
     pub data_dir: PathBuf,
@@ -217,6 +221,14 @@ pub struct DriverArgs {
     pub speculation_multiplier: f64,
 }
 
+fn parse_http_url(s: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s}: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{s}: an http:// or https:// URL with a host"));
+    }
+    Ok(s.trim_end_matches('/').to_owned())
+}
+
 fn parse_quantile(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(q) if (0.0..=1.0).contains(&q) => Ok(q),
@@ -238,6 +250,7 @@ impl DriverArgs {
             .map_err(|e| anyhow::anyhow!("--fetch-allow: {e}"))?;
         self.check_auth()?;
         let mut config = DriverConfig::new(self.data_dir.clone());
+        config.advertise_url = self.advertise_url.clone();
         config.cluster_secret = self.cluster_secret.clone();
         config.api_token = self.token.clone();
         config.edge = flint_driver::edge::EdgeLimits {

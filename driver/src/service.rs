@@ -49,6 +49,9 @@ pub struct DriverConfig {
     pub scheduling: SchedulingConfig,
     /// Event streams (`GET /v1/jobs/{id}/events`) open at once; more get 503.
     pub max_event_streams: usize,
+    /// The base URL executors reach the HTTP API at (module, file and block
+    /// downloads and uploads), when the listen address is not it (`--advertise-url`).
+    pub advertise_url: Option<String>,
 }
 
 impl DriverConfig {
@@ -67,8 +70,36 @@ impl DriverConfig {
             inline_result_bytes: defaults::INLINE_RESULT_BYTES,
             scheduling: SchedulingConfig::default(),
             max_event_streams: defaults::MAX_EVENT_STREAMS,
+            advertise_url: None,
         }
     }
+}
+
+/// Where executors reach the HTTP API: the advertised URL if there is one; else the
+/// listen address, unless that is a wildcard (0.0.0.0, ::), which means "this host" to
+/// a local client only: then this machine's host name, as Spark's driver host defaults
+/// to it.
+fn advertised_base(
+    advertise: Option<&str>,
+    listen: SocketAddr,
+    host_name: impl FnOnce() -> Option<String>,
+) -> String {
+    if let Some(url) = advertise {
+        return url.trim_end_matches('/').to_owned();
+    }
+    if listen.ip().is_unspecified()
+        && let Some(host) = host_name().filter(|h| !h.is_empty())
+    {
+        return format!("http://{host}:{}", listen.port());
+    }
+    format!("http://{listen}")
+}
+
+/// This machine's host name, as the kernel has it.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
 }
 
 /// A live connection's outbox, tagged with the registration it belongs to.
@@ -114,7 +145,7 @@ impl Driver {
         let store = JobStore::open(&config.data_dir.join("jobs.redb"))?;
         let stored = store.load()?;
         let restored = stored.len();
-        let http_base = format!("http://{http_addr}");
+        let http_base = advertised_base(config.advertise_url.as_deref(), http_addr, host_name);
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
         let scheduling = config.scheduling.clone();
         let events = JobEvents::new(config.max_event_streams);
@@ -478,5 +509,28 @@ async fn revive_loop(driver: Arc<Driver>) {
             tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
             driver.drop_link(&id, generation);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_base;
+
+    #[test]
+    fn executors_get_the_advertised_url_or_a_reachable_host() {
+        let any = "0.0.0.0:7070".parse().unwrap();
+        let local = "127.0.0.1:7070".parse().unwrap();
+        let name = || Some("driver-7".to_owned());
+        assert_eq!(
+            advertised_base(Some("https://flint.example:443/"), any, name),
+            "https://flint.example:443"
+        );
+        assert_eq!(advertised_base(None, any, name), "http://driver-7:7070");
+        assert_eq!(
+            advertised_base(None, "[::]:9".parse().unwrap(), name),
+            "http://driver-7:9"
+        );
+        assert_eq!(advertised_base(None, local, name), "http://127.0.0.1:7070");
+        assert_eq!(advertised_base(None, any, || None), "http://0.0.0.0:7070");
     }
 }
