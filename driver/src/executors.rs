@@ -10,7 +10,7 @@ use flint_protocol::codec::{FrameCodec, write_batched};
 use flint_protocol::{
     DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION,
 };
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::codec::Framed;
@@ -122,7 +122,36 @@ async fn handle(
     let reason = loop {
         tokio::select! {
             frame = frames.next() => match frame {
-                Some(Ok(message)) => on_message(&driver, &id, generation, message),
+                Some(Ok(message)) => {
+                    // Take every frame already read along with this one, so that a
+                    // burst of task ends is applied under one lock with one round of
+                    // placement; anything but a status goes through in its turn.
+                    let mut statuses = Vec::new();
+                    let mut next = Some(message);
+                    let mut ended = None;
+                    while let Some(message) = next.take() {
+                        match message {
+                            ExecutorMessage::StatusUpdate(status) => statuses.push(status),
+                            other => {
+                                driver.status_updates(&id, generation, std::mem::take(&mut statuses));
+                                on_message(&driver, &id, generation, other);
+                            }
+                        }
+                        if statuses.len() >= STATUS_BATCH {
+                            break;
+                        }
+                        match frames.next().now_or_never() {
+                            Some(Some(Ok(message))) => next = Some(message),
+                            Some(Some(Err(e))) => ended = Some(format!("reading: {e}")),
+                            Some(None) => ended = Some("connection closed".to_owned()),
+                            None => {}
+                        }
+                    }
+                    driver.status_updates(&id, generation, statuses);
+                    if let Some(reason) = ended {
+                        break reason;
+                    }
+                }
                 Some(Err(e)) => break format!("reading: {e}"),
                 None => break "connection closed".to_owned(),
             },
@@ -145,9 +174,15 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
+/// Task ends applied together at most, so that one busy executor cannot hold the
+/// scheduler's lock for long.
+const STATUS_BATCH: usize = 256;
+
 fn on_message(driver: &Driver, id: &ExecutorId, generation: u64, message: ExecutorMessage) {
     match message {
-        ExecutorMessage::StatusUpdate(status) => driver.status_update(id, generation, status),
+        ExecutorMessage::StatusUpdate(status) => {
+            driver.status_updates(id, generation, vec![status]);
+        }
         ExecutorMessage::Heartbeat(report) => driver.heartbeat(id, generation, report),
         other => tracing::warn!(executor = %id, ?other, "unexpected message after registration"),
     }

@@ -397,18 +397,23 @@ impl Driver {
         inner.state.heartbeat(id, generation, Some(report));
     }
 
-    pub fn status_update(
+    /// Task ends that arrived together from one executor: applied under one lock,
+    /// with one round of placement after them.
+    pub fn status_updates(
         &self,
         id: &ExecutorId,
         generation: u64,
-        status: flint_protocol::TaskStatus,
+        statuses: Vec<flint_protocol::TaskStatus>,
     ) {
+        if statuses.is_empty() {
+            return;
+        }
         self.apply(|s| {
             // Any frame shows the executor is alive, not only heartbeats.
             s.heartbeat(id, generation, None);
             (
                 (),
-                s.status_update(id, generation, status, SystemTime::now()),
+                s.status_updates(id, generation, statuses, SystemTime::now()),
             )
         });
     }

@@ -544,6 +544,34 @@ impl ClusterState {
         status: TaskStatus,
         now: SystemTime,
     ) -> Vec<Action> {
+        self.status_updates(executor_id, generation, vec![status], now)
+    }
+
+    /// Several ends from one executor, as they arrived, then one round of offers for
+    /// the cores they gave back: placement once per burst, not once per task.
+    pub fn status_updates(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        statuses: Vec<TaskStatus>,
+        now: SystemTime,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for status in statuses {
+            self.attempt_ended(executor_id, generation, status, now, &mut actions);
+        }
+        actions.extend(self.make_offers_at(now));
+        actions
+    }
+
+    fn attempt_ended(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        status: TaskStatus,
+        now: SystemTime,
+        out: &mut Vec<Action>,
+    ) {
         let clock = self.now;
         let exclusion = self.config.exclusion;
         let Some(cores) = self
@@ -551,15 +579,15 @@ impl ClusterState {
             .get(&status.task.job)
             .map(|j| j.def.resources.cores)
         else {
-            return Vec::new();
+            return;
         };
         let Some(executor) = self.live_executor(executor_id, generation) else {
-            return Vec::new();
+            return;
         };
         if executor.running.get(&status.task).map(|r| r.attempt) != Some(status.attempt)
             || status.generation != generation
         {
-            return Vec::new();
+            return;
         }
         executor.running.remove(&status.task);
         executor.tasks_finished += 1;
@@ -581,7 +609,7 @@ impl ClusterState {
         // queueing deep within a few ends.
         job.run_time_us = Some(job.run_time_us.map_or(run, |avg| avg + 0.2 * (run - avg)));
         let task = &mut job.tasks[status.task.index as usize];
-        let mut actions = Vec::new();
+        let actions = out;
         // A killed task's times and log are its last attempt's; a succeeded or failed
         // one keeps those of the attempt that decided it.
         if !matches!(task.state, TaskState::Succeeded | TaskState::Failed) {
@@ -592,7 +620,7 @@ impl ClusterState {
         if task.state.is_final() {
             // A kill (of this task or its job), or the other attempt's success, got here
             // first: the cores are back now, and whatever this attempt did is not taken.
-            return actions;
+            return;
         }
         let copy_running = self
             .executors
@@ -616,7 +644,7 @@ impl ClusterState {
                 task.failure = Some(failure);
                 actions.push(Action::TaskEnded(status.task.clone()));
                 actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
-                self.clear_running(&status.task.job, &mut actions);
+                self.clear_running(&status.task.job, actions);
             }
             Ok(result) => {
                 job.result_bytes += result.len();
@@ -686,7 +714,7 @@ impl ClusterState {
                 task.failure = Some(failure);
                 actions.push(Action::TaskEnded(status.task.clone()));
                 actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
-                self.clear_running(&status.task.job, &mut actions);
+                self.clear_running(&status.task.job, actions);
             }
         }
         let job = self
@@ -696,8 +724,6 @@ impl ClusterState {
         if !job.state.is_final() && job.all_final() {
             actions.extend(Self::end_job(job, JobState::Succeeded, None, now));
         }
-        actions.extend(self.make_offers_at(now));
-        actions
     }
 
     /// The longest moving-average run time among jobs with work to launch, or `None` if
