@@ -184,6 +184,31 @@ impl Drop for Browser {
     }
 }
 
+/// The open job's task table: its title, and every task ended `ok` on an executor.
+fn assert_tasks_succeeded(browser: &Browser, id: &str, tasks: u32) {
+    browser.wait_for_text(
+        &format!("tr[data-task='{}'] td[data-col='state']", tasks - 1),
+        "succeeded",
+    );
+    assert_eq!(
+        browser.text("#tasks-title").unwrap(),
+        format!("Tasks of {id}")
+    );
+    for index in 0..tasks {
+        let task = format!("tr[data-task='{index}']");
+        assert_eq!(
+            browser
+                .text(&format!("{task} td[data-col='outcome']"))
+                .as_deref(),
+            Some("ok")
+        );
+        let executor = browser
+            .text(&format!("{task} td[data-col='executor']"))
+            .unwrap();
+        assert!(executor.starts_with("exec-"), "{executor}");
+    }
+}
+
 fn save_artifact(name: &str, png: &[u8]) {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -240,29 +265,15 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
     );
 
     // The newest job is selected: its tasks, with executor, outcome, result and log link.
-    browser.wait_for_text("tr[data-task='3'] td[data-col='state']", "succeeded");
-    assert_eq!(
-        browser.text("#tasks-title").unwrap(),
-        format!("Tasks of {id}")
-    );
+    assert_tasks_succeeded(&browser, &id, 4);
     for index in 0..4 {
         let task = format!("tr[data-task='{index}']");
-        assert_eq!(
-            browser
-                .text(&format!("{task} td[data-col='outcome']"))
-                .as_deref(),
-            Some("ok")
-        );
         assert_eq!(
             browser
                 .text(&format!("{task} td[data-col='attempts']"))
                 .as_deref(),
             Some("1")
         );
-        let executor = browser
-            .text(&format!("{task} td[data-col='executor']"))
-            .unwrap();
-        assert!(executor.starts_with("exec-"), "{executor}");
         assert_eq!(
             browser
                 .text(&format!("{task} td[data-col='result']"))
@@ -426,24 +437,7 @@ fn on_a_secured_driver_the_web_ui_asks_for_the_token_and_sends_it_with_every_req
             .as_deref(),
         Some("secured")
     );
-    browser.wait_for_text("tr[data-task='3'] td[data-col='state']", "succeeded");
-    assert_eq!(
-        browser.text("#tasks-title").unwrap(),
-        format!("Tasks of {id}")
-    );
-    for index in 0..4 {
-        let task = format!("tr[data-task='{index}']");
-        assert_eq!(
-            browser
-                .text(&format!("{task} td[data-col='outcome']"))
-                .as_deref(),
-            Some("ok")
-        );
-        let executor = browser
-            .text(&format!("{task} td[data-col='executor']"))
-            .unwrap();
-        assert!(executor.starts_with("exec-"), "{executor}");
-    }
+    assert_tasks_succeeded(&browser, &id, 4);
     // The event stream, read with fetch() and the header, ran to the job's end.
     browser.wait_for(
         "the job's end event",

@@ -1078,14 +1078,7 @@ fn task_view(job: &Job, index: usize) -> TaskView {
         attempts: task.attempts,
         executor: task.executor.clone(),
         exit_code: task.failure.as_ref().and_then(|f| f.exit_code),
-        error: task
-            .failure
-            .as_ref()
-            .filter(|_| task.state != TaskState::Succeeded)
-            .map(|f| ErrorBody {
-                kind: f.kind.as_str().to_owned(),
-                message: f.message.clone(),
-            }),
+        error: task.error_body(),
         result: task
             .result
             .as_ref()

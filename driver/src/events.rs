@@ -17,7 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorBody, ErrorResponse, JobView, LaggedEvent, TaskEvent, TaskState};
+use flint_protocol::api::{ErrorResponse, JobView, LaggedEvent, TaskEvent};
 use flint_protocol::{JobId, defaults};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
@@ -131,14 +131,7 @@ pub fn task_event(index: u32, task: &Task) -> TaskEvent {
         state: task.state,
         attempt: task.attempts,
         executor: task.executor.clone(),
-        error: task
-            .failure
-            .as_ref()
-            .filter(|_| task.state != TaskState::Succeeded)
-            .map(|f| ErrorBody {
-                kind: f.kind.as_str().to_owned(),
-                message: f.message.clone(),
-            }),
+        error: task.error_body(),
     }
 }
 

@@ -251,8 +251,9 @@ impl Job {
 
     /// Whether every task has ended.
     pub fn all_final(&self) -> bool {
-        let c = self.counts();
-        c.pending == 0 && c.running == 0
+        // The field, not `counts()`: this runs per status update, and the debug check
+        // there scans every task (once per API view is fine, once per end is not).
+        self.counts.pending == 0 && self.counts.running == 0
     }
 
     fn scan_counts(&self) -> TaskCounts {
@@ -267,6 +268,20 @@ impl Job {
             } += 1;
         }
         counts
+    }
+}
+
+impl Task {
+    /// Why the task did not succeed, as the API shows it: none once it has (a failed
+    /// attempt before the success is history, not its outcome).
+    pub fn error_body(&self) -> Option<ErrorBody> {
+        self.failure
+            .as_ref()
+            .filter(|_| self.state != TaskState::Succeeded)
+            .map(|f| ErrorBody {
+                kind: f.kind.as_str().to_owned(),
+                message: f.message.clone(),
+            })
     }
 }
 
