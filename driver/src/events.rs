@@ -227,7 +227,7 @@ fn sse<T: serde::Serialize>(name: &str, data: &T) -> axum::response::sse::Event 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flint_protocol::api::{JobState, TaskCounts};
+    use flint_protocol::api::{JobState, TaskCounts, TaskState};
 
     fn task(index: u32) -> JobEvent {
         JobEvent::Task(TaskEvent {
