@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// The driver's `--launch-ahead-max`.
     #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD_MAX)]
     launch_ahead_max: u32,
+    /// The driver's `--commit-interval-ms`.
+    #[arg(long, default_value_t = flint_protocol::defaults::COMMIT_INTERVAL_MS)]
+    commit_interval_ms: u64,
     /// Instead of the throughput and latency figures: start a driver with no executors,
     /// submit one job of this many no-op tasks (all stay pending) and print the driver's
     /// resident memory per pending task.
@@ -112,6 +115,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             launch_ahead: args.launch_ahead,
             launch_ahead_max: args.launch_ahead_max,
             queue_budget_us: flint_protocol::defaults::QUEUE_BUDGET_US,
+            commit_interval_ms: args.commit_interval_ms,
             speculation_quantile: 0.75,
             speculation_multiplier: 1.5,
         },

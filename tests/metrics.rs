@@ -101,6 +101,10 @@ fn metrics_move_with_a_job() {
     assert_eq!(after["flint_task_duration_seconds_bucket{le=\"1\"}"], 2.0);
     assert_eq!(after["flint_results_total"], 6.0);
     assert_eq!(after["flint_result_bytes_total"], 8.0, "abc + defgh");
+    assert!(
+        after["flint_job_store_commits_total"] >= 1.0,
+        "task ends were committed: {after:?}"
+    );
     assert_eq!(
         sum_over_executors(&after, "flint_executor_tasks_finished_total"),
         6.0

@@ -275,6 +275,17 @@ pub fn render(driver: &Driver) -> String {
         "flint_results_total {}",
         m.results.load(Ordering::Relaxed)
     );
+    family(
+        &mut out,
+        "flint_job_store_commits_total",
+        "counter",
+        "Group commits of task and job ends to the job store (at most one per --commit-interval-ms).",
+    );
+    let _ = writeln!(
+        out,
+        "flint_job_store_commits_total {}",
+        driver.store_commits()
+    );
     out
 }
 

@@ -52,6 +52,9 @@ pub struct DriverConfig {
     /// The base URL executors reach the HTTP API at (module, file and block
     /// downloads and uploads), when the listen address is not it (`--advertise-url`).
     pub advertise_url: Option<String>,
+    /// Task and job ends are group-committed to the job store at most this often
+    /// (`--commit-interval-ms`).
+    pub commit_interval: Duration,
 }
 
 impl DriverConfig {
@@ -71,6 +74,7 @@ impl DriverConfig {
             scheduling: SchedulingConfig::default(),
             max_event_streams: defaults::MAX_EVENT_STREAMS,
             advertise_url: None,
+            commit_interval: Duration::from_millis(defaults::COMMIT_INTERVAL_MS),
         }
     }
 }
@@ -142,7 +146,7 @@ impl Driver {
         let modules = ModuleStore::open(config.data_dir.join("modules"))?;
         let files = ModuleStore::open_files(config.data_dir.join("files"))?;
         std::fs::create_dir_all(&config.data_dir)?;
-        let store = JobStore::open(&config.data_dir.join("jobs.redb"))?;
+        let store = JobStore::open(&config.data_dir.join("jobs.redb"), config.commit_interval)?;
         let stored = store.load()?;
         let restored = stored.len();
         let http_base = advertised_base(config.advertise_url.as_deref(), http_addr, host_name);
@@ -177,6 +181,11 @@ impl Driver {
             tracing::info!(jobs = restored, "restored jobs from the job store");
         }
         Ok(driver)
+    }
+
+    /// Group commits of task and job ends to the job store since the driver started.
+    pub fn store_commits(&self) -> u64 {
+        self.store.commits()
     }
 
     /// Accepts a job: stored durably first, then scheduled.
