@@ -244,20 +244,24 @@ impl Driver {
         let mut finished = false;
         for action in actions {
             match action {
-                Action::Launch { executor, task } => {
+                Action::Define { executor, template } => {
+                    inner.send(&executor, DriverMessage::DefineJob(template));
+                }
+                Action::Launch {
+                    executor,
+                    job,
+                    launch,
+                } => {
                     // Made from the launch itself, not the state, which may be further on.
-                    let event = self.events.is_watched(&task.task.job).then(|| {
-                        let event = TaskEvent {
-                            index: task.task.index,
-                            state: TaskState::Running,
-                            attempt: task.attempt,
-                            executor: Some(executor.clone()),
-                            error: None,
-                        };
-                        (task.task.job.clone(), event)
+                    let event = self.events.is_watched(&job).then(|| TaskEvent {
+                        index: launch.index,
+                        state: TaskState::Running,
+                        attempt: launch.attempt,
+                        executor: Some(executor.clone()),
+                        error: None,
                     });
-                    inner.send(&executor, DriverMessage::LaunchTask(task));
-                    if let Some((job, event)) = event {
+                    inner.send(&executor, DriverMessage::LaunchTask(launch));
+                    if let Some(event) = event {
                         self.events.publish(&job, JobEvent::Task(event));
                     }
                 }
@@ -304,6 +308,9 @@ impl Driver {
                         self.store
                             .job_ended(job.clone(), durable::job_end_record(j));
                         self.publish_end(j);
+                    }
+                    for (executor, key) in inner.state.forget_job(&job) {
+                        inner.send(&executor, DriverMessage::ForgetJob { key });
                     }
                     finished = true;
                 }

@@ -7,13 +7,13 @@
 //! success wins and the other attempt is killed. Where an attempt runs is in its
 //! executor's `running` map, which is the only record of running attempts.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    Digest, ExecutorId, FailureKind, JobId, TaskDescription, TaskFailure, TaskId, TaskInput,
-    TaskResult, TaskStatus,
+    Digest, ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskInput,
+    TaskLaunch, TaskResult, TaskStatus,
 };
 
 pub use flint_protocol::records::JobDef;
@@ -30,9 +30,16 @@ pub const MODULES_REMEMBERED: usize = 64;
 /// What the service layer must do after a state change.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Tell the executor what a job's tasks share; comes before the job's first launch
+    /// on each registration.
+    Define {
+        executor: ExecutorId,
+        template: Box<JobTemplate>,
+    },
     Launch {
         executor: ExecutorId,
-        task: Box<TaskDescription>,
+        job: JobId,
+        launch: Box<TaskLaunch>,
     },
     Kill {
         executor: ExecutorId,
@@ -121,6 +128,9 @@ pub struct ExecutorData {
     /// Modules this executor was given tasks of, newest last: they are fetched and
     /// compiled there (or about to be), so their tasks prefer it.
     pub modules: VecDeque<Digest>,
+    /// Keys of the jobs defined on this registration's connection (`DefineJob`) and not
+    /// yet forgotten.
+    pub(crate) defined: HashSet<u64, foldhash::fast::RandomState>,
 }
 
 /// A job as accepted: its definition and its tasks' own parts.
@@ -137,6 +147,9 @@ pub struct NewTask {
 
 pub struct Job {
     pub def: JobDef,
+    /// Names the job in the launches of its tasks (see [`JobTemplate::key`]); unique in
+    /// this driver process, not kept across restarts.
+    pub(crate) key: u64,
     pub tasks: Vec<Task>,
     /// Pending tasks that may run anywhere, in launch order.
     pub(crate) pending: VecDeque<u32>,
@@ -203,6 +216,7 @@ pub struct ClusterState {
     /// Jobs that may still have tasks to launch, oldest first.
     pub(crate) queue: VecDeque<JobId>,
     next_generation: u64,
+    next_job_key: u64,
     pub config: SchedulingConfig,
     /// The time of the change being made, set by the caller.
     now: Instant,
@@ -303,6 +317,7 @@ impl ExecutorData {
             reported: Heartbeat::default(),
             health: ExecutorHealth::default(),
             modules: VecDeque::new(),
+            defined: HashSet::default(),
         }
     }
 
@@ -328,6 +343,7 @@ impl ClusterState {
             job_order: Vec::new(),
             queue: VecDeque::new(),
             next_generation: first_generation,
+            next_job_key: 0,
             config,
             now,
         }
@@ -356,6 +372,17 @@ impl ClusterState {
             .filter(|e| e.state == ExecutorState::Alive)
             .map(|e| e.cores)
             .max()
+    }
+
+    /// The job ended: the executors it was defined on may forget it. Those executors.
+    pub(crate) fn forget_job(&mut self, job: &JobId) -> Vec<(ExecutorId, u64)> {
+        let Some(key) = self.jobs.get(job).map(|j| j.key) else {
+            return Vec::new();
+        };
+        self.executors
+            .iter_mut()
+            .filter_map(|(id, e)| e.defined.remove(&key).then(|| (id.clone(), key)))
+            .collect()
     }
 
     /// Registers an executor; a second live executor with the same id is refused. The
@@ -522,10 +549,12 @@ impl ClusterState {
         };
         self.job_order.push(job.def.id.clone());
         self.queue.push_back(job.def.id.clone());
+        self.next_job_key += 1;
         self.jobs.insert(
             job.def.id.clone(),
             Job {
                 def: job.def,
+                key: self.next_job_key,
                 tasks,
                 pending,
                 constrained: Vec::new(),
@@ -928,9 +957,16 @@ impl ClusterState {
                     cores: job.def.resources.cores,
                 },
             );
+            if executor.defined.insert(job.key) {
+                actions.push(Action::Define {
+                    executor: executor_id.clone(),
+                    template: Box::new(template(job)),
+                });
+            }
             actions.push(Action::Launch {
                 executor: executor_id.clone(),
-                task: Box::new(describe(job, index, executor.generation)),
+                job: job_id.clone(),
+                launch: Box::new(launch(job, index, executor.generation)),
             });
         }
         taken.sort_unstable_by(|a, b| b.cmp(a));
@@ -1163,25 +1199,31 @@ fn requeued(job: &Job, index: u32, why: ErrorBody) -> Action {
     }
 }
 
-fn describe(job: &Job, index: u32, generation: u64) -> TaskDescription {
-    let task = &job.tasks[index as usize];
-    let mut env = job.def.env.clone();
-    env.extend(task.env.iter().cloned());
-    TaskDescription {
-        task: TaskId {
-            job: job.def.id.clone(),
-            index,
-        },
-        attempt: task.attempts,
-        generation,
+/// What the job's tasks share, for the executors that run them.
+fn template(job: &Job) -> JobTemplate {
+    JobTemplate {
+        key: job.key,
+        job: job.def.id.clone(),
         task_count: job.tasks.len() as u32,
         name: job.def.name.clone(),
         module: job.def.module.clone(),
         files: job.def.files.clone(),
-        args: job.def.args.iter().chain(&task.args).cloned().collect(),
-        env,
-        input: task.input.clone(),
+        args: job.def.args.clone(),
+        env: job.def.env.clone(),
         resources: job.def.resources,
+    }
+}
+
+fn launch(job: &Job, index: u32, generation: u64) -> TaskLaunch {
+    let task = &job.tasks[index as usize];
+    TaskLaunch {
+        job: job.key,
+        index,
+        attempt: task.attempts,
+        generation,
+        args: task.args.clone(),
+        env: task.env.clone(),
+        input: task.input.clone(),
     }
 }
 
@@ -1232,9 +1274,9 @@ pub(crate) mod tests {
         actions
             .iter()
             .filter_map(|a| match a {
-                Action::Launch { executor, task } => {
-                    Some((executor.clone(), task.task.index, task.attempt))
-                }
+                Action::Launch {
+                    executor, launch, ..
+                } => Some((executor.clone(), launch.index, launch.attempt)),
                 _ => None,
             })
             .collect()
@@ -1746,6 +1788,80 @@ pub(crate) mod tests {
             state
                 .kill_job(&JobId("nope".into()), SystemTime::UNIX_EPOCH)
                 .is_none()
+        );
+    }
+
+    /// (executor, job key) of each Define and Launch, in order.
+    fn definitions_and_launches(actions: &[Action]) -> Vec<(&'static str, ExecutorId, u64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Define { executor, template } => {
+                    Some(("define", executor.clone(), template.key))
+                }
+                Action::Launch {
+                    executor, launch, ..
+                } => Some(("launch", executor.clone(), launch.job)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_job_is_defined_once_per_registration_before_its_first_launch_and_forgotten_at_its_end() {
+        let (mut state, gens) = cluster(1, 1);
+        let first = state.submit_job(job("j", 3, 1));
+        let key = state.jobs[&JobId("j".into())].key;
+        assert_eq!(
+            definitions_and_launches(&first),
+            [("define", exec(1), key), ("launch", exec(1), key)]
+        );
+        let template = first
+            .iter()
+            .find_map(|a| match a {
+                Action::Define { template, .. } => Some(template),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!((template.job.0.as_str(), template.task_count), ("j", 3));
+        let next = report(
+            &mut state,
+            &exec(1),
+            gens[0],
+            status("j", 0, 1, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(
+            definitions_and_launches(&next),
+            [("launch", exec(1), key)],
+            "defined already on this connection"
+        );
+        // A new registration is a new connection, which knows no jobs.
+        state.executor_lost(&exec(1), gens[0]);
+        let (generation, _) = state
+            .register_executor(exec(1), "h".into(), 1, 1, false)
+            .unwrap();
+        let again = state.make_offers();
+        assert_eq!(
+            definitions_and_launches(&again),
+            [("define", exec(1), key), ("launch", exec(1), key)]
+        );
+        let mut last = Vec::new();
+        for index in [1, 2] {
+            let attempt = state.jobs[&JobId("j".into())].tasks[index as usize].attempts;
+            last = report(
+                &mut state,
+                &exec(1),
+                generation,
+                status("j", index, attempt, Ok(())),
+                SystemTime::UNIX_EPOCH,
+            );
+        }
+        assert!(last.iter().any(|a| matches!(a, Action::JobFinished(_))));
+        assert_eq!(state.forget_job(&JobId("j".into())), [(exec(1), key)]);
+        assert!(
+            state.forget_job(&JobId("j".into())).is_empty(),
+            "forgotten once"
         );
     }
 

@@ -106,7 +106,7 @@ fn runner_per_task(tasks: usize, wasm: &[u8], sandbox: Arc<Sandbox>) -> Duration
 /// `Sandbox::run` alone: the WASI context, pipes and limits Flint sets up, without the
 /// task thread hand-off or the status message.
 fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) -> Duration {
-    let args = vec!["bench".to_owned(), "noop".to_owned()];
+    let args = ["bench", "noop"];
     let kill = Arc::new(std::sync::atomic::AtomicBool::new(false));
     time_per(tasks, || {
         let report = sandbox.run(

@@ -1,5 +1,6 @@
 //! The executor's connection to the driver (Spark's CoarseGrainedExecutorBackend).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +9,9 @@ use std::time::Duration;
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::codec::{FrameCodec, write_batched};
 use flint_protocol::messages::ExecutorConfig;
-use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply};
+use flint_protocol::{
+    DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, JobTemplate, TaskDescription,
+};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -191,10 +194,29 @@ async fn serve(
     let (sink, mut stream) = conn.split();
     let writer = write_batched(sink, updates);
     tokio::pin!(writer);
+    // The jobs the driver defined on this connection; a new connection starts empty.
+    let mut jobs: HashMap<u64, Arc<JobTemplate>, foldhash::fast::RandomState> = HashMap::default();
     let reason = loop {
         tokio::select! {
             message = stream.next() => match message {
-                Some(Ok(DriverMessage::LaunchTask(desc))) => runner.launch(*desc),
+                Some(Ok(DriverMessage::DefineJob(template))) => {
+                    jobs.insert(template.key, Arc::from(template));
+                }
+                Some(Ok(DriverMessage::LaunchTask(launch))) => match jobs.get(&launch.job) {
+                    Some(job) => runner.launch(TaskDescription::new(job.clone(), *launch)),
+                    // The driver defines a job before its first launch on a connection,
+                    // and the status of this attempt could not even name its task: the
+                    // connection is out of step, and a new one starts clean.
+                    None => {
+                        break ExitReason::DriverLost(format!(
+                            "the driver launched a task of job key {} it never defined",
+                            launch.job
+                        ));
+                    }
+                },
+                Some(Ok(DriverMessage::ForgetJob { key })) => {
+                    jobs.remove(&key);
+                }
                 Some(Ok(DriverMessage::KillTask { task, attempt, reason })) => {
                     tracing::info!(task = %task, attempt, reason, "killing task");
                     runner.kill(&task, attempt);

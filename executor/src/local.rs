@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::{
-    Digest, ExecutorMessage, JobId, ModuleRef, Resources, TaskDescription, TaskId, TaskInput,
+    Digest, ExecutorMessage, JobId, JobTemplate, ModuleRef, Resources, TaskDescription, TaskInput,
+    TaskLaunch,
 };
 use tokio::sync::mpsc;
 
@@ -81,29 +82,37 @@ impl LocalRunner {
     /// The descriptions of one job of `tasks` tasks, last first (ready to `pop`).
     fn job(&mut self, tasks: u32) -> Vec<TaskDescription> {
         self.jobs += 1;
-        let job = JobId(format!("local-{}", self.jobs));
+        let job = Arc::new(JobTemplate {
+            key: self.jobs,
+            job: JobId(format!("local-{}", self.jobs)),
+            task_count: tasks,
+            name: "local".into(),
+            module: ModuleRef {
+                digest: Some(self.digest),
+                url: "http://unused.invalid/".into(),
+                timestamp_ms: 0,
+                size: None,
+            },
+            files: vec![],
+            args: self.args.clone(),
+            env: vec![],
+            resources: Resources::default(),
+        });
         (0..tasks)
             .rev()
-            .map(|index| TaskDescription {
-                task: TaskId {
-                    job: job.clone(),
-                    index,
-                },
-                attempt: 1,
-                generation: 1,
-                task_count: tasks,
-                name: "local".into(),
-                module: ModuleRef {
-                    digest: Some(self.digest),
-                    url: "http://unused.invalid/".into(),
-                    timestamp_ms: 0,
-                    size: None,
-                },
-                files: vec![],
-                args: self.args.clone(),
-                env: vec![],
-                input: TaskInput::Inline(Vec::new()),
-                resources: Resources::default(),
+            .map(|index| {
+                TaskDescription::new(
+                    job.clone(),
+                    TaskLaunch {
+                        job: job.key,
+                        index,
+                        attempt: 1,
+                        generation: 1,
+                        args: vec![],
+                        env: vec![],
+                        input: TaskInput::Inline(Vec::new()),
+                    },
+                )
             })
             .collect()
     }

@@ -198,10 +198,10 @@ impl TaskRunner {
             let mut modules = self.modules.lock().expect("module cache lock poisoned");
             modules
                 // A module by URL with no digest is known by its cache key until fetched.
-                .get_or_insert(desc.module.locality_key(), || Arc::new(OnceCell::new()))
+                .get_or_insert(desc.job.module.locality_key(), || Arc::new(OnceCell::new()))
                 .clone()
         };
-        if desc.files.is_empty()
+        if desc.job.files.is_empty()
             && matches!(desc.input, TaskInput::Inline(_))
             && let Some(compiled) = cell.get()
         {
@@ -238,7 +238,7 @@ impl TaskRunner {
                     .get_or_try_init(|| runner.load_module(&desc))
                     .await?
                     .clone();
-                let files = match desc.files.is_empty() {
+                let files = match desc.job.files.is_empty() {
                     true => None,
                     false => Some(runner.job_files(&desc).await?),
                 };
@@ -338,8 +338,8 @@ impl TaskRunner {
             tokio::fs::create_dir_all(&dir)
                 .await
                 .map_err(|e| host("creating", e))?;
-            let mut pins = Vec::with_capacity(desc.files.len());
-            for file in &desc.files {
+            let mut pins = Vec::with_capacity(desc.job.files.len());
+            for file in &desc.job.files {
                 let fetched = self
                     .fetch(&file.url, file.timestamp_ms, file.digest)
                     .await?;
@@ -426,7 +426,7 @@ impl TaskRunner {
     }
 
     async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
-        let module = &desc.module;
+        let module = &desc.job.module;
         let fetched = self
             .fetch(&module.url, module.timestamp_ms, module.digest)
             .await?;
@@ -475,24 +475,23 @@ impl TaskRunner {
             return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
         }
         let started_at_us = now_us();
-        // The job's variables, except the `FLINT_*` ones, which a job cannot override
-        // (copied only in the rare case that it tries).
-        let filtered;
-        let env = match desc.env.iter().any(|(k, _)| k.starts_with("FLINT_")) {
-            false => &desc.env[..],
-            true => {
-                filtered = desc
-                    .env
-                    .iter()
-                    .filter(|(k, _)| !k.starts_with("FLINT_"))
-                    .cloned()
-                    .collect::<Vec<_>>();
-                &filtered[..]
-            }
-        };
-        let mut args = Vec::with_capacity(desc.args.len() + 1);
-        args.push(std::mem::take(&mut desc.name));
-        args.append(&mut desc.args);
+        // The job's variables under the task's, except the `FLINT_*` ones, which a job
+        // cannot set. Borrowed, not copied: a launch's strings go to WASI as they are.
+        let job = desc.job.clone();
+        let (task_args, task_env) = (
+            std::mem::take(&mut desc.args),
+            std::mem::take(&mut desc.env),
+        );
+        let env: smallvec::SmallVec<[(&str, &str); 8]> = job
+            .env
+            .iter()
+            .chain(&task_env)
+            .filter(|(k, _)| !k.starts_with("FLINT_"))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let args: smallvec::SmallVec<[&str; 8]> = std::iter::once(job.name.as_str())
+            .chain(job.args.iter().chain(&task_args).map(String::as_str))
+            .collect();
         let stdin = match std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new())) {
             TaskInput::Inline(bytes) => bytes,
             // `launch` fetches such inputs before a task is queued.
@@ -504,17 +503,17 @@ impl TaskRunner {
                 return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
             }
         };
-        let resources = desc.resources;
+        let resources = job.resources;
         let run = || {
             self.sandbox.run(
                 &compiled,
                 TaskRun {
                     args: &args,
-                    env,
+                    env: &env,
                     task: TaskEnv {
                         job: &desc.task.job.0,
                         index: desc.task.index,
-                        count: desc.task_count,
+                        count: job.task_count,
                         attempt: desc.attempt,
                     },
                     stdin,

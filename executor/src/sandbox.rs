@@ -100,9 +100,9 @@ pub struct Sandbox {
 
 /// What one attempt is given and allowed.
 pub struct TaskRun<'a> {
-    pub args: &'a [String],
-    /// The job's variables (never `FLINT_*`: those come from `task`).
-    pub env: &'a [(String, String)],
+    pub args: &'a [&'a str],
+    /// The job's and the task's variables (never `FLINT_*`: those come from `task`).
+    pub env: &'a [(&'a str, &'a str)],
     pub task: TaskEnv<'a>,
     pub stdin: Vec<u8>,
     pub memory_bytes: usize,

@@ -173,11 +173,10 @@ mod tests {
         }
     }
 
-    fn description(input: Vec<u8>, args: Vec<String>) -> TaskDescription {
-        TaskDescription {
-            task: task_id(3),
-            attempt: 1,
-            generation: 7,
+    fn template() -> JobTemplate {
+        JobTemplate {
+            key: 12,
+            job: JobId("job-1".into()),
             task_count: 8,
             name: "wordcount".into(),
             module: ModuleRef {
@@ -193,10 +192,21 @@ mod tests {
                 timestamp_ms: 1_700_000_000_000,
                 size: Some(5),
             }],
-            args,
+            args: vec!["--lower".into()],
             env: vec![("LANG".into(), "C".into())],
-            input: TaskInput::Inline(input),
             resources: Resources::default(),
+        }
+    }
+
+    fn launch(input: Vec<u8>, args: Vec<String>) -> TaskLaunch {
+        TaskLaunch {
+            job: 12,
+            index: 3,
+            attempt: 1,
+            generation: 7,
+            args,
+            env: vec![("SHARD".into(), "3".into())],
+            input: TaskInput::Inline(input),
         }
     }
 
@@ -216,16 +226,17 @@ mod tests {
             DriverMessage::RegisterExecutorFailed {
                 reason: "duplicate executor id exec-1".into(),
             },
-            DriverMessage::LaunchTask(Box::new(description(b"hello".to_vec(), vec!["a".into()]))),
-            DriverMessage::LaunchTask(Box::new(TaskDescription {
+            DriverMessage::DefineJob(Box::new(template())),
+            DriverMessage::LaunchTask(Box::new(launch(b"hello".to_vec(), vec!["a".into()]))),
+            DriverMessage::LaunchTask(Box::new(TaskLaunch {
                 input: TaskInput::Fetch(Box::new(FetchRef {
                     url: "http://127.0.0.1:7070/v1/blocks/job-1/0-1-7".into(),
                     timestamp_ms: 0,
                     digest: Some(Digest::of(b"x")),
                 })),
-                ..description(Vec::new(), vec![])
+                ..launch(Vec::new(), vec![])
             })),
-            DriverMessage::LaunchTask(Box::new(TaskDescription {
+            DriverMessage::LaunchTask(Box::new(TaskLaunch {
                 input: TaskInput::Parts(vec![
                     InputPart::Inline(b"{\"a\":1}".to_vec()),
                     InputPart::Fetch(FetchRef {
@@ -234,8 +245,9 @@ mod tests {
                         digest: Some(Digest::of(b"y")),
                     }),
                 ]),
-                ..description(Vec::new(), vec![])
+                ..launch(Vec::new(), vec![])
             })),
+            DriverMessage::ForgetJob { key: 12 },
             DriverMessage::KillTask {
                 task: task_id(1),
                 attempt: 2,
@@ -355,7 +367,7 @@ mod tests {
             input in proptest::collection::vec(any::<u8>(), 0..2048),
             args in proptest::collection::vec(".*", 0..5),
         ) {
-            round_trip(DriverMessage::LaunchTask(Box::new(description(input, args))));
+            round_trip(DriverMessage::LaunchTask(Box::new(launch(input, args))));
         }
 
         #[test]

@@ -1,7 +1,8 @@
 //! Flint's wire types: what the driver, the executors and HTTP clients say to each other.
 //!
 //! - [`ids`]: typed identifiers (`JobId`, `TaskId`, `ExecutorId`, `Digest`).
-//! - [`task`]: what an executor is asked to run ([`TaskDescription`]) and what it reports
+//! - [`task`]: what an executor is asked to run (a [`JobTemplate`] once per job, then a
+//!   [`TaskLaunch`] per attempt, joined as a [`TaskDescription`]) and what it reports
 //!   back ([`TaskStatus`]), including the classified failure kinds.
 //! - [`messages`]: the driver <-> executor messages, named after Spark's
 //!   CoarseGrainedClusterMessages, and the versioned [`Hello`] that opens a connection.
@@ -24,6 +25,6 @@ pub mod task;
 pub use ids::{Digest, ExecutorId, JobId, TaskId};
 pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION};
 pub use task::{
-    BlockRef, FailureKind, FetchRef, FileRef, InputPart, ModuleRef, Resources, TaskDescription,
-    TaskEnd, TaskFailure, TaskInput, TaskResult, TaskStatus,
+    BlockRef, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Resources,
+    TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult, TaskStatus,
 };

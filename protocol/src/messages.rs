@@ -9,7 +9,7 @@
 //!                            <-   ExecutorConfig
 //!   RegisterExecutor         ->
 //!                            <-   RegisteredExecutor | RegisterExecutorFailed (then close)
-//!                            <-   LaunchTask / KillTask        (any time after)
+//!                            <-   DefineJob / LaunchTask / KillTask / ForgetJob (any time after)
 //!   StatusUpdate / Heartbeat ->                                (any time after)
 //!                            <-   StopExecutor | Shutdown
 //! ```
@@ -17,12 +17,13 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ExecutorId, TaskId};
-use crate::task::{TaskDescription, TaskStatus};
+use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 
 /// Bumped on any change to the messages below. 5: a module's digest and size may be
 /// unknown (modules by URL). 6: task inputs made of parts (`results` inputs), compile
-/// cache hits in heartbeats.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// cache hits in heartbeats. 7: a job's shared part defined once per connection
+/// (`DefineJob`, `ForgetJob`), launches carrying only the task's own.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +101,14 @@ pub enum DriverMessage {
     RegisterExecutorFailed {
         reason: String,
     },
-    LaunchTask(Box<TaskDescription>),
+    /// What a job's tasks share, sent before its first launch on this connection.
+    DefineJob(Box<JobTemplate>),
+    /// One attempt of a task of a job defined on this connection.
+    LaunchTask(Box<TaskLaunch>),
+    /// The job defined under this key ended: no more launches will name it.
+    ForgetJob {
+        key: u64,
+    },
     KillTask {
         task: TaskId,
         attempt: u32,

@@ -1,22 +1,22 @@
 //! A task on the wire: what the driver launches and what the executor reports back.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
-use crate::ids::{Digest, TaskId};
+use crate::ids::{Digest, JobId, TaskId};
 
-/// Everything an executor needs to run one attempt of one task (Spark's TaskDescription).
+/// What every task of a job shares: sent to an executor once, in
+/// [`DriverMessage::DefineJob`](crate::DriverMessage::DefineJob), before the job's first
+/// launch there, so that a launch carries only what is the task's own (a 200k-task job
+/// used to send, and its executors decode, the module URL, name and env 200k times).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskDescription {
-    pub task: TaskId,
-    /// 1 for the first attempt; every relaunch of the task gets the next number.
-    pub attempt: u32,
-    /// The executor registration this launch belongs to, echoed in the status: a status
-    /// that outlives its registration (the executor reconnected, the driver restarted)
-    /// is recognised as stale even if an attempt with the same number runs now.
-    pub generation: u64,
+pub struct JobTemplate {
+    /// Names the template in [`TaskLaunch::job`] on one connection.
+    pub key: u64,
+    pub job: JobId,
     /// Tasks in the job, for `FLINT_TASK_COUNT`.
     pub task_count: u32,
     /// The guest's `argv[0]`: the job's name.
@@ -24,12 +24,66 @@ pub struct TaskDescription {
     pub module: ModuleRef,
     /// The job's files, mounted read-only at `/files/<name>`.
     pub files: Vec<FileRef>,
-    /// Job args followed by task args.
+    /// The job's args, before each task's own.
     pub args: Vec<String>,
-    /// Job env overlaid with task env. The executor adds the `FLINT_*` variables.
+    /// The job's env, under each task's own. The executor adds the `FLINT_*` variables.
+    pub env: Vec<(String, String)>,
+    pub resources: Resources,
+}
+
+/// One attempt of one task on the wire: its job's template by key, and what is the
+/// task's own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskLaunch {
+    /// The [`JobTemplate::key`] of a template defined earlier on this connection.
+    pub job: u64,
+    pub index: u32,
+    /// 1 for the first attempt; every relaunch of the task gets the next number.
+    pub attempt: u32,
+    /// The executor registration this launch belongs to, echoed in the status: a status
+    /// that outlives its registration (the executor reconnected, the driver restarted)
+    /// is recognised as stale even if an attempt with the same number runs now.
+    pub generation: u64,
+    /// The task's args, after the job's.
+    pub args: Vec<String>,
+    /// The task's env, over the job's.
     pub env: Vec<(String, String)>,
     pub input: TaskInput,
-    pub resources: Resources,
+}
+
+/// Everything an executor needs to run one attempt of one task (Spark's
+/// TaskDescription): a [`TaskLaunch`] joined with its job's [`JobTemplate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskDescription {
+    pub task: TaskId,
+    pub attempt: u32,
+    pub generation: u64,
+    /// What the task shares with the rest of its job.
+    pub job: Arc<JobTemplate>,
+    /// The task's own args, after the job's.
+    pub args: Vec<String>,
+    /// The task's own env, over the job's.
+    pub env: Vec<(String, String)>,
+    pub input: TaskInput,
+}
+
+impl TaskDescription {
+    /// `launch` joined with its job's template (`launch.job == job.key`).
+    pub fn new(job: Arc<JobTemplate>, launch: TaskLaunch) -> Self {
+        debug_assert_eq!(job.key, launch.job);
+        TaskDescription {
+            task: TaskId {
+                job: job.job.clone(),
+                index: launch.index,
+            },
+            attempt: launch.attempt,
+            generation: launch.generation,
+            job,
+            args: launch.args,
+            env: launch.env,
+            input: launch.input,
+        }
+    }
 }
 
 /// Where an executor fetches a module, and what the bytes must hash to.
