@@ -794,6 +794,19 @@ impl ClusterState {
         (fits as u32).clamp(c.launch_ahead, c.launch_ahead_max.max(c.launch_ahead))
     }
 
+    /// How long an attempt may have been out (queued, then running) on an executor before
+    /// nothing more is queued behind it there: twice the queue budget, plus four times
+    /// the run time of the slowest queued job when that is known. An attempt queued
+    /// behind others waits about one queue budget; a run of several times the average is
+    /// a straggler, and what queues behind it waits for it.
+    fn straggler_age(&self, slowest_us: Option<f64>) -> Duration {
+        let budget = self.config.queue_budget * 2;
+        match slowest_us {
+            Some(us) => budget + Duration::from_secs_f64(us.max(0.0) * 4.0 / 1e6),
+            None => budget,
+        }
+    }
+
     /// Every live executor offers its free cores; pending tasks are placed by the policy.
     pub fn make_offers(&mut self) -> Vec<Action> {
         self.make_offers_at(SystemTime::now())
@@ -816,17 +829,23 @@ impl ClusterState {
             return actions;
         }
         let slowest = self.slowest_queued_run_time();
+        let straggler = self.straggler_age(slowest);
         let offers: Vec<Offer> = ids
             .iter()
             .map(|id| {
                 let e = &self.executors[id];
-                // Queued tasks and a multi-core task would run side by side.
-                let multi_core = e.running.values().any(|r| r.cores > 1);
+                // Queued tasks and a multi-core task would run side by side; tasks queued
+                // behind a straggler would wait for it (and hold back the quantile that
+                // speculation waits for).
+                let no_queue = e
+                    .running
+                    .values()
+                    .any(|r| r.cores > 1 || now.saturating_duration_since(r.since) > straggler);
                 Offer {
                     free_cores: e.free_cores,
                     meters_fuel: e.meters_fuel,
                     usable: !e.health.is_excluded(now),
-                    ahead: if multi_core {
+                    ahead: if no_queue {
                         0
                     } else {
                         self.queue_depth(e.cores, slowest)
@@ -1949,6 +1968,42 @@ pub(crate) mod tests {
         let topped = ended(&mut state, "slow", &placed[0], 1_000);
         assert_eq!(topped.len(), 1, "one ended, one launched: still 2 queued");
         assert_eq!(state.executors[&exec(1)].queued_ahead, 2);
+    }
+
+    #[test]
+    fn nothing_more_queues_behind_a_straggler() {
+        let (mut state, gens) = cluster(1, 1);
+        state.config.launch_ahead = 2;
+        state.config.launch_ahead_max = 8;
+        state.config.queue_budget = Duration::from_micros(1_000);
+        let mut placed = launches(&state.submit_job(job("j", 20, 1)));
+        placed.extend(launches(&state.make_offers()));
+        assert_eq!(placed.len(), 3, "one running, two queued");
+        // The first ends after 100 us: 1 ms of such tasks is 10, capped at 8 queued.
+        let mut first = status("j", placed[0].1, placed[0].2, Ok(()));
+        first.end.finished_at_us = first.end.started_at_us + 100;
+        let topped = launches(&report(
+            &mut state,
+            &exec(1),
+            gens[0],
+            first,
+            SystemTime::UNIX_EPOCH,
+        ));
+        assert_eq!(topped.len(), 8 - 1, "the queue grows to 8");
+        // The attempt now running (placed[1]) goes on and on: past 2 ms + 4 x 100 us,
+        // nothing more is queued behind it, though its queue has room again once a
+        // queued attempt ends.
+        state.set_clock(state.now() + Duration::from_millis(3));
+        let (_, index, attempt) = placed[2].clone();
+        let after = launches(&report(
+            &mut state,
+            &exec(1),
+            gens[0],
+            status("j", index, attempt, Ok(())),
+            SystemTime::UNIX_EPOCH,
+        ));
+        assert!(after.is_empty(), "queued behind a straggler: {after:?}");
+        assert_eq!(state.executors[&exec(1)].queued_ahead, 7);
     }
 
     #[test]
