@@ -1,0 +1,198 @@
+//! Task ends: an attempt's final status, applied to its task, its job and its
+//! executor's cores, then a round of offers for what it gave back.
+
+use super::*;
+
+impl ClusterState {
+    /// A task attempt ended on an executor. Stale reports (an old attempt, another
+    /// executor, a lost generation) change nothing. The first success of a task wins; a
+    /// copy still running elsewhere is killed.
+    pub fn status_update(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        status: TaskStatus,
+        now: SystemTime,
+    ) -> Vec<Action> {
+        self.status_updates(executor_id, generation, vec![status], now)
+    }
+
+    /// Several ends from one executor, as they arrived, then one round of offers for
+    /// the cores they gave back: placement once per burst, not once per task.
+    pub fn status_updates(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        statuses: Vec<TaskStatus>,
+        now: SystemTime,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for status in statuses {
+            self.attempt_ended(executor_id, generation, status, now, &mut actions);
+        }
+        actions.extend(self.make_offers_at(now));
+        actions
+    }
+
+    fn attempt_ended(
+        &mut self,
+        executor_id: &ExecutorId,
+        generation: u64,
+        status: TaskStatus,
+        now: SystemTime,
+        out: &mut Vec<Action>,
+    ) {
+        let clock = self.now;
+        let exclusion = self.config.exclusion;
+        let Some(cores) = self
+            .jobs
+            .get(&status.task.job)
+            .map(|j| j.def.resources.cores)
+        else {
+            return;
+        };
+        let Some(executor) = self.live_executor(executor_id, generation) else {
+            return;
+        };
+        if executor.running.get(&status.task).map(|r| r.attempt) != Some(status.attempt)
+            || status.generation != generation
+        {
+            return;
+        }
+        executor.running.remove(&status.task);
+        executor.tasks_finished += 1;
+        if executor.queued_ahead > 0 {
+            // A queued attempt takes the thread this one leaves.
+            executor.queued_ahead -= 1;
+        } else {
+            executor.free_cores += cores;
+        }
+        let job = self
+            .jobs
+            .get_mut(&status.task.job)
+            .expect("job checked above");
+        let run = status
+            .end
+            .finished_at_us
+            .saturating_sub(status.end.started_at_us) as f64;
+        // A short memory (weight 0.2 for the newest): a job whose tasks slow down stops
+        // queueing deep within a few ends.
+        job.run_time_us = Some(job.run_time_us.map_or(run, |avg| avg + 0.2 * (run - avg)));
+        let task = &mut job.tasks[status.task.index as usize];
+        let actions = out;
+        // A killed task's times and log are its last attempt's; a succeeded or failed
+        // one keeps those of the attempt that decided it.
+        if !matches!(task.state, TaskState::Succeeded | TaskState::Failed) {
+            task.started_at_us = Some(status.end.started_at_us);
+            task.finished_at_us = Some(status.end.finished_at_us);
+            task.log = status.end.log;
+        }
+        if task.state.is_final() {
+            // A kill (of this task or its job), or the other attempt's success, got here
+            // first: the cores are back now, and whatever this attempt did is not taken.
+            return;
+        }
+        let copy_running = self
+            .executors
+            .values()
+            .any(|e| e.running.contains_key(&status.task));
+        match status.end.outcome {
+            Ok(result) if job.result_bytes + result.len() > job.def.max_result_bytes => {
+                set_state(&mut job.counts, task, TaskState::Failed);
+                let failure = TaskFailure::new(
+                    FailureKind::ResultLimit,
+                    format!(
+                        "a {} byte result takes the job's results past max_result_bytes ({} bytes)",
+                        result.len(),
+                        job.def.max_result_bytes
+                    ),
+                );
+                let reason = format!(
+                    "task {} failed: {}: {}",
+                    status.task.index, failure.kind, failure.message
+                );
+                task.failure = Some(failure);
+                actions.push(Action::TaskEnded(status.task.clone()));
+                actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
+                self.clear_running(&status.task.job, actions);
+            }
+            Ok(result) => {
+                job.result_bytes += result.len();
+                set_state(&mut job.counts, task, TaskState::Succeeded);
+                task.executor = Some(executor_id.clone());
+                task.result_digest = Some(result.digest());
+                task.result = Some(result);
+                task.failure = None;
+                job.speculative.retain(|&i| i != status.task.index);
+                actions.push(Action::TaskEnded(status.task.clone()));
+                for (other, e) in &self.executors {
+                    if let Some(running) = e.running.get(&status.task) {
+                        actions.push(Action::Kill {
+                            executor: other.clone(),
+                            task: status.task.clone(),
+                            attempt: running.attempt,
+                            reason: "another attempt of this task succeeded",
+                        });
+                    }
+                }
+            }
+            Err(failure)
+                if failure.kind.is_retryable() && task.host_failures + 1 < job.def.max_failures =>
+            {
+                task.host_failures += 1;
+                task.failure = Some(failure);
+                if excluded_for_task(&exclusion, &task.failed_on, executor_id) {
+                    // Already excluded: cannot have run here; nothing more to learn.
+                } else {
+                    task.failed_on.push(executor_id.clone());
+                }
+                let executor = self
+                    .executors
+                    .get_mut(executor_id)
+                    .expect("executor checked above");
+                if executor
+                    .health
+                    .record_failure(&exclusion, status.task.clone(), clock)
+                {
+                    tracing::warn!(
+                        executor = %executor_id,
+                        failures = exclusion.executor_failures,
+                        window = ?exclusion.window,
+                        period = ?exclusion.period,
+                        "executor excluded after repeated task failures"
+                    );
+                }
+                if !copy_running {
+                    job.requeue(status.task.index, false);
+                    let failure = job.tasks[status.task.index as usize].failure.as_ref();
+                    let why = ErrorBody {
+                        kind: failure.map_or("host_error", |f| f.kind.as_str()).into(),
+                        message: failure.map_or(String::new(), |f| f.message.clone()),
+                    };
+                    actions.push(requeued(job, status.task.index, why));
+                    if !self.queue.contains(&job.def.id) {
+                        self.queue.push_back(job.def.id.clone());
+                    }
+                }
+            }
+            Err(failure) => {
+                set_state(&mut job.counts, task, TaskState::Failed);
+                let reason = format!(
+                    "task {} failed after {} attempt(s): {}: {}",
+                    status.task.index, task.attempts, failure.kind, failure.message
+                );
+                task.failure = Some(failure);
+                actions.push(Action::TaskEnded(status.task.clone()));
+                actions.extend(Self::end_job(job, JobState::Failed, Some(reason), now));
+                self.clear_running(&status.task.job, actions);
+            }
+        }
+        let job = self
+            .jobs
+            .get_mut(&status.task.job)
+            .expect("job checked above");
+        if !job.state.is_final() && job.all_final() {
+            actions.extend(Self::end_job(job, JobState::Succeeded, None, now));
+        }
+    }
+}
