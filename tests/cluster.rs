@@ -337,6 +337,54 @@ fn a_killed_executor_mid_job_loses_no_result() {
 }
 
 #[test]
+fn an_executor_stopped_mid_job_with_sigterm_fails_no_task() {
+    // Kubernetes stops a pod with SIGTERM: the executor kills what runs there and says
+    // so, which must read as a lost host (the tasks run again), not as failed tasks.
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    let inputs: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let (status, job) = cluster.post_raw(
+        "/v1/jobs",
+        spec(&module, &["sleep", "400"], &refs).to_string(),
+    );
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(30), "a task running on exec-1", || {
+        cluster
+            .executors()
+            .iter()
+            .any(|e| e["id"] == "exec-1" && e["running"].as_u64().unwrap_or(0) > 0)
+    });
+    let victim = cluster
+        .executors()
+        .into_iter()
+        .find(|e| e["id"] == "exec-1")
+        .unwrap();
+    signal(victim["pid"].as_u64().unwrap() as u32, libc::SIGTERM);
+
+    let job = cluster.get(&format!("/v1/jobs/{id}?wait=60")).1;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    for index in 0..8 {
+        assert!(
+            cluster.result(&job, index).is_empty(),
+            "sleep prints nothing"
+        );
+    }
+    let tasks = cluster.tasks(&job);
+    assert!(
+        tasks.iter().any(|t| t["attempts"].as_u64().unwrap() >= 2),
+        "the stopped executor's task ran again: {tasks:?}"
+    );
+    wait_until(Duration::from_secs(20), "exec-1 to be seen exited", || {
+        cluster
+            .executors()
+            .iter()
+            .any(|e| e["id"] == "exec-1" && e["state"] == "exited" && e["exit_code"] == 0)
+    });
+}
+
+#[test]
 fn a_poison_task_fails_its_job_by_name_while_a_healthy_job_succeeds() {
     let cluster = DevCluster::start(2, 1);
     let testkit = cluster.upload(&guests().testkit);

@@ -96,6 +96,29 @@ impl ClusterState {
             .executors
             .values()
             .any(|e| e.running.contains_key(&status.task));
+        // The driver kills attempts only of tasks already final (above), so a killed
+        // attempt of a live task was withdrawn by its executor: stopping (SIGTERM, a pod
+        // evicted) or cut off from us. A loss of the host, as if the executor had gone:
+        // the task runs again, and neither the task nor the executor is held to account.
+        if let Err(failure) = &status.end.outcome
+            && failure.kind == FailureKind::Killed
+        {
+            if !copy_running {
+                job.requeue(status.task.index, true);
+                let why = ErrorBody {
+                    kind: "executor_stopped".into(),
+                    message: format!(
+                        "executor {executor_id} stopped the attempt ({}); the task runs again",
+                        failure.message
+                    ),
+                };
+                actions.push(requeued(job, status.task.index, why));
+                if !self.queue.contains(&status.task.job) {
+                    self.queue.push_front(status.task.job.clone());
+                }
+            }
+            return;
+        }
         match status.end.outcome {
             Ok(result) if job.result_bytes + result.len() > job.def.max_result_bytes => {
                 set_state(&mut job.counts, task, TaskState::Failed);

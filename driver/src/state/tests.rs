@@ -201,6 +201,44 @@ fn a_lost_executors_tasks_run_again_elsewhere_without_counting_as_failures() {
 }
 
 #[test]
+fn an_attempt_its_executor_killed_runs_again_without_counting_as_a_failure() {
+    let (mut state, gens) = cluster(1, 1);
+    let placed = launches(&state.submit_job(job("j", 1, 1)));
+    assert_eq!(placed, vec![(exec(1), 0, 1)]);
+    // The executor is stopping (SIGTERM): it kills what runs and says so.
+    let stopped = TaskFailure::new(FailureKind::Killed, "killed");
+    let actions = report(
+        &mut state,
+        &exec(1),
+        gens[0],
+        status("j", 0, 1, Err(stopped)),
+        SystemTime::UNIX_EPOCH,
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::TaskRequeued { event, .. }
+            if event.error.as_ref().is_some_and(|e| e.kind == "executor_stopped"))),
+        "{actions:?}"
+    );
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::JobFinished(_))),
+        "the job goes on"
+    );
+    assert_eq!(
+        launches(&actions),
+        vec![(exec(1), 0, 2)],
+        "and the task runs again"
+    );
+    let job = &state.jobs[&JobId("j".into())];
+    let task = &job.tasks[0];
+    assert_eq!((task.host_failures, task.failed_on.len()), (0, 0));
+    assert_eq!(job.state, JobState::Running);
+    finish(&mut state, &(exec(1), 0, 2), "j", Ok(()));
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Succeeded);
+}
+
+#[test]
 fn a_guest_failure_fails_the_job_and_kills_the_rest_holding_their_cores() {
     let (mut state, gens) = cluster(2, 1);
     let placed = launches(&state.submit_job(job("j", 3, 1)));
