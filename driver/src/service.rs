@@ -497,6 +497,14 @@ pub async fn run(
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
+    // Ends waiting for the next group commit are kept: after a clean stop no finished
+    // task runs again.
+    let store = driver.clone();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::task::spawn_blocking(move || store.store.flush()),
+    )
+    .await;
     Ok(())
 }
 

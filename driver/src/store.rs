@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -58,13 +58,25 @@ pub struct StoredJob {
 enum Write {
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord),
+    /// Commit what came before now, then answer.
+    Flush(mpsc::SyncSender<()>),
 }
 
 pub struct JobStore {
     db: Arc<Database>,
     writes: mpsc::Sender<Write>,
+    writer: Arc<WriterState>,
+    /// The writer thread, woken early by a flush.
+    writer_thread: std::thread::Thread,
+}
+
+/// What the writer thread shares with the store's callers.
+#[derive(Default)]
+struct WriterState {
     /// Group commits of task and job ends so far.
-    commits: Arc<AtomicU64>,
+    commits: AtomicU64,
+    /// A flush is waiting: stop waiting out the commit interval.
+    flush: AtomicBool,
 }
 
 impl JobStore {
@@ -100,24 +112,17 @@ impl JobStore {
         txn.commit().map_err(db_error)?;
         let (writes, queue) = mpsc::channel();
         let writer_db = db.clone();
-        let commits = Arc::new(AtomicU64::new(0));
-        let writer_commits = commits.clone();
-        std::thread::Builder::new()
+        let writer = Arc::new(WriterState::default());
+        let state = writer.clone();
+        let thread = std::thread::Builder::new()
             .name("flint-job-store".into())
-            .spawn(move || {
-                write_loop(
-                    &writer_db,
-                    &queue,
-                    next_batch,
-                    commit_interval,
-                    &writer_commits,
-                )
-            })
+            .spawn(move || write_loop(&writer_db, &queue, next_batch, commit_interval, &state))
             .map_err(db_error)?;
         Ok(JobStore {
             db,
             writes,
-            commits,
+            writer,
+            writer_thread: thread.thread().clone(),
         })
     }
 
@@ -143,9 +148,21 @@ impl JobStore {
         let _ = self.writes.send(Write::JobEnd(job, end));
     }
 
+    /// Commits every end queued so far, without waiting for the commit interval, and
+    /// returns once that is done (or the writer is gone): a driver stopping cleanly
+    /// keeps every task end, where a crash may lose the last interval's.
+    pub fn flush(&self) {
+        let (done, wait) = mpsc::sync_channel(1);
+        if self.writes.send(Write::Flush(done)).is_ok() {
+            self.writer.flush.store(true, Ordering::Release);
+            self.writer_thread.unpark();
+            let _ = wait.recv();
+        }
+    }
+
     /// Group commits of task and job ends since the store was opened.
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.writer.commits.load(Ordering::Relaxed)
     }
 
     /// Everything stored, for rebuilding the scheduler's state at start.
@@ -188,18 +205,27 @@ fn write_loop(
     queue: &mpsc::Receiver<Write>,
     mut next_batch: u64,
     commit_interval: Duration,
-    commits: &AtomicU64,
+    state: &WriterState,
 ) {
     let mut last_commit: Option<Instant> = None;
     while let Ok(first) = queue.recv() {
         // Ends arriving within the interval join this commit. A backlog (the last
-        // commit was full) is written without waiting.
+        // commit was full) is written without waiting, and a flush stops the wait.
+        // Parked, not blocked in `recv`: a task end sent meanwhile wakes nobody.
         if let Some(last) = last_commit {
-            let wait = (last + commit_interval).saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
+            let deadline = last + commit_interval;
+            loop {
+                let now = Instant::now();
+                if now >= deadline
+                    || matches!(first, Write::Flush(_))
+                    || state.flush.load(Ordering::Acquire)
+                {
+                    break;
+                }
+                std::thread::park_timeout(deadline - now);
             }
         }
+        state.flush.store(false, Ordering::Release);
         let mut batch = vec![first];
         while batch.len() < GROUP_COMMIT {
             match queue.try_recv() {
@@ -209,11 +235,16 @@ fn write_loop(
         }
         last_commit = (batch.len() < GROUP_COMMIT).then(Instant::now);
         let committed = commit(db, &batch, &mut next_batch);
-        commits.fetch_add(1, Ordering::Relaxed);
+        state.commits.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = committed {
             // The ends stay in memory and are served; after a restart their tasks run
             // again. Nothing else to do but say so.
             tracing::error!(error = %e, ends = batch.len(), "job store commit failed");
+        }
+        for write in &batch {
+            if let Write::Flush(done) = write {
+                let _ = done.try_send(());
+            }
         }
     }
 }
@@ -255,6 +286,7 @@ fn commit(db: &Database, batch: &[Write], next_batch: &mut u64) -> Result<(), St
                         .insert(job.0.as_str(), bytes.as_slice())
                         .map_err(db_error)?;
                 }
+                Write::Flush(_) => {}
             }
         }
         flush(&mut value, &mut value_bytes)?;
@@ -317,6 +349,25 @@ mod tests {
             2,
             "one commit for the first end, one for the rest"
         );
+    }
+
+    #[test]
+    fn a_flush_commits_at_once_whatever_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3600)).unwrap();
+        let new = crate::state::tests::job("j", 3, 1);
+        store.put_job(&crate::durable::job_record(&new)).unwrap();
+        let job = JobId("j".into());
+        store.task_ended(job.clone(), 0, end(1, 1));
+        // The first end is committed at once; the next two would wait an hour.
+        load_until(&store, |s| s[0].tasks.len() == 1);
+        store.task_ended(job.clone(), 1, end(1, 1));
+        store.task_ended(job.clone(), 2, end(1, 1));
+        let started = Instant::now();
+        store.flush();
+        assert!(started.elapsed() < Duration::from_secs(60));
+        assert_eq!(store.load().unwrap()[0].tasks.len(), 3, "flushed");
     }
 
     #[test]
