@@ -238,9 +238,14 @@ impl Driver {
     /// Changes the state and carries out what the change asks for, under one lock, so
     /// that messages to an executor leave in the order the state decided them.
     pub fn apply<R>(&self, f: impl FnOnce(&mut ClusterState) -> (R, Vec<Action>)) -> R {
+        self.apply_inner(|inner| f(&mut inner.state))
+    }
+
+    /// [`Self::apply`], with the connections in reach too.
+    fn apply_inner<R>(&self, f: impl FnOnce(&mut Inner) -> (R, Vec<Action>)) -> R {
         let mut inner = self.lock();
         inner.state.set_clock(Instant::now());
-        let (result, actions) = f(&mut inner.state);
+        let (result, actions) = f(&mut inner);
         let mut finished = false;
         for action in actions {
             match action {
@@ -366,19 +371,24 @@ impl Driver {
         meters_fuel: bool,
     ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
         let (outbox, rx) = mpsc::unbounded_channel();
-        let generation =
-            self.apply(
-                |s| match s.register_executor(id.clone(), host, cores, pid, meters_fuel) {
-                    Ok((generation, actions)) => (Ok(generation), actions),
-                    Err(reason) => (Err(reason), Vec::new()),
-                },
-            )?;
-        let mut inner = self.lock();
-        let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
-        // Replacing a link drops the old outbox, which ends that connection.
-        inner.links.insert(id, Link { generation, outbox });
-        drop(inner);
-        self.apply(|s| ((), s.make_offers()));
+        // The registration and its connection's outbox change under one lock: placement
+        // running in between would send the new registration's launches (and the jobs
+        // they need defined) to the old connection, or to none.
+        let generation = self.apply_inner(|inner| {
+            match inner
+                .state
+                .register_executor(id.clone(), host, cores, pid, meters_fuel)
+            {
+                Ok((generation, mut actions)) => {
+                    let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
+                    // Replacing a link drops the old outbox, which ends that connection.
+                    inner.links.insert(id, Link { generation, outbox });
+                    actions.extend(inner.state.make_offers());
+                    (Ok(generation), actions)
+                }
+                Err(reason) => (Err(reason), Vec::new()),
+            }
+        })?;
         Ok((generation, rx))
     }
 
