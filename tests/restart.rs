@@ -1,6 +1,7 @@
 //! End to end: the driver is SIGKILLed mid-job and restarted on the same data dir, again
 //! and again; every job it accepted ends `succeeded` with the right results, and the
-//! executors (standalone processes) find the new driver by themselves.
+//! executors (standalone processes) find the new driver by themselves. A driver stopped
+//! cleanly keeps every task end, even those still waiting for a group commit.
 
 mod common;
 
@@ -65,8 +66,13 @@ fn free_port() -> u16 {
 }
 
 fn start_driver(http: u16, executors: u16, data_dir: &Path) -> Process {
+    start_driver_with(http, executors, data_dir, &[])
+}
+
+fn start_driver_with(http: u16, executors: u16, data_dir: &Path, args: &[&str]) -> Process {
     let child = Command::new(FLINT)
         .args(["driver", "--listen", &format!("127.0.0.1:{http}")])
+        .args(args)
         .args(["--executor-listen", &format!("127.0.0.1:{executors}")])
         .args(["--executor-timeout-ms", "3000"])
         .arg("--data-dir")
@@ -224,4 +230,120 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
         unfinished_at_crash > 0,
         "no crash happened mid-job; the test proved nothing"
     );
+}
+
+#[test]
+fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
+    let dir = tempfile::Builder::new()
+        .prefix("flint-stop")
+        .tempdir()
+        .unwrap();
+    let dir = scopeguard_keep(dir);
+    let (http, exec_port) = (free_port(), free_port());
+    let base = format!("http://127.0.0.1:{http}");
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let data = dir.path().join("data");
+    // Commits 10 s apart (the most allowed): the ends after the first wait for the
+    // next commit far longer than this job runs.
+    let slow_commits = ["--commit-interval-ms", "10000"];
+    let mut driver = start_driver_with(http, exec_port, &data, &slow_commits);
+    let mut executor = start_executor("exec-1", exec_port, dir.path());
+    let alive = |client: &reqwest::blocking::Client| {
+        client
+            .get(format!("{base}/v1/executors"))
+            .send()
+            .ok()
+            .and_then(|r| r.json::<Value>().ok())
+            .is_some_and(|v| {
+                v["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e["state"] == "alive")
+            })
+    };
+    wait_until(Duration::from_secs(30), "the executor to register", || {
+        alive(&client)
+    });
+    let wasm = std::fs::read(&guests().testkit).unwrap();
+    let module: Value = client
+        .put(format!("{base}/v1/modules"))
+        .body(wasm)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    // A first job's end makes the first commit; the ends of the job after it then wait
+    // for the next one.
+    let warm_up = json!({"module": module["id"], "args": ["echo"], "inputs": [{"text": "w"}]});
+    let warm_up: Value = client
+        .post(format!("{base}/v1/jobs?wait=60"))
+        .json(&warm_up)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(warm_up["state"], "succeeded", "{warm_up}");
+    let inputs: Vec<String> = (0..20).map(|t| format!("t{t}")).collect();
+    let spec = json!({
+        "module": module["id"],
+        "args": ["echo"],
+        "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
+    });
+    let job: Value = client
+        .post(format!("{base}/v1/jobs?wait=60"))
+        .json(&spec)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+
+    common::signal(driver.0.id(), libc::SIGTERM);
+    let status = driver.0.wait().unwrap();
+    assert!(status.success(), "a clean stop: {status:?}");
+    // A clean stop tells the executors the driver is gone for good: they exit.
+    let status = executor.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "the executor stops with the driver: {status:?}"
+    );
+    // No executor this time: whatever the store lacks stays pending, and shows.
+    driver = start_driver_with(http, exec_port, &data, &slow_commits);
+    wait_until(Duration::from_secs(30), "the driver to answer", || {
+        client.get(format!("{base}/healthz")).send().is_ok()
+    });
+    let job: Value = client
+        .get(format!("{base}/v1/jobs/{id}"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        job["state"], "succeeded",
+        "kept as it ended, nothing to run: {job}"
+    );
+    let tasks: Value = client
+        .get(format!("{base}/v1/jobs/{id}/tasks"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    for task in tasks["items"].as_array().unwrap() {
+        assert_eq!(task["attempts"], 1, "no task ran twice: {task}");
+    }
+    for (index, input) in inputs.iter().enumerate() {
+        let bytes = client
+            .get(format!("{base}/v1/jobs/{id}/tasks/{index}/result"))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap();
+        assert_eq!(&bytes[..], input.as_bytes(), "task {index}");
+    }
+    drop((driver, executor));
 }
