@@ -111,6 +111,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             block_store,
             inline_result_bytes: flint_protocol::defaults::INLINE_RESULT_BYTES,
             locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
+            scheduling_mode: crate::SchedulingModeArg::Fifo,
             speculation: false,
             launch_ahead: args.launch_ahead,
             launch_ahead_max: args.launch_ahead_max,

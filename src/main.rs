@@ -206,6 +206,11 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_LOCALITY_WAIT_MS", default_value_t = flint_protocol::defaults::LOCALITY_WAIT_MS,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub locality_wait_ms: u64,
+    /// Which job gets cores first: `fifo`, the oldest job until it has nothing pending;
+    /// or `fair`, the job with the fewest running tasks (Spark's FAIR mode, equal
+    /// weights), so that jobs running side by side share the cluster.
+    #[arg(long, env = "FLINT_SCHEDULING_MODE", value_enum, default_value_t = SchedulingModeArg::Fifo)]
+    pub scheduling_mode: SchedulingModeArg,
     /// Copy slow tasks: once --speculation-quantile of a job's tasks have succeeded, a
     /// task running longer than --speculation-multiplier times their median run time
     /// (and at least 100 ms) gets a second attempt on another executor; the first to
@@ -239,6 +244,12 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_SPECULATION_MULTIPLIER", default_value_t = 1.5,
           value_parser = parse_multiplier)]
     pub speculation_multiplier: f64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulingModeArg {
+    Fifo,
+    Fair,
 }
 
 fn parse_http_url(s: &str) -> Result<String, String> {
@@ -284,6 +295,10 @@ impl DriverArgs {
         config.block_store = self.block_store.clone();
         config.inline_result_bytes = self.inline_result_bytes;
         config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);
+        config.scheduling.mode = match self.scheduling_mode {
+            SchedulingModeArg::Fifo => flint_driver::state::SchedulingMode::Fifo,
+            SchedulingModeArg::Fair => flint_driver::state::SchedulingMode::Fair,
+        };
         config.scheduling.launch_ahead = self.launch_ahead;
         config.scheduling.launch_ahead_max = self.launch_ahead_max;
         config.scheduling.queue_budget = Duration::from_micros(self.queue_budget_us);

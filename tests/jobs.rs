@@ -243,3 +243,32 @@ fn a_spinning_guest_neither_stalls_heartbeats_nor_outlives_its_deadline() {
         "{task}"
     );
 }
+
+#[test]
+fn in_fair_mode_a_small_job_is_not_stuck_behind_a_big_one() {
+    let run = |mode: &str| {
+        let cluster = DevCluster::start_with(2, 1, &["--scheduling-mode", mode]);
+        let module = cluster.upload(&guests().testkit);
+        let big_inputs: Vec<String> = (0..60).map(|i| format!("b{i}")).collect();
+        let big_refs: Vec<&str> = big_inputs.iter().map(String::as_str).collect();
+        let (status, big) = cluster.post_raw(
+            "/v1/jobs",
+            spec(&module, &["sleep", "100"], &big_refs).to_string(),
+        );
+        assert_eq!(status, 202, "{big}");
+        let small = cluster.run_job(spec(&module, &["sleep", "100"], &["s0", "s1"]));
+        assert_eq!(small["state"], "succeeded", "{small}");
+        let big = cluster
+            .get(&format!("/v1/jobs/{}", big["id"].as_str().unwrap()))
+            .1;
+        big["counts"]["succeeded"].as_u64().unwrap()
+    };
+    // 60 tasks of 100 ms on two cores take 3 s; the small job's two take 0.1 s of them.
+    let fair = run("fair");
+    assert!(
+        fair < 40,
+        "the small job went through early: {fair} of 60 done"
+    );
+    let fifo = run("fifo");
+    assert_eq!(fifo, 60, "FIFO: the small job waited for the big one");
+}

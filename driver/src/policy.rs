@@ -2,7 +2,7 @@
 //! invariants are property-tested rather than hoped for.
 //!
 //! Spark's makeOffers in one function: every live executor offers its free cores; jobs are
-//! served first-in first-out; a task needing `c` cores goes only to an executor with at
+//! served in the order given (oldest first, or in fair mode fewest running first); a task needing `c` cores goes only to an executor with at
 //! least `c` free, which then has `c` fewer; consecutive placements rotate across
 //! executors so that load spreads instead of piling onto the first one.
 //!

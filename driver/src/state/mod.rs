@@ -83,6 +83,20 @@ pub struct SchedulingConfig {
     /// up to `queue_budget` of their run time per core, at most this many.
     pub launch_ahead_max: u32,
     pub queue_budget: Duration,
+    /// Which job's tasks go first when cores free up (Spark's `spark.scheduler.mode`).
+    pub mode: SchedulingMode,
+}
+
+/// The order in which jobs with pending tasks are offered cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchedulingMode {
+    /// The oldest job first: a job gets every free core until it has no pending task.
+    #[default]
+    Fifo,
+    /// The job with the fewest running tasks first (the oldest among equals), decided
+    /// anew each time cores free up, so jobs running side by side share the cluster
+    /// (Spark's FAIR mode with equal weights).
+    Fair,
 }
 
 impl Default for SchedulingConfig {
@@ -94,6 +108,7 @@ impl Default for SchedulingConfig {
             launch_ahead: flint_protocol::defaults::LAUNCH_AHEAD,
             launch_ahead_max: flint_protocol::defaults::LAUNCH_AHEAD_MAX,
             queue_budget: Duration::from_micros(flint_protocol::defaults::QUEUE_BUDGET_US),
+            mode: SchedulingMode::Fifo,
         }
     }
 }

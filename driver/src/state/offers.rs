@@ -63,6 +63,13 @@ impl ClusterState {
         if ids.is_empty() || self.queue.is_empty() {
             return actions;
         }
+        if self.config.mode == SchedulingMode::Fair {
+            // Keys grow with submission: the oldest wins a tie.
+            let jobs = &self.jobs;
+            self.queue
+                .make_contiguous()
+                .sort_by_cached_key(|id| jobs.get(id).map(|j| (j.counts.running, j.key)));
+        }
         let slowest = self.slowest_queued_run_time();
         let straggler = self.straggler_age(slowest);
         let offers: Vec<Offer> = ids

@@ -798,6 +798,44 @@ fn nothing_more_queues_behind_a_straggler() {
 }
 
 #[test]
+fn fifo_serves_the_oldest_job_first_and_fair_the_one_running_least() {
+    // One 2-core executor; job "a" (6 tasks) holds both cores when "b" arrives.
+    let whose_next = |mode: SchedulingMode| {
+        let (mut state, gens) = cluster(1, 2);
+        state.config.mode = mode;
+        let a = launches(&state.submit_job(job("a", 6, 1)));
+        assert_eq!(a.len(), 2);
+        assert!(
+            launches(&state.submit_job(job("b", 6, 1))).is_empty(),
+            "no core free"
+        );
+        let mut next = Vec::new();
+        for (_, index, attempt) in &a {
+            let actions = report(
+                &mut state,
+                &exec(1),
+                gens[0],
+                status("a", *index, *attempt, Ok(())),
+                SystemTime::UNIX_EPOCH,
+            );
+            next.extend(actions.iter().filter_map(|a| match a {
+                Action::Launch { job, .. } => Some(job.0.clone()),
+                _ => None,
+            }));
+        }
+        next
+    };
+    assert_eq!(
+        whose_next(SchedulingMode::Fifo),
+        ["a", "a"],
+        "a until it has nothing pending"
+    );
+    // The first freed core goes to b (0 running against a's 1); then each has one
+    // running, and the older job, a, wins the tie.
+    assert_eq!(whose_next(SchedulingMode::Fair), ["b", "a"]);
+}
+
+#[test]
 fn nothing_queues_beside_a_multi_core_task() {
     let (mut state, _) = cluster(1, 2);
     state.config.launch_ahead = 2;
