@@ -68,6 +68,9 @@ pub struct JobStore {
     writer: Arc<WriterState>,
     /// The writer thread, woken early by a flush.
     writer_thread: std::thread::Thread,
+    /// Tests set it to make `put_job` fail as a full or broken disk would.
+    #[cfg(test)]
+    pub(crate) refuse_jobs: std::sync::atomic::AtomicBool,
 }
 
 /// What the writer thread shares with the store's callers.
@@ -123,11 +126,17 @@ impl JobStore {
             writes,
             writer,
             writer_thread: thread.thread().clone(),
+            #[cfg(test)]
+            refuse_jobs: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Stores an accepted job durably. Blocks for the commit: call it off the runtime.
     pub fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+        #[cfg(test)]
+        if self.refuse_jobs.load(Ordering::Relaxed) {
+            return Err(StoreError::Db("No space left on device (a test's)".into()));
+        }
         let bytes = postcard::to_stdvec(job)?;
         let txn = self.db.begin_write().map_err(db_error)?;
         txn.open_table(JOBS)

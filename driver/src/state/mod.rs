@@ -629,14 +629,23 @@ impl ClusterState {
     /// Stops a job at a user's request: pending tasks end without running, running ones
     /// are killed. `None` when there is no such job; a job already over is left as it is.
     pub fn kill_job(&mut self, job_id: &JobId, now: SystemTime) -> Option<Vec<Action>> {
+        self.stop_job(job_id, "killed by request".into(), now)
+    }
+
+    /// [`Self::kill_job`], for `reason`.
+    pub fn stop_job(
+        &mut self,
+        job_id: &JobId,
+        reason: String,
+        now: SystemTime,
+    ) -> Option<Vec<Action>> {
         let job = self.jobs.get_mut(job_id)?;
         if job.state.is_final() {
             return Some(Vec::new());
         }
-        let mut actions: Vec<Action> =
-            Self::end_job(job, JobState::Killed, Some("killed by request".into()), now)
-                .into_iter()
-                .collect();
+        let mut actions: Vec<Action> = Self::end_job(job, JobState::Killed, Some(reason), now)
+            .into_iter()
+            .collect();
         self.clear_running(job_id, &mut actions);
         Some(actions)
     }
