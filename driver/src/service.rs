@@ -192,8 +192,9 @@ impl Driver {
     /// start, and this returns (and the API answers 202) only once the commit is done.
     /// The commit's sync was a third of a single-task job's round trip when it came
     /// first. A job whose record cannot be stored was never accepted: it is killed where
-    /// it stands (its tasks had no say in anything: a guest's only output is its
-    /// result) and the error returned.
+    /// it stands and the error returned. Its tasks may have run meanwhile, which changes
+    /// nothing outside (a guest's only effect is its result); one that already ended
+    /// stays as it ended, in memory only.
     pub async fn submit(self: &Arc<Self>, job: NewJob) -> Result<(), StoreError> {
         let record = durable::job_record(&job);
         let id = job.def.id.clone();
