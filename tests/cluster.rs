@@ -342,7 +342,7 @@ fn an_executor_stopped_mid_job_with_sigterm_fails_no_task() {
     // so, which must read as a lost host (the tasks run again), not as failed tasks.
     let cluster = DevCluster::start(2, 1);
     let module = cluster.upload(&guests().testkit);
-    let inputs: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let inputs: Vec<String> = (0..16).map(|i| format!("t{i}")).collect();
     let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let (status, job) = cluster.post_raw(
         "/v1/jobs",
@@ -365,7 +365,7 @@ fn an_executor_stopped_mid_job_with_sigterm_fails_no_task() {
 
     let job = cluster.get(&format!("/v1/jobs/{id}?wait=60")).1;
     assert_eq!(job["state"], "succeeded", "{job}");
-    for index in 0..8 {
+    for index in 0..16 {
         assert!(
             cluster.result(&job, index).is_empty(),
             "sleep prints nothing"

@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn ends_within_the_commit_interval_share_a_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(1)).unwrap();
+        let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3)).unwrap();
         let new = crate::state::tests::job("j", 20, 1);
         store.put_job(&crate::durable::job_record(&new)).unwrap();
         let job = JobId("j".into());
