@@ -108,6 +108,102 @@ fn start_executor(id: &str, executors: u16, work_dir: &Path) -> Process {
     Process(child)
 }
 
+/// The driver's HTTP API as both tests use it; it may be down between a crash and a
+/// restart.
+struct Api {
+    base: String,
+    client: reqwest::blocking::Client,
+}
+
+impl Api {
+    fn new(http: u16) -> Api {
+        Api {
+            base: format!("http://127.0.0.1:{http}"),
+            client: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    /// Executors alive, 0 while the driver does not answer.
+    fn alive_executors(&self) -> usize {
+        self.client
+            .get(format!("{}/v1/executors", self.base))
+            .send()
+            .ok()
+            .and_then(|r| r.json::<Value>().ok())
+            .map_or(0, |v| {
+                v["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["state"] == "alive")
+                    .count()
+            })
+    }
+
+    fn answers(&self) -> bool {
+        self.client
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .is_ok()
+    }
+
+    /// Uploads a module; its id.
+    fn upload(&self, path: &Path) -> String {
+        let module: Value = self
+            .client
+            .put(format!("{}/v1/modules", self.base))
+            .body(std::fs::read(path).unwrap())
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        module["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Submits a job (`query` such as `?wait=60`), which must be accepted; its view.
+    fn submit(&self, spec: &Value, query: &str) -> Value {
+        let response = self
+            .client
+            .post(format!("{}/v1/jobs{query}", self.base))
+            .json(spec)
+            .send()
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        response.json().unwrap()
+    }
+
+    fn result(&self, job: &str, index: usize) -> Vec<u8> {
+        self.client
+            .get(format!("{}/v1/jobs/{job}/tasks/{index}/result", self.base))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap()
+            .to_vec()
+    }
+}
+
+/// A job running `args` once per input.
+fn job_spec(module: &str, args: &[&str], inputs: &[String]) -> Value {
+    json!({
+        "module": module,
+        "args": args,
+        "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
+    })
+}
+
 /// Crashes in one run: RELIABILITY.md's driver-restart row asks for 20.
 const CYCLES: usize = 20;
 
@@ -120,26 +216,7 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
     eprintln!("logs in {}", dir.path().display());
     let dir = scopeguard_keep(dir);
     let (http, exec_port) = (free_port(), free_port());
-    let base = format!("http://127.0.0.1:{http}");
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let alive_executors = |client: &reqwest::blocking::Client| -> usize {
-        client
-            .get(format!("{base}/v1/executors"))
-            .send()
-            .ok()
-            .and_then(|r| r.json::<Value>().ok())
-            .map_or(0, |v| {
-                v["items"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["state"] == "alive")
-                    .count()
-            })
-    };
+    let api = Api::new(http);
 
     let mut driver = start_driver(http, exec_port, &dir.path().join("data"));
     let _executors = [
@@ -147,17 +224,9 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
         start_executor("exec-2", exec_port, dir.path()),
     ];
     wait_until(Duration::from_secs(30), "executors to register", || {
-        alive_executors(&client) == 2
+        api.alive_executors() == 2
     });
-    let wasm = std::fs::read(&guests().wordcount).unwrap();
-    let module: Value = client
-        .put(format!("{base}/v1/modules"))
-        .body(wasm)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let module = module["id"].as_str().unwrap().to_owned();
+    let module = api.upload(&guests().wordcount);
 
     // job id -> the inputs it was given.
     let mut accepted: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -167,28 +236,12 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
             let inputs: Vec<String> = (0..300)
                 .map(|t| format!("c{cycle} j{j} t{t} ").repeat(200))
                 .collect();
-            let spec = json!({
-                "module": module,
-                "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
-            });
-            let response = client
-                .post(format!("{base}/v1/jobs"))
-                .json(&spec)
-                .send()
-                .unwrap();
-            assert_eq!(response.status(), 202);
-            let job: Value = response.json().unwrap();
+            let job = api.submit(&job_spec(&module, &[], &inputs), "");
             accepted.insert(job["id"].as_str().unwrap().to_owned(), inputs);
         }
         // Let some tasks finish and others be mid-flight, then crash.
         std::thread::sleep(Duration::from_millis(150));
-        let jobs: Value = client
-            .get(format!("{base}/v1/jobs"))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        unfinished_at_crash += jobs["items"]
+        unfinished_at_crash += api.get("/v1/jobs")["items"]
             .as_array()
             .unwrap()
             .iter()
@@ -200,26 +253,16 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
         wait_until(
             Duration::from_secs(30),
             "executors to find the new driver",
-            || alive_executors(&client) == 2,
+            || api.alive_executors() == 2,
         );
     }
 
     for (id, inputs) in &accepted {
-        let job: Value = client
-            .get(format!("{base}/v1/jobs/{id}?wait=120"))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
+        let job = api.get(&format!("/v1/jobs/{id}?wait=120"));
         assert_eq!(job["state"], "succeeded", "{job}");
         for (index, input) in inputs.iter().enumerate() {
-            let bytes = client
-                .get(format!("{base}/v1/jobs/{id}/tasks/{index}/result"))
-                .send()
-                .unwrap()
-                .bytes()
-                .unwrap();
-            let counts: BTreeMap<String, u64> = serde_json::from_slice(&bytes).unwrap();
+            let counts: BTreeMap<String, u64> =
+                serde_json::from_slice(&api.result(id, index)).unwrap();
             let want: BTreeMap<String, u64> =
                 input.split_whitespace().fold(BTreeMap::new(), |mut m, w| {
                     *m.entry(w.to_owned()).or_insert(0) += 1;
@@ -243,66 +286,23 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
         .unwrap();
     let dir = scopeguard_keep(dir);
     let (http, exec_port) = (free_port(), free_port());
-    let base = format!("http://127.0.0.1:{http}");
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let api = Api::new(http);
     let data = dir.path().join("data");
     // Commits 10 s apart (the most allowed): the ends after the first wait for the
     // next commit far longer than this job runs.
     let slow_commits = ["--commit-interval-ms", "10000"];
     let mut driver = start_driver_with(http, exec_port, &data, &slow_commits);
     let mut executor = start_executor("exec-1", exec_port, dir.path());
-    let alive = |client: &reqwest::blocking::Client| {
-        client
-            .get(format!("{base}/v1/executors"))
-            .send()
-            .ok()
-            .and_then(|r| r.json::<Value>().ok())
-            .is_some_and(|v| {
-                v["items"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|e| e["state"] == "alive")
-            })
-    };
     wait_until(Duration::from_secs(30), "the executor to register", || {
-        alive(&client)
+        api.alive_executors() == 1
     });
-    let wasm = std::fs::read(&guests().testkit).unwrap();
-    let module: Value = client
-        .put(format!("{base}/v1/modules"))
-        .body(wasm)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let module = api.upload(&guests().testkit);
     // A first job's end makes the first commit; the ends of the job after it then wait
     // for the next one.
-    let warm_up = json!({"module": module["id"], "args": ["echo"], "inputs": [{"text": "w"}]});
-    let warm_up: Value = client
-        .post(format!("{base}/v1/jobs?wait=60"))
-        .json(&warm_up)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let warm_up = api.submit(&job_spec(&module, &["echo"], &["w".into()]), "?wait=60");
     assert_eq!(warm_up["state"], "succeeded", "{warm_up}");
     let inputs: Vec<String> = (0..20).map(|t| format!("t{t}")).collect();
-    let spec = json!({
-        "module": module["id"],
-        "args": ["echo"],
-        "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
-    });
-    let job: Value = client
-        .post(format!("{base}/v1/jobs?wait=60"))
-        .json(&spec)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let job = api.submit(&job_spec(&module, &["echo"], &inputs), "?wait=60");
     assert_eq!(job["state"], "succeeded", "{job}");
     let id = job["id"].as_str().unwrap().to_owned();
 
@@ -318,35 +318,21 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
     // No executor this time: whatever the store lacks stays pending, and shows.
     driver = start_driver_with(http, exec_port, &data, &slow_commits);
     wait_until(Duration::from_secs(30), "the driver to answer", || {
-        client.get(format!("{base}/healthz")).send().is_ok()
+        api.answers()
     });
-    let job: Value = client
-        .get(format!("{base}/v1/jobs/{id}"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let job = api.get(&format!("/v1/jobs/{id}"));
     assert_eq!(
         job["state"], "succeeded",
         "kept as it ended, nothing to run: {job}"
     );
-    let tasks: Value = client
-        .get(format!("{base}/v1/jobs/{id}/tasks"))
-        .send()
+    for task in api.get(&format!("/v1/jobs/{id}/tasks"))["items"]
+        .as_array()
         .unwrap()
-        .json()
-        .unwrap();
-    for task in tasks["items"].as_array().unwrap() {
+    {
         assert_eq!(task["attempts"], 1, "no task ran twice: {task}");
     }
     for (index, input) in inputs.iter().enumerate() {
-        let bytes = client
-            .get(format!("{base}/v1/jobs/{id}/tasks/{index}/result"))
-            .send()
-            .unwrap()
-            .bytes()
-            .unwrap();
-        assert_eq!(&bytes[..], input.as_bytes(), "task {index}");
+        assert_eq!(api.result(&id, index), input.as_bytes(), "task {index}");
     }
     drop((driver, executor));
 }
