@@ -18,7 +18,9 @@ pub struct ModuleInfo {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
-    #[error("not a WebAssembly module: {0}")]
+    /// Refused by the module rules the executors' engine is built from; the message
+    /// names the rule.
+    #[error("{0}")]
     Invalid(String),
     #[error("storing module at {path}: {source}")]
     Io {
@@ -121,18 +123,14 @@ impl ModuleStore {
     }
 }
 
-/// Full validation with the features wasmtime enables, so that a module accepted here is
-/// rejected later only for its imports.
+/// The executors' own rules (features, memories, tables, table sizes, the `_start`
+/// export), so that a module accepted here fails later only for its imports or its
+/// behaviour, never because the engine cannot take it. The executors check again with
+/// their own memory maximum, which is at most the default one checked here.
 fn validate(wasm: &[u8]) -> Result<(), ModuleError> {
-    if !wasm.starts_with(b"\0asm") {
-        return Err(ModuleError::Invalid(
-            "the body does not start with the wasm magic bytes `\\0asm`".into(),
-        ));
-    }
-    wasmparser::Validator::new()
-        .validate_all(wasm)
-        .map(|_| ())
-        .map_err(|e| ModuleError::Invalid(e.to_string()))
+    flint_module_rules::check(wasm, &flint_module_rules::Limits::DEFAULT)
+        .map(drop)
+        .map_err(|rejection| ModuleError::Invalid(rejection.message))
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -149,8 +147,8 @@ fn now_ms() -> u64 {
 mod tests {
     use super::*;
 
-    // The smallest valid module: magic and version.
-    const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0";
+    // The smallest WASI command: a type, a function and its `_start` export.
+    const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
 
     #[test]
     fn stores_once_and_survives_reopening() {
@@ -160,7 +158,10 @@ mod tests {
         assert_eq!(store.put(EMPTY_MODULE).unwrap(), (digest, info));
         assert_eq!(std::fs::read(store.path(&digest)).unwrap(), EMPTY_MODULE);
         let reopened = ModuleStore::open(dir.path().into()).unwrap();
-        assert_eq!(reopened.get(&digest).map(|i| i.size), Some(8));
+        assert_eq!(
+            reopened.get(&digest).map(|i| i.size),
+            Some(EMPTY_MODULE.len() as u64)
+        );
     }
 
     #[test]
@@ -171,5 +172,7 @@ mod tests {
         assert!(err.to_string().contains("magic"), "{err}");
         let err = store.put(b"\0asm\x01\0\0\0\x01\x05garbage").unwrap_err();
         assert!(matches!(err, ModuleError::Invalid(_)), "{err}");
+        let err = store.put(b"\0asm\x01\0\0\0").unwrap_err();
+        assert!(err.to_string().contains("_start"), "{err}");
     }
 }
