@@ -185,11 +185,30 @@ fn tasks_needing_two_cores_never_share_a_two_core_executor() {
 fn task_env_and_args_follow_the_guest_abi() {
     let cluster = DevCluster::start(1, 1);
     let module = cluster.upload(&guests().testkit);
+    // The FLINT_* variables are the executor's to set: a job naming one is refused, not
+    // silently overruled.
+    let (status, body) = cluster.post_raw(
+        "/v1/jobs",
+        json!({
+            "module": module,
+            "env": {"FLINT_TASK_INDEX": "forged"},
+            "tasks": [{}],
+        })
+        .to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["kind"], "invalid_spec", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("FLINT_"),
+        "{body}"
+    );
     let job = cluster.run_job(json!({
         "name": "abi",
         "module": module,
         "args": ["env", "job-arg"],
-        "env": {"FLINT_TASK_INDEX": "forged"},
         "tasks": [{"args": ["task-arg"]}, {"args": []}],
     }));
     assert_eq!(job["state"], "succeeded", "{job}");

@@ -28,6 +28,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{self, Credentials};
 use crate::edge::{self, RequestLimit};
+use crate::guest_env::{self, GuestStringError};
 use crate::inputs::{InputBudget, block_fetch, ready_result, results_input};
 use crate::modules::{ModuleError, ModuleStore};
 use crate::service::Driver;
@@ -136,6 +137,12 @@ impl ApiError {
 
     fn path(rejection: PathRejection) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_path", rejection.body_text())
+    }
+}
+
+impl From<GuestStringError> for ApiError {
+    fn from(e: GuestStringError) -> Self {
+        ApiError::invalid("invalid_spec", e.to_string())
     }
 }
 
@@ -470,6 +477,11 @@ fn parse_job_spec(body: &[u8]) -> ApiResult<JobSpec> {
 
 /// Checks a spec and turns it into a job the scheduler can run.
 fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
+    if let Some(name) = &spec.name {
+        guest_env::check_name("name", name)?;
+    }
+    guest_env::check_args("args", &spec.args)?;
+    guest_env::check_env("env", &spec.env)?;
     let module = module_ref(driver, &spec)?;
     let files = spec
         .files
@@ -504,6 +516,8 @@ fn accept(driver: &Driver, spec: JobSpec) -> ApiResult<NewJob> {
             .into_iter()
             .enumerate()
             .map(|(i, task)| {
+                guest_env::check_args(format_args!("tasks[{i}].args"), &task.args)?;
+                guest_env::check_env(format_args!("tasks[{i}].env"), &task.env)?;
                 let input = match task.input {
                     Some(input) => decode(input, &format!("tasks[{i}].input"))?,
                     None => TaskInput::Inline(Vec::new()),
@@ -639,6 +653,9 @@ fn module_ref(driver: &Driver, spec: &JobSpec) -> ApiResult<ModuleRef> {
         digest: parse_sha256(spec.module_sha256.as_deref(), "module")?,
         url: module.to_owned(),
         timestamp_ms: driver.url_timestamp(module, spec.module_timestamp_ms),
+        // Never a size, wherever the URL points (the driver's own routes included): a
+        // size marks a module the driver serves, which executors fetch with the cluster
+        // secret (`ModuleRef::served_by_driver`).
         size: None,
     })
 }
@@ -671,6 +688,8 @@ fn file_ref(driver: &Driver, name: &str, spec: &FileSpec) -> ApiResult<FileRef> 
                 digest: parse_sha256(u.sha256.as_deref(), &at)?,
                 url: u.url.clone(),
                 timestamp_ms: driver.url_timestamp(&u.url, u.timestamp_ms),
+                // Never a size: that marks the driver's own uploads
+                // (`FileRef::served_by_driver`), whatever this URL points at.
                 size: None,
             });
         }
@@ -1112,3 +1131,6 @@ pub(crate) fn state_name(state: TaskState) -> &'static str {
         TaskState::Killed => "killed",
     }
 }
+
+#[cfg(test)]
+mod tests;

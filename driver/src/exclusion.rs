@@ -1,8 +1,14 @@
-//! Exclusion on failure (Spark's `excludeOnFailure`): what an executor's host failures
+//! Exclusion on failure (Spark's `excludeOnFailure`): what an executor's own failures
 //! say about it. Pure bookkeeping; the state decides what to do with the answers.
 //!
-//! Only retryable failures (the host's: fetch errors, host errors) count. A guest's own
-//! failure says nothing about the executor, and a lost executor is gone anyway.
+//! Only failures of the executor itself count: host errors (its disk, its cache, its
+//! process; [`FailureKind::blames_executor`]). A fetch error is the source's fault (the
+//! job's URL, its server's answer, its digest, its size) and is retried on the job's own
+//! `max_failures` without counting here: otherwise one job naming bad URLs would exclude
+//! every executor and fail every job after it. A guest's own failure says nothing about
+//! the executor, and a lost executor is gone anyway.
+//!
+//! [`FailureKind::blames_executor`]: flint_protocol::FailureKind::blames_executor
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -33,7 +39,7 @@ impl Default for ExclusionConfig {
     }
 }
 
-/// One executor's recent host failures and the exclusion they earned.
+/// One executor's recent host errors and the exclusion they earned.
 #[derive(Debug, Default)]
 pub struct ExecutorHealth {
     recent: VecDeque<(Instant, TaskId)>,
@@ -71,7 +77,7 @@ impl ExecutorHealth {
 }
 
 /// Whether `executor` failed a task often enough (per `failed_on`, one entry per host
-/// failure) to be excluded for it.
+/// error there) to be excluded for it.
 pub fn excluded_for_task(
     config: &ExclusionConfig,
     failed_on: &[ExecutorId],

@@ -85,8 +85,8 @@ pub(crate) fn results_input(
                     "{}/v1/jobs/{}/tasks/{index}/result",
                     driver.http_base, r.job
                 ),
-                // A succeeded task's result never changes.
-                timestamp_ms: 0,
+                // A succeeded task's result never changes; and the driver made this ref.
+                timestamp_ms: FetchRef::DRIVER_MADE,
                 digest: Some(
                     job.tasks[index as usize]
                         .result_digest
@@ -139,8 +139,8 @@ pub(crate) fn ready_result<'j>(
 pub(crate) fn block_fetch(driver: &Driver, block: &flint_protocol::BlockRef) -> FetchRef {
     FetchRef {
         url: driver.blocks.fetch_url(&block.id),
-        // A block never changes under its id.
-        timestamp_ms: 0,
+        // A block never changes under its id; and the driver made this ref.
+        timestamp_ms: FetchRef::DRIVER_MADE,
         digest: Some(block.digest),
     }
 }

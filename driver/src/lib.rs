@@ -9,7 +9,8 @@
 //!   [`metrics`]: Prometheus `/metrics`; [`events`]: jobs' server-sent event streams,
 //!   bounded so that a slow reader never holds the driver up; [`executor_logs`]: the
 //!   stderr of executors `flint dev` started; [`inputs`]: task inputs made of earlier
-//!   results, checked at submit.
+//!   results, checked at submit; [`guest_env`]: the args and env a job gives its
+//!   guests, checked at submit.
 //! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
 //!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
 //! - [`state`]: the pure state machine: executors, jobs, tasks.
@@ -36,6 +37,7 @@ pub mod events;
 pub mod exclusion;
 pub mod executor_logs;
 pub mod executors;
+pub mod guest_env;
 pub mod inputs;
 pub mod metrics;
 pub mod modules;

@@ -217,14 +217,22 @@ impl Driver {
 
     /// The timestamp to fetch `url` under: `given` when a job names one newer than what
     /// is known (and it becomes the known one), else the known one, else now.
+    ///
+    /// Never [`FetchRef::DRIVER_MADE`] (0), which marks the refs the driver makes itself
+    /// and is what executors send the cluster secret for: a job's `timestamp_ms: 0` (or
+    /// a clock before 1970) becomes 1, so that no URL a job names, even one at the
+    /// driver's own routes, can pass for the driver's.
+    ///
+    /// [`FetchRef::DRIVER_MADE`]: flint_protocol::FetchRef::DRIVER_MADE
     pub fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
+        let given = given.map(|t| t.max(1));
         let mut known = self
             .url_timestamps
             .lock()
             .expect("url timestamps lock poisoned");
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+            .map_or(1, |d| (d.as_millis() as u64).max(1));
         let entry = known.entry(url.to_owned()).or_insert(given.unwrap_or(now));
         if let Some(given) = given
             && given > *entry

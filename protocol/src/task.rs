@@ -95,11 +95,22 @@ pub struct ModuleRef {
     pub url: String,
     /// When the driver was given the module: the cache key is (url, timestamp).
     pub timestamp_ms: u64,
-    /// Known for uploaded modules.
+    /// `Some` for uploaded modules and only for them: the driver never gives a module by
+    /// URL a size, wherever the URL points (even at the driver's own
+    /// `/v1/modules/<digest>`), so `Some` marks the bytes the driver serves itself
+    /// ([`ModuleRef::served_by_driver`]).
     pub size: Option<u64>,
 }
 
 impl ModuleRef {
+    /// Whether the driver made this ref for a module it stores and serves (an upload),
+    /// as opposed to a URL a job named: the only modules an executor may fetch with the
+    /// cluster secret. Decided by `size`, which only uploads have, never by the URL, which
+    /// a job can point anywhere, the driver included.
+    pub fn served_by_driver(&self) -> bool {
+        self.size.is_some()
+    }
+
     /// What the driver's locality remembers a module by: its digest, or, for a module by
     /// URL whose digest is not known, a digest of its cache key (url, timestamp), which
     /// stands for the same bytes on every executor that fetched it.
@@ -119,8 +130,19 @@ pub struct FileRef {
     pub url: String,
     /// When the driver was given the file: the cache key is (url, timestamp).
     pub timestamp_ms: u64,
-    /// Known for uploaded files.
+    /// `Some` for uploaded files and only for them: the driver never gives a file by URL
+    /// a size, wherever the URL points, so `Some` marks the bytes the driver serves
+    /// itself ([`FileRef::served_by_driver`]).
     pub size: Option<u64>,
+}
+
+impl FileRef {
+    /// Whether the driver made this ref for a file it stores and serves (an upload), as
+    /// opposed to a URL a job named: the only files an executor may fetch with the
+    /// cluster secret. Decided by `size`, never by the URL.
+    pub fn served_by_driver(&self) -> bool {
+        self.size.is_some()
+    }
 }
 
 /// A task's stdin.
@@ -169,9 +191,25 @@ impl fmt::Debug for InputPart {
 pub struct FetchRef {
     pub url: String,
     /// When the driver was given this URL; a newer timestamp means fetch again.
+    /// [`FetchRef::DRIVER_MADE`] (0) is reserved for the refs the driver makes itself
+    /// (a `result` or `results` input: its result route or its block store, whose bytes
+    /// never change under one URL); a URL a job named always has a timestamp of 1 or
+    /// more, whatever the job said and wherever the URL points.
     pub timestamp_ms: u64,
     /// What the bytes must hash to, when known.
     pub digest: Option<Digest>,
+}
+
+impl FetchRef {
+    /// The timestamp of every ref the driver makes itself, and of no other.
+    pub const DRIVER_MADE: u64 = 0;
+
+    /// Whether the driver made this ref (an earlier task's result), as opposed to a `url`
+    /// input a job named: the only inputs an executor may fetch with the cluster secret.
+    /// Decided by the reserved timestamp, never by the URL.
+    pub fn served_by_driver(&self) -> bool {
+        self.timestamp_ms == Self::DRIVER_MADE
+    }
 }
 
 /// What a task may use. Present in a job spec as optional fields over [`defaults`].
@@ -324,9 +362,15 @@ pub enum FailureKind {
     CompileLimit,
     /// The guest used up its fuel budget.
     FuelLimit,
-    /// The executor could not fetch the module or an input.
+    /// The module, a file or an input could not be had from its source, through no
+    /// fault of the executor: what the job referred to answered with an HTTP error,
+    /// hashed to another digest, passed the size cap, was refused by the URL policy, or
+    /// is not a regular file. Retried on the job's own budget (`max_failures`), never
+    /// held against the executor.
     FetchError,
-    /// Something failed on the executor's side, not the guest's.
+    /// Something failed on the executor's own side (its disk, its cache, its process),
+    /// not the guest's and not a source's: retried, and counted towards excluding the
+    /// executor ([`FailureKind::blames_executor`]).
     HostError,
 }
 
@@ -354,6 +398,15 @@ impl FailureKind {
     /// deterministic, so only the host's failures are worth retrying.
     pub fn is_retryable(self) -> bool {
         matches!(self, FailureKind::FetchError | FailureKind::HostError)
+    }
+
+    /// Whether the failure says something about the executor it happened on, and so
+    /// counts towards excluding it (for the task, and for a period). Only the
+    /// executor's own failures do: a job's module, inputs, URLs and their servers'
+    /// answers (`fetch_error`) never take an executor away from other jobs, and a guest's
+    /// own failure is the guest's.
+    pub fn blames_executor(self) -> bool {
+        matches!(self, FailureKind::HostError)
     }
 }
 

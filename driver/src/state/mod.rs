@@ -145,8 +145,8 @@ pub struct ExecutorData {
     pub meters_fuel: bool,
     /// The executor's own figures, as of its latest heartbeat.
     pub reported: Heartbeat,
-    /// Host failures seen here and the exclusion they earned (kept across generations:
-    /// a restarted process on a bad host is still on that host).
+    /// Its own failures (host errors) seen here and the exclusion they earned (kept
+    /// across generations: a restarted process on a bad host is still on that host).
     pub health: ExecutorHealth,
     /// Modules this executor was given tasks of, newest last: they are fetched and
     /// compiled there (or about to be), so their tasks prefer it.
@@ -218,9 +218,11 @@ pub struct Task {
     pub state: TaskState,
     /// Attempts launched so far; the latest has this number.
     pub attempts: u32,
-    /// Attempts lost to host failures; these count towards `max_failures`.
+    /// Attempts lost to retryable failures (a source's or an executor's: fetch and host
+    /// errors); these count towards `max_failures`.
     pub host_failures: u32,
-    /// Executors where an attempt failed for the host's reasons, once per failure.
+    /// Executors where an attempt failed for the executor's own reasons (a host error,
+    /// [`FailureKind::blames_executor`]), once per failure.
     pub failed_on: Vec<ExecutorId>,
     pub executor: Option<ExecutorId>,
     pub result: Option<TaskResult>,

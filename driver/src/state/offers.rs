@@ -246,8 +246,10 @@ impl ClusterState {
     }
 
     /// Fails every job with a task that no live executor may run: each is excluded for
-    /// the task (it failed there twice) or for a period. Without this such a job would
-    /// wait forever. With no live executor at all, jobs wait for one to register.
+    /// the task (it failed there twice with host errors) or for a period. Without this
+    /// such a job would wait forever. With no live executor at all, jobs wait for one to
+    /// register. Fetch errors never get here: they exclude nothing, and a task failing
+    /// only with them ends when its job's `max_failures` is spent.
     fn fail_excluded_jobs(&mut self, now: SystemTime, actions: &mut Vec<Action>) {
         let clock = self.now;
         let exclusion = self.config.exclusion;

@@ -163,27 +163,33 @@ impl ClusterState {
                 if failure.kind.is_retryable() && task.host_failures + 1 < job.def.max_failures =>
             {
                 task.host_failures += 1;
+                let blames_executor = failure.kind.blames_executor();
                 task.failure = Some(failure);
-                if excluded_for_task(&exclusion, &task.failed_on, executor_id) {
-                    // Already excluded: cannot have run here; nothing more to learn.
-                } else {
-                    task.failed_on.push(executor_id.clone());
-                }
-                let executor = self
-                    .executors
-                    .get_mut(executor_id)
-                    .expect("executor checked above");
-                if executor
-                    .health
-                    .record_failure(&exclusion, status.task.clone(), clock)
-                {
-                    tracing::warn!(
-                        executor = %executor_id,
-                        failures = exclusion.executor_failures,
-                        window = ?exclusion.window,
-                        period = ?exclusion.period,
-                        "executor excluded after repeated task failures"
-                    );
+                // A source's failure (`fetch_error`: the job's URL answered 500, hashed
+                // wrong, ...) costs the job its budget and nothing more: held against the
+                // executor, one job naming bad URLs would take executors from every job.
+                if blames_executor {
+                    if excluded_for_task(&exclusion, &task.failed_on, executor_id) {
+                        // Already excluded: cannot have run here; nothing more to learn.
+                    } else {
+                        task.failed_on.push(executor_id.clone());
+                    }
+                    let executor = self
+                        .executors
+                        .get_mut(executor_id)
+                        .expect("executor checked above");
+                    if executor
+                        .health
+                        .record_failure(&exclusion, status.task.clone(), clock)
+                    {
+                        tracing::warn!(
+                            executor = %executor_id,
+                            failures = exclusion.executor_failures,
+                            window = ?exclusion.window,
+                            period = ?exclusion.period,
+                            "executor excluded after repeated host errors"
+                        );
+                    }
                 }
                 if !copy_running {
                     job.requeue(status.task.index, false);
