@@ -107,7 +107,7 @@ fn runner_per_task(tasks: usize, wasm: &[u8], sandbox: Arc<Sandbox>) -> Duration
 /// task thread hand-off or the status message.
 fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) -> Duration {
     let args = ["bench", "noop"];
-    let kill = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kill = sandbox::Kill::new();
     time_per(tasks, || {
         let report = sandbox.run(
             compiled,

@@ -107,15 +107,24 @@ pub async fn run(
         Ok(config) => config,
         Err(reason) => return Ok(reason),
     };
-    // The fetch policy refuses loopback and private addresses unless told otherwise:
-    // the driver (often on one of those) and what the operator allows are told here.
-    for origin in std::iter::once(&config.driver_http_url).chain(&config.fetch_allow) {
+    // The fetch policy refuses loopback and private addresses unless told otherwise: what
+    // the operator allows is told here, for every fetch.
+    for origin in &config.fetch_allow {
         if let Err(e) = fetcher.allow_origin(origin) {
             anyhow::bail!("the driver's fetch allow-list has a bad entry {origin:?}: {e}");
         }
     }
+    // The driver (often on one of those addresses) is reachable only for what it handed
+    // out itself: a job's URL pointing at it is judged like any other URL, so that the
+    // executor's credentials never fetch what a job could not (a confused deputy).
+    if let Err(e) = fetcher.trust_origin(&config.driver_http_url) {
+        anyhow::bail!(
+            "the driver's HTTP address {:?} is not an origin: {e}",
+            config.driver_http_url
+        );
+    }
     // Modules and files come from the driver, which wants the cluster secret for them;
-    // the fetch cache sends it to the driver's origin only.
+    // the fetch cache sends it only with the driver's own refs, to its origin.
     if let Some(secret) = &options.cluster_secret
         && let Err(e) = fetcher.set_bearer(&config.driver_http_url, secret)
     {
@@ -124,11 +133,13 @@ pub async fn run(
             config.driver_http_url
         );
     }
-    // Results kept in a bucket are other tasks' inputs: that bucket may be read too.
+    // Results kept in a bucket are other tasks' inputs: that bucket may be read too, but
+    // only for the refs the driver made (a job naming another job's block by its bucket
+    // URL is refused unless the operator allowed the bucket).
     if let Ok(url) = url::Url::parse(&config.block_store)
         && url.scheme() == "s3"
         && let Some(bucket) = url.host_str()
-        && let Err(e) = fetcher.allow_origin(&format!("s3://{bucket}"))
+        && let Err(e) = fetcher.trust_origin(&format!("s3://{bucket}"))
     {
         anyhow::bail!("the driver's block store {:?}: {e}", config.block_store);
     }

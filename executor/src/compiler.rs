@@ -212,7 +212,16 @@ fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Comp
         .map_err(|e| host(format!("storing artifact digest: {e}")))?;
     // SAFETY: the bytes come from this executor's own compiler for this engine's
     // configuration, and are the ones just hashed and written.
-    unsafe { sandbox.load_artifact(&bytes) }
+    unsafe { sandbox.load_artifact(&bytes) }.map_err(|failure| match failure.kind {
+        // Freshly compiled by this engine, so what the engine will not load (a size the
+        // pool cannot hold) is the module's doing: retrying or blaming this executor
+        // would change nothing.
+        FailureKind::HostError => TaskFailure::new(
+            FailureKind::InvalidModule,
+            format!("the engine cannot load the module: {}", failure.message),
+        ),
+        _ => failure,
+    })
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

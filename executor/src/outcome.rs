@@ -27,6 +27,12 @@ pub fn run_limits_text(
     }
 }
 
+impl RunLimitsText {
+    pub fn timeout(&self) -> &str {
+        &self.timeout
+    }
+}
+
 /// Turns whatever ended an attempt into one outcome. The order matters: a limit or kill
 /// surfaces as a generic trap or error, so the flags the host set win over the error.
 pub fn classify(
@@ -41,7 +47,8 @@ pub fn classify(
             0 => Ok(()),
             code => Err(TaskFailure {
                 kind: FailureKind::Exit,
-                message: format!("exited with code {code}"),
+                // WASI's exit status is unsigned; the wire carries its bits.
+                message: format!("exited with code {}", code as u32),
                 exit_code: Some(code),
             }),
         };

@@ -8,11 +8,11 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_fetch_cache::{CacheKey, FetchCache, Fetched};
+use flint_fetch_cache::{Blame, CacheKey, FetchCache, Fetched, Trust};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
     Digest, ExecutorMessage, FailureKind, InputPart, JobId, TaskDescription, TaskEnd, TaskFailure,
@@ -23,14 +23,14 @@ use tokio::sync::{OnceCell, mpsc};
 
 use crate::compiler::{ModuleCompiler, Source};
 use crate::results::{BlockWriter, ResultTarget};
-use crate::sandbox::{Compiled, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
+use crate::sandbox::{Compiled, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
 
 /// Compiled modules kept in memory.
 const MODULE_CACHE_ENTRIES: usize = 64;
 
 /// The attempts of one task held here: almost always one, more only when an old
 /// generation's attempt is still winding down beside its replacement.
-type Attempts = smallvec::SmallVec<[(u32, Arc<AtomicBool>); 1]>;
+type Attempts = smallvec::SmallVec<[(u32, Arc<Kill>); 1]>;
 
 /// Keyed by task alone so that the per-task path looks it up by reference (no cloned
 /// `TaskId`), with a fast hasher: this map is touched twice per task.
@@ -76,7 +76,7 @@ struct Work {
     desc: TaskDescription,
     compiled: Arc<Compiled>,
     files: Option<Arc<JobFiles>>,
-    kill: Arc<AtomicBool>,
+    kill: Arc<Kill>,
 }
 
 /// A job's files, fetched once per executor and hard-linked under one directory that
@@ -183,7 +183,7 @@ impl TaskRunner {
 
     /// Accepts a task; its status will be reported when it ends, however it ends.
     pub fn launch(self: &Arc<Self>, desc: TaskDescription) {
-        let kill = Arc::new(AtomicBool::new(false));
+        let kill = Kill::new();
         {
             let mut attempts = self.lock_attempts();
             match attempts.get_mut(&desc.task) {
@@ -217,7 +217,12 @@ impl TaskRunner {
                     TaskInput::Inline(_) => {}
                     TaskInput::Fetch(input) => {
                         let fetched = runner
-                            .fetch(&input.url, input.timestamp_ms, input.digest)
+                            .fetch(
+                                &input.url,
+                                input.timestamp_ms,
+                                input.digest,
+                                trust(input.served_by_driver()),
+                            )
                             .await?;
                         let bytes = tokio::fs::read(&fetched.path).await.map_err(|e| {
                             TaskFailure::new(
@@ -262,9 +267,10 @@ impl TaskRunner {
         /// few enough not to crowd out other tasks' fetches.
         const PARTS_IN_FLIGHT: usize = 8;
         let max = defaults::MAX_TASK_INPUT_BYTES;
+        // The parts' sizes are the job's doing, not this executor's.
         let too_large = || {
             TaskFailure::new(
-                FailureKind::HostError,
+                FailureKind::FetchError,
                 format!("the input's parts come to more than {max} bytes (MAX_TASK_INPUT_BYTES)"),
             )
         };
@@ -313,7 +319,15 @@ impl TaskRunner {
     async fn fetch_part(&self, part: &InputPart) -> Result<Option<Fetched>, TaskFailure> {
         match part {
             InputPart::Inline(_) => Ok(None),
-            InputPart::Fetch(r) => self.fetch(&r.url, r.timestamp_ms, r.digest).await.map(Some),
+            InputPart::Fetch(r) => self
+                .fetch(
+                    &r.url,
+                    r.timestamp_ms,
+                    r.digest,
+                    trust(r.served_by_driver()),
+                )
+                .await
+                .map(Some),
         }
     }
 
@@ -341,7 +355,12 @@ impl TaskRunner {
             let mut pins = Vec::with_capacity(desc.job.files.len());
             for file in &desc.job.files {
                 let fetched = self
-                    .fetch(&file.url, file.timestamp_ms, file.digest)
+                    .fetch(
+                        &file.url,
+                        file.timestamp_ms,
+                        file.digest,
+                        trust(file.served_by_driver()),
+                    )
                     .await?;
                 // The driver checked the name: one path component, never `.` or `..`.
                 let target = dir.join(&file.name);
@@ -373,15 +392,15 @@ impl TaskRunner {
     /// one at the next epoch tick.
     pub fn kill(&self, task: &TaskId, attempt: u32) {
         if let Some(held) = self.lock_attempts().get(task) {
-            for (_, flag) in held.iter().filter(|(a, _)| *a == attempt) {
-                flag.store(true, Ordering::Relaxed);
+            for (_, kill) in held.iter().filter(|(a, _)| *a == attempt) {
+                kill.kill();
             }
         }
     }
 
     pub fn kill_all(&self) {
-        for (_, flag) in self.lock_attempts().values().flatten() {
-            flag.store(true, Ordering::Relaxed);
+        for (_, kill) in self.lock_attempts().values().flatten() {
+            kill.kill();
         }
     }
 
@@ -401,21 +420,29 @@ impl TaskRunner {
     }
 
     /// A blob the driver referred to, through the fetch cache; it must hash to `digest`.
+    /// Only what the driver made itself is fetched as [`Trust::Driver`] (with the cluster
+    /// secret): a URL a job named goes through the operator's policy alone, wherever it
+    /// points.
     async fn fetch(
         &self,
         url: &str,
         timestamp_ms: u64,
         digest: Option<Digest>,
+        trust: Trust,
     ) -> Result<Fetched, TaskFailure> {
         let key = CacheKey {
             url: url.to_owned(),
             timestamp_ms,
         };
-        let (fetched, hit) = self
-            .fetcher
-            .fetch(&key, digest)
-            .await
-            .map_err(|e| TaskFailure::new(FailureKind::FetchError, with_causes(&e)))?;
+        let (fetched, hit) = self.fetcher.fetch(&key, digest, trust).await.map_err(|e| {
+            // The source's fault fails the task on the job's budget; only the executor's
+            // own (its cache's disk) may count against this executor.
+            let kind = match e.blame() {
+                Blame::Source => FailureKind::FetchError,
+                Blame::Executor => FailureKind::HostError,
+            };
+            TaskFailure::new(kind, with_causes(&e))
+        })?;
         let counter = if hit {
             &self.fetch_hits
         } else {
@@ -428,11 +455,17 @@ impl TaskRunner {
     async fn load_module(&self, desc: &TaskDescription) -> Result<Arc<Compiled>, TaskFailure> {
         let module = &desc.job.module;
         let fetched = self
-            .fetch(&module.url, module.timestamp_ms, module.digest)
+            .fetch(
+                &module.url,
+                module.timestamp_ms,
+                module.digest,
+                trust(module.served_by_driver()),
+            )
             .await?;
         // The digest of the bytes fetched (equal to the expected one when there was one):
         // the compiled-module cache on disk is keyed by what was compiled.
         let digest = fetched.digest;
+        self.check_module(&fetched.path).await?;
         let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
         let counter = match source {
             Source::Compiled => &self.modules_compiled,
@@ -443,12 +476,41 @@ impl TaskRunner {
         Ok(Arc::new(compiled))
     }
 
+    /// The module rules the driver checks uploads with, against this executor's engine: a
+    /// module by URL reaches the executor unchecked, and one the engine cannot take must
+    /// fail as the module's fault (never retried, never counted against the executor).
+    async fn check_module(&self, path: &std::path::Path) -> Result<(), TaskFailure> {
+        let wasm = tokio::fs::read(path).await.map_err(|e| {
+            TaskFailure::new(
+                FailureKind::HostError,
+                format!("reading the fetched module {}: {e}", path.display()),
+            )
+        })?;
+        let limits = flint_module_rules::Limits {
+            max_memory_bytes: self.sandbox.max_memory_bytes() as u64,
+            ..flint_module_rules::Limits::DEFAULT
+        };
+        let checked =
+            tokio::task::spawn_blocking(move || flint_module_rules::check_limits(&wasm, &limits))
+                .await
+                .map_err(|e| {
+                    TaskFailure::new(FailureKind::HostError, format!("checking the module: {e}"))
+                })?;
+        checked.map(drop).map_err(|rejection| {
+            let kind = match rejection.limit {
+                flint_module_rules::Limit::InitialMemory => FailureKind::MemoryLimit,
+                _ => FailureKind::InvalidModule,
+            };
+            TaskFailure::new(kind, rejection.message)
+        })
+    }
+
     fn enqueue(
         &self,
         desc: TaskDescription,
         compiled: Arc<Compiled>,
         files: Option<Arc<JobFiles>>,
-        kill: Arc<AtomicBool>,
+        kill: Arc<Kill>,
     ) {
         let work = Work {
             desc,
@@ -470,7 +532,7 @@ impl TaskRunner {
             files,
             kill,
         } = work;
-        if kill.load(Ordering::Relaxed) {
+        if kill.is_killed() {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
             return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
         }
@@ -659,6 +721,13 @@ fn flush_held(runner: Weak<TaskRunner>) {
         for message in batch {
             runner.send(message);
         }
+    }
+}
+
+fn trust(served_by_driver: bool) -> Trust {
+    match served_by_driver {
+        true => Trust::Driver,
+        false => Trust::Job,
     }
 }
 

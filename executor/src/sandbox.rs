@@ -5,20 +5,30 @@
 //! store's limiter, wall-clock time and kills through epoch interruption, stdout through a
 //! capped pipe that traps, stderr through a capped pipe that truncates. Preview-1 core
 //! modules and preview-2 command components run under the same guest ABI.
+//!
+//! Guests run on wasmtime's async support, driven by a small runtime of the task thread's
+//! own: an epoch interrupt stops a guest that computes, but a guest blocked in a host call
+//! (a sleep in `poll_oneoff`, a p2 pollable on a clock) never reaches the next epoch
+//! check, so the attempt is also raced against its deadline and its kill, and the loser's
+//! future (with the host call's) is dropped. The engine's features and sizes come from
+//! `flint_module_rules`, the same rules the driver checks uploads with.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use flint_module_rules::{FEATURES, Limits};
+
 use flint_protocol::{FailureKind, TaskFailure, TaskResult};
 use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
-    PoolingAllocationConfig, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline,
+    PoolingAllocationConfig, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline, WasmFeatures,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::bindings::sync::CommandPre;
+use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
@@ -33,13 +43,20 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 pub const MAX_WASM_STACK: usize = 1 << 20;
 pub const TASK_THREAD_STACK: usize = 8 << 20;
 
-/// Instances, memories and tables one task may create. A preview-1 module needs one
-/// instance and one memory; the margins leave room for components, which link several
-/// core instances. The pooling allocator is sized from these times the task slots.
-const INSTANCES_PER_TASK: u32 = 16;
-const MEMORIES_PER_TASK: u32 = 4;
-const TABLES_PER_TASK: u32 = 8;
-const TABLE_ELEMENTS: usize = 100_000;
+/// Instances, memories and tables one task may create (the README's "16 / 4 / 8, table
+/// elements 100,000"), one module may define, and the driver checks uploads against. A
+/// preview-1 module needs one instance and one memory; the margins leave room for
+/// components, which link several core instances. The pooling allocator is sized from
+/// these times the task slots.
+const RULES: Limits = Limits::DEFAULT;
+const INSTANCES_PER_TASK: u32 = RULES.instances;
+const MEMORIES_PER_TASK: u32 = RULES.memories;
+const TABLES_PER_TASK: u32 = RULES.tables;
+const TABLE_ELEMENTS: usize = RULES.table_elements as usize;
+/// Random bytes one `random_get` / `get-random-bytes` call may ask for.
+pub const MAX_RANDOM_BYTES: u64 = 4 << 20;
+/// Fiber stack of a running guest: its wasm stack and the host calls it makes.
+const ASYNC_STACK: usize = MAX_WASM_STACK + (1 << 20);
 /// Linear memory a finished task leaves mapped for the next one in its slot; with
 /// pagemap_scan only the pages the guest dirtied are reset.
 const KEEP_RESIDENT_BYTES: usize = 1 << 20;
@@ -109,8 +126,9 @@ pub struct TaskRun<'a> {
     pub timeout: Duration,
     pub max_output_bytes: usize,
     pub max_log_bytes: usize,
-    /// Set by KillTask; the next epoch tick interrupts the guest.
-    pub kill: Arc<AtomicBool>,
+    /// Set by KillTask; the next epoch tick interrupts the guest, and one blocked in a
+    /// host call is dropped at once.
+    pub kill: Arc<Kill>,
     /// Fuel budget; only on an engine that meters fuel.
     pub fuel: Option<u64>,
     /// The job's files, mounted read-only at `/files`.
@@ -135,6 +153,37 @@ pub struct RunReport {
     pub log_truncated: bool,
 }
 
+/// How an attempt is stopped from outside. A computing guest sees the flag at its next
+/// epoch check; a guest blocked in a host call never gets there, so the attempt's driver
+/// also waits on the wake-up.
+#[derive(Debug, Default)]
+pub struct Kill {
+    flag: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Kill {
+    pub fn new() -> Arc<Kill> {
+        Arc::new(Kill::default())
+    }
+
+    pub fn kill(&self) {
+        self.flag.store(true, Ordering::Release);
+        // A permit is kept if nobody waits yet, so a kill just before the wait counts.
+        self.wake.notify_one();
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    async fn killed(&self) {
+        while !self.is_killed() {
+            self.wake.notified().await;
+        }
+    }
+}
+
 /// What the engine is sized for.
 #[derive(Clone, Copy, Debug)]
 pub struct SandboxConfig {
@@ -156,6 +205,15 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
         .total_memories(slots * MEMORIES_PER_TASK)
         .total_tables(slots * TABLES_PER_TASK)
         .total_component_instances(slots)
+        // A guest runs on one fiber at a time (instantiation, then `_start`); the spare
+        // covers an attempt's fiber still being returned while the next one starts.
+        .total_stacks(slots * 2)
+        .max_memories_per_module(MEMORIES_PER_TASK)
+        .max_tables_per_module(TABLES_PER_TASK)
+        .max_memories_per_component(MEMORIES_PER_TASK)
+        .max_tables_per_component(TABLES_PER_TASK)
+        .max_core_instances_per_component(INSTANCES_PER_TASK)
+        .max_core_instance_size(RULES.instance_bytes as usize)
         .max_memory_size(sandbox.max_memory_bytes)
         .table_elements(TABLE_ELEMENTS)
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
@@ -166,7 +224,11 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .epoch_interruption(true)
         .consume_fuel(sandbox.fuel)
-        .max_wasm_stack(MAX_WASM_STACK);
+        .max_wasm_stack(MAX_WASM_STACK)
+        .async_stack_size(ASYNC_STACK)
+        // Exactly the proposals the driver accepts at upload, no more and no fewer.
+        .wasm_features(WasmFeatures::all(), false)
+        .wasm_features(FEATURES, true);
     Ok(Engine::new(&config)?)
 }
 
@@ -185,9 +247,17 @@ impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
         let engine = engine(sandbox)?;
         let mut modules = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
+        wasmtime_wasi::p1::add_to_linker_async(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
+        // wasmtime-wasi traps on an exit status of 126 or more (POSIX shells reserve
+        // them); a guest's exit code is its own to choose, so any one is an exit.
+        modules.allow_shadowing(true);
+        modules.func_wrap(
+            "wasi_snapshot_preview1",
+            "proc_exit",
+            |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
+        )?;
         let mut components = wasmtime::component::Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut components)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut components)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             engine,
@@ -201,6 +271,11 @@ impl Sandbox {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The largest linear memory any task may have here.
+    pub fn max_memory_bytes(&self) -> usize {
+        self.max_memory_bytes
     }
 
     /// Compiles and links in this process. Slow (milliseconds to seconds) and unbounded:
@@ -309,7 +384,14 @@ impl Sandbox {
                 "FLINT_ATTEMPT",
                 itoa::Buffer::new().format(run.task.attempt),
             )
-            .allow_blocking_current_thread(true);
+            // One `random_get` is a host call no deadline can cut short: a small cap
+            // keeps each one to milliseconds (past it the call traps).
+            .max_random_size(MAX_RANDOM_BYTES)
+            // Off: with it on, wasmtime-wasi sleeps a lone relative clock subscription
+            // of `poll_oneoff` in `std::thread::sleep`, where no deadline or kill can
+            // reach it (a guest slept 2^64-1 ns past its kill). File reads go to the
+            // runtime's blocking pool instead, and a stopped attempt leaves them behind.
+            .allow_blocking_current_thread(false);
         if let Some(dir) = run.files_dir
             && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
         {
@@ -336,46 +418,73 @@ impl Sandbox {
             memory_limit_hit: false,
         };
         let deadline = Instant::now() + run.timeout;
-        let (result, memory_limit_hit) = match compiled {
-            Compiled::Module(pre) => {
-                let ctx = ModuleCtx {
-                    wasi: wasi.build_p1(),
-                    limits,
-                };
-                let mut store = self.store(ctx, deadline, &run.kill, run.fuel);
-                let result = pre
-                    .instantiate(&mut store)
-                    .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
-                    .and_then(|start| start.call(&mut store, ()));
-                (result, store.data().limits.memory_limit_hit)
-            }
-            Compiled::Component(pre) => {
-                let ctx = ComponentCtx {
-                    wasi: wasi.build(),
-                    table: ResourceTable::new(),
-                    limits,
-                };
-                let mut store = self.store(ctx, deadline, &run.kill, run.fuel);
-                let result = pre
-                    .instantiate(&mut store)
-                    .and_then(|command| command.wasi_cli_run().call_run(&mut store))
-                    // `run` returning its error variant is how a component's main fails.
-                    .and_then(|ran| ran.map_err(|()| wasmtime_wasi::I32Exit(1).into()));
-                (result, store.data().limits.memory_limit_hit)
-            }
+        let kill = &run.kill;
+        let (ended, memory_limit_hit) = TASK_RUNTIME.with(|runtime| {
+            runtime.block_on(async {
+                match compiled {
+                    Compiled::Module(pre) => {
+                        let ctx = ModuleCtx {
+                            wasi: wasi.build_p1(),
+                            limits,
+                        };
+                        let mut store = self.store(ctx, deadline, kill, run.fuel);
+                        let call = async {
+                            let instance = pre.instantiate_async(&mut store).await?;
+                            let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                            start.call_async(&mut store, ()).await
+                        };
+                        let ended = bounded(call, deadline, kill).await;
+                        (ended, store.data().limits.memory_limit_hit)
+                    }
+                    Compiled::Component(pre) => {
+                        let ctx = ComponentCtx {
+                            wasi: wasi.build(),
+                            table: ResourceTable::new(),
+                            limits,
+                        };
+                        let mut store = self.store(ctx, deadline, kill, run.fuel);
+                        let call = async {
+                            let command = pre.instantiate_async(&mut store).await?;
+                            // `run` returning its error variant is how a component's main
+                            // fails.
+                            command
+                                .wasi_cli_run()
+                                .call_run(&mut store)
+                                .await?
+                                .map_err(|()| wasmtime_wasi::I32Exit(1).into())
+                        };
+                        let ended = bounded(call, deadline, kill).await;
+                        (ended, store.data().limits.memory_limit_hit)
+                    }
+                }
+            })
+        });
+        let limits_text =
+            || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
+        let result = match ended {
+            Ended::Returned(result) => Ok(result),
+            Ended::Killed => Err(TaskFailure::new(FailureKind::Killed, "killed")),
+            Ended::Deadline => Err(TaskFailure::new(
+                FailureKind::Timeout,
+                format!(
+                    "ran past its {} time limit (blocked in a host call)",
+                    limits_text().timeout()
+                ),
+            )),
         };
         let outcome = match result {
-            Ok(()) => Ok(()),
-            Err(_) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
+            Err(failure) => Err(failure),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
                 FailureKind::HostError,
                 format!("storing the result: {why}"),
             )),
-            Err(e) => classify(
+            Ok(Err(e)) => classify(
                 e,
                 memory_limit_hit,
                 stdout.overflowed(),
-                run.kill.load(Ordering::Relaxed),
-                &run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel),
+                run.kill.is_killed(),
+                &limits_text(),
             ),
         };
         let (mut log, log_truncated) = stderr.into_contents();
@@ -406,7 +515,7 @@ impl Sandbox {
         &self,
         data: T,
         deadline: Instant,
-        kill: &Arc<AtomicBool>,
+        kill: &Arc<Kill>,
         fuel: Option<u64>,
     ) -> Store<T> {
         let mut store = Store::new(&self.engine, data);
@@ -418,13 +527,47 @@ impl Sandbox {
         }
         let kill = kill.clone();
         store.epoch_deadline_callback(move |_| {
-            if kill.load(Ordering::Relaxed) || Instant::now() >= deadline {
+            if kill.is_killed() || Instant::now() >= deadline {
                 return Ok(UpdateDeadline::Interrupt);
             }
             Ok(UpdateDeadline::Continue(1))
         });
         store.set_epoch_deadline(1);
         store
+    }
+}
+
+thread_local! {
+    /// Drives the guests of one task thread: host calls' futures (timers above all) need
+    /// a runtime, and one of the thread's own keeps a guest off the executor's shared
+    /// runtime, whose heartbeats must never wait behind a guest.
+    static TASK_RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building a task thread's runtime");
+}
+
+/// How an attempt's call ended: on its own (a result, a trap, an exit), or stopped from
+/// outside while it waited in a host call.
+enum Ended {
+    Returned(wasmtime::Result<()>),
+    Deadline,
+    Killed,
+}
+
+/// Runs `call` until it ends, the deadline passes or the attempt is killed. Only a guest
+/// waiting in a host call loses the race: one that computes is interrupted by the epoch
+/// and ends on its own. Dropping `call` drops the host call's future with it.
+async fn bounded(
+    call: impl Future<Output = wasmtime::Result<()>>,
+    deadline: Instant,
+    kill: &Kill,
+) -> Ended {
+    tokio::select! {
+        biased;
+        result = call => Ended::Returned(result),
+        () = kill.killed() => Ended::Killed,
+        () = tokio::time::sleep_until(deadline.into()) => Ended::Deadline,
     }
 }
 
@@ -455,3 +598,7 @@ impl Drop for EpochTicker {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+#[path = "sandbox_tests.rs"]
+mod tests;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use flint_fetch_cache::{CacheKey, FetchCache, FetchOptions, UrlPolicy};
+use flint_fetch_cache::{CacheKey, FetchCache, FetchOptions, Trust, UrlPolicy};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -52,20 +52,20 @@ fn main() {
     runtime.block_on(async {
         let cache = FetchCache::open(cache_dir.path(), options()).unwrap();
         let t = Instant::now();
-        let (_, hit) = cache.fetch(&key, Some(digest)).await.unwrap();
+        let (_, hit) = cache.fetch(&key, Some(digest), Trust::Job).await.unwrap();
         let miss = t.elapsed();
         assert!(!hit);
         let mut times: Vec<Duration> = Vec::with_capacity(hits);
         for _ in 0..hits {
             let t = Instant::now();
-            let (fetched, hit) = cache.fetch(&key, Some(digest)).await.unwrap();
+            let (fetched, hit) = cache.fetch(&key, Some(digest), Trust::Job).await.unwrap();
             times.push(t.elapsed());
             assert!(hit && fetched.size == (mb * 1_000_000) as u64);
         }
         drop(cache);
         let cache = FetchCache::open(cache_dir.path(), options()).unwrap();
         let t = Instant::now();
-        let (_, hit) = cache.fetch(&key, Some(digest)).await.unwrap();
+        let (_, hit) = cache.fetch(&key, Some(digest), Trust::Job).await.unwrap();
         let reopened = t.elapsed();
         assert!(hit);
         times.sort();

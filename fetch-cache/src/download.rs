@@ -14,7 +14,7 @@ use tempfile::NamedTempFile;
 use tokio::io::AsyncReadExt;
 
 use crate::FetchError;
-use crate::policy::{Refusal, Target};
+use crate::policy::{FileProblem, Refusal, Target};
 
 /// Bytes on disk, not yet in place, with their digest and size.
 pub(crate) struct Downloaded {
@@ -89,16 +89,17 @@ pub(crate) async fn download(
     sink.finish()
 }
 
+/// Reads the source file `path` (canonical, so not named in errors: they name the URL).
 async fn read_file(path: &Path, sink: &mut Sink<'_>) -> Result<(), FetchError> {
-    let mut file = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| FetchError::io(path, e))?;
+    let url = sink.url;
+    let unreadable = |e| FetchError::File {
+        url: url.to_owned(),
+        problem: FileProblem::Unreadable(e),
+    };
+    let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = file
-            .read(&mut buf)
-            .await
-            .map_err(|e| FetchError::io(path, e))?;
+        let n = file.read(&mut buf).await.map_err(unreadable)?;
         if n == 0 {
             return Ok(());
         }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use flint_protocol::Digest;
 use sha2::{Digest as _, Sha256};
 
-use crate::{CacheKey, FetchError, index};
+use crate::{CacheKey, FetchError, Trust, index};
 
 pub(crate) struct KeyRecords {
     dir: PathBuf,
@@ -25,17 +25,24 @@ impl KeyRecords {
         }
     }
 
-    fn path(&self, key: &CacheKey) -> PathBuf {
+    fn path(&self, key: &CacheKey, trust: Trust) -> PathBuf {
         let mut hasher = Sha256::new();
         hasher.update(key.url.as_bytes());
-        // The timestamp is a fixed width at the end, so no two keys hash the same bytes.
+        // The timestamp and the trust are a fixed width at the end, so no two keys hash
+        // the same bytes. The trust is part of the key because a driver fetch may carry
+        // the bearer token and reach origins a job may not: its bytes are not a job's to
+        // have just by naming the same URL and timestamp.
         hasher.update(key.timestamp_ms.to_le_bytes());
+        hasher.update(match trust {
+            Trust::Driver => b"D",
+            Trust::Job => b"J",
+        });
         self.dir.join(hex::encode(hasher.finalize()))
     }
 
-    /// The digest `key` resolved to before, if it is recorded and readable.
-    pub(crate) fn get(&self, key: &CacheKey) -> Result<Option<Digest>, FetchError> {
-        let path = self.path(key);
+    /// The digest `key` resolved to before under `trust`, if it is recorded and readable.
+    pub(crate) fn get(&self, key: &CacheKey, trust: Trust) -> Result<Option<Digest>, FetchError> {
+        let path = self.path(key, trust);
         match std::fs::read_to_string(&path) {
             // A garbled record is only a lost hint: the fetch rewrites it.
             Ok(text) => Ok(index::parse_hex_digest(text.trim())),
@@ -44,14 +51,19 @@ impl KeyRecords {
         }
     }
 
-    pub(crate) fn put(&self, key: &CacheKey, digest: Digest) -> Result<(), FetchError> {
+    pub(crate) fn put(
+        &self,
+        key: &CacheKey,
+        trust: Trust,
+        digest: Digest,
+    ) -> Result<(), FetchError> {
         let tmp_dir = &self.tmp_dir;
         let mut tmp =
             tempfile::NamedTempFile::new_in(tmp_dir).map_err(|e| FetchError::io(tmp_dir, e))?;
         tmp.write_all(digest.hex().as_bytes())
             .and_then(|()| tmp.as_file().sync_all())
             .map_err(|e| FetchError::io(tmp.path(), e))?;
-        let path = self.path(key);
+        let path = self.path(key, trust);
         tmp.persist(&path)
             .map_err(|e| FetchError::io(&path, e.error))?;
         Ok(())

@@ -5,19 +5,30 @@
 //! This crate does the same for Flint's modules, job files and `url` / `result` inputs:
 //!
 //! - **Key** `(url, timestamp_ms)`: a newer timestamp for the same URL fetches again. The
-//!   digest each key resolved to is kept in `<dir>/keys/<sha256 of url and timestamp>`,
-//!   so a restarted cache still knows it; cache keys are derived, never taken as paths.
+//!   digest each key resolved to is kept in `<dir>/keys/<sha256 of url, timestamp and
+//!   trust>`, so a restarted cache still knows it; cache keys are derived, never taken as
+//!   paths.
 //! - **Content** is stored once per SHA-256 under `<dir>/blobs/<hex>`; a digest the caller
 //!   expects that does not match the bytes is an error naming both digests.
-//! - **Policy** ([`policy`]): only public http(s) addresses, unless the operator allowed
-//!   the origin; `file://` only under allowed directories; redirects are refused. Names
-//!   are resolved here and the connection goes only to the addresses that were checked.
+//! - **Policy** ([`policy`], [`addresses`]): no special-purpose address (loopback,
+//!   private, link-local and every other block of the IANA registries) unless the
+//!   operator allowed the origin; `file://` only under allowed directories; redirects are
+//!   refused. Names are resolved here and the connection goes only to the addresses that
+//!   were checked.
+//! - **Trust** ([`Trust`]): a fetch says who handed out its URL. Only one the driver
+//!   handed out may reach the places trusted for the driver ([`FetchCache::trust_origin`]:
+//!   its own origin, the block store's bucket) or carry the bearer token; a URL a job
+//!   named is judged by the operator's policy alone, wherever it points, so a job cannot
+//!   borrow the executor's credentials to read what the driver would not give it.
 //! - **Limits**: a byte cap and one deadline per fetch; a fetch that misses either leaves
 //!   nothing behind.
-//! - **Credentials** ([`FetchCache::set_bearer`]): a bearer token is sent to the one
-//!   origin it was given for and to no other; since redirects are refused, it cannot
-//!   follow one elsewhere.
-//! - **Single flight**: concurrent requests for one key wait for one download; a failed
+//! - **Credentials** ([`FetchCache::set_bearer`]): a bearer token is sent on driver
+//!   fetches to the one origin it was given for and to no other; since redirects are
+//!   refused, it cannot follow one elsewhere.
+//! - **Blame** ([`FetchError::blame`]): a failure is the source's (what was referred to)
+//!   or the executor's (its cache directory), and its message names the URL, never a
+//!   host path behind a `file://` URL.
+//! - **Single flight**: concurrent requests for one key (and trust) wait for one download; a failed
 //!   download is not remembered, so the next request tries again.
 //! - **Atomic**: bytes stream into a temp file in `<dir>/tmp` while being hashed, are
 //!   fsynced, then renamed into place; an interrupted download leaves nothing visible,
@@ -35,7 +46,9 @@
 //! directory; a path it returns holds bytes whose digest it checked, and stays in place
 //! while the `Fetched` that names it is alive.
 
+pub mod addresses;
 mod download;
+mod error;
 mod index;
 mod keys;
 pub mod policy;
@@ -50,16 +63,32 @@ use std::time::Duration;
 
 use flint_protocol::Digest;
 
+pub use addresses::{AddressBlock, AddressClass};
+pub use error::{Blame, FetchError};
 use index::{Index, Lookup, Pin};
 use keys::KeyRecords;
 use policy::AdmitError;
-pub use policy::{AddressClass, PolicyError, Refusal, UrlPolicy};
+pub use policy::{FileProblem, PolicyError, Refusal, UrlPolicy};
 
-/// What makes two fetches the same fetch.
+/// What makes two fetches the same fetch, with the [`Trust`] they are made under: a key
+/// fetched for the driver is never a hit for a job, nor the other way round.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     pub url: String,
     pub timestamp_ms: u64,
+}
+
+/// Who handed out the URL of a fetch, which decides where it may go and what it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Trust {
+    /// Handed out by the driver (a module or file it serves, an earlier task's result):
+    /// the places given to [`FetchCache::trust_origin`] are reachable too, whatever their
+    /// addresses, and the bearer token goes to the origin it was set for. Any other URL
+    /// is judged as a job's would be.
+    Driver,
+    /// Named by a job: the operator's policy alone decides, and no credentials are ever
+    /// sent.
+    Job,
 }
 
 /// A fetched blob on local disk. The blob is not evicted while this (or a clone) lives.
@@ -69,68 +98,6 @@ pub struct Fetched {
     pub digest: Digest,
     pub size: u64,
     _pin: Pin,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum FetchError {
-    #[error("fetching {url}: refused: {reason}")]
-    Refused { url: String, reason: Refusal },
-    #[error("fetching {url}: resolving the host: {source}")]
-    Resolve {
-        url: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("fetching {url}: {source}")]
-    Request {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("fetching {url}: object store: {message}")]
-    ObjectStore { url: String, message: String },
-    #[error("fetching {url}: HTTP status {status}")]
-    Status { url: String, status: u16 },
-    #[error("fetching {url}: more than the {max_bytes}-byte limit")]
-    TooLarge { url: String, max_bytes: u64 },
-    #[error("fetching {url}: not done within the {timeout:?} deadline")]
-    Deadline { url: String, timeout: Duration },
-    #[error("fetching {url}: expected {expected} but the bytes hash to {actual}")]
-    DigestMismatch {
-        url: String,
-        expected: Digest,
-        actual: Digest,
-    },
-    #[error("cache at {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl FetchError {
-    fn io(path: &Path, source: std::io::Error) -> Self {
-        FetchError::Io {
-            path: path.to_owned(),
-            source,
-        }
-    }
-
-    /// Whether trying the same fetch again later may succeed.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            FetchError::Resolve { .. }
-            | FetchError::Request { .. }
-            | FetchError::Deadline { .. }
-            | FetchError::Io { .. }
-            | FetchError::ObjectStore { .. } => true,
-            FetchError::Status { status, .. } => *status >= 500 || *status == 429,
-            FetchError::Refused { .. }
-            | FetchError::TooLarge { .. }
-            | FetchError::DigestMismatch { .. } => false,
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -159,16 +126,22 @@ impl Default for FetchOptions {
 pub struct FetchCache {
     dir: PathBuf,
     options: FetchOptions,
-    /// Behind a lock so the caller can allow the driver's origin once it learns it.
+    /// The operator's policy, judging every fetch; behind a lock so the caller can add
+    /// the allow list the driver sends at registration.
     policy: RwLock<UrlPolicy>,
-    /// Bearer tokens by exact origin (the driver's cluster secret for the driver).
+    /// What [`Trust::Driver`] fetches may reach besides; learnt from the driver too.
+    trusted: RwLock<UrlPolicy>,
+    /// Bearer tokens by exact origin, each one trusted (the driver's cluster secret for
+    /// the driver).
     bearers: RwLock<Vec<(policy::Origin, String)>>,
     index: Mutex<Index>,
     keys: KeyRecords,
-    /// One lock per key being fetched; an entry leaves when its last waiter does, and
-    /// the key's digest is then found in `<dir>/keys`.
-    in_flight: Mutex<HashMap<CacheKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per key and trust being fetched; an entry leaves when its last waiter
+    /// does, and the key's digest is then found in `<dir>/keys`.
+    in_flight: Mutex<HashMap<(CacheKey, Trust), FlightLock>>,
 }
+
+type FlightLock = Arc<tokio::sync::Mutex<()>>;
 
 impl FetchCache {
     pub fn open(dir: impl Into<PathBuf>, mut options: FetchOptions) -> Result<Self, FetchError> {
@@ -185,6 +158,7 @@ impl FetchCache {
             keys: KeyRecords::new(&dir.join("keys"), &dir.join("tmp")),
             dir,
             policy: RwLock::new(std::mem::take(&mut options.policy)),
+            trusted: RwLock::new(UrlPolicy::default()),
             bearers: RwLock::new(Vec::new()),
             options,
             index: Mutex::new(index),
@@ -192,7 +166,8 @@ impl FetchCache {
         })
     }
 
-    /// Allows one more origin (or `file://` directory) for every later fetch; see
+    /// Allows one more origin (or `file://` directory, or `s3://bucket`) for every later
+    /// fetch, whoever handed out its URL: the operator's allow list. See
     /// [`UrlPolicy::allow_origin`].
     pub fn allow_origin(&self, entry: &str) -> Result<(), PolicyError> {
         self.policy
@@ -201,20 +176,50 @@ impl FetchCache {
             .allow_origin(entry)
     }
 
-    /// Sends `Authorization: Bearer <token>` with every fetch from `origin`
-    /// (`scheme://host[:port]`) and from no other origin.
+    /// Makes an http(s) origin (`scheme://host[:port]`) or an `s3://bucket` reachable by
+    /// [`Trust::Driver`] fetches, whatever its addresses, and by no others.
+    pub fn trust_origin(&self, entry: &str) -> Result<(), PolicyError> {
+        let url = url::Url::parse(entry).map_err(|source| PolicyError::Malformed {
+            entry: entry.to_owned(),
+            source,
+        })?;
+        if !matches!(url.scheme(), "http" | "https" | "s3") {
+            return Err(PolicyError::NotTrustable(entry.to_owned()));
+        }
+        self.trusted
+            .write()
+            .expect("fetch-cache trust lock poisoned")
+            .allow_origin(entry)
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every [`Trust::Driver`] fetch from
+    /// `origin` (`scheme://host[:port]`), which must be trusted already, and with no
+    /// other fetch.
     pub fn set_bearer(&self, origin: &str, token: &str) -> Result<(), PolicyError> {
-        let origin = policy::Origin::parse(origin)?;
+        let parsed = policy::Origin::parse(origin)?;
+        // A token for an origin the driver's fetches could not reach would never be sent;
+        // better the caller hears of it now than wonders later.
+        if !self
+            .trusted
+            .read()
+            .expect("fetch-cache trust lock poisoned")
+            .allows_origin(&parsed)
+        {
+            return Err(PolicyError::BearerUntrusted(origin.to_owned()));
+        }
         let mut bearers = self
             .bearers
             .write()
             .expect("fetch-cache bearer lock poisoned");
-        bearers.retain(|(o, _)| *o != origin);
-        bearers.push((origin, token.to_owned()));
+        bearers.retain(|(o, _)| *o != parsed);
+        bearers.push((parsed, token.to_owned()));
         Ok(())
     }
 
-    fn bearer_for(&self, url: &str) -> Option<String> {
+    fn bearer_for(&self, url: &str, trust: Trust) -> Option<String> {
+        if trust == Trust::Job {
+            return None;
+        }
         let origin = url::Url::parse(url)
             .ok()
             .and_then(|u| policy::Origin::of(&u))?;
@@ -226,33 +231,37 @@ impl FetchCache {
             .map(|(_, token)| token.clone())
     }
 
-    /// The blob for `key`, downloading it unless this cache already holds it.
-    /// Returns whether it was already there (a hit) alongside.
+    /// The blob for `key`, downloading it unless this cache already holds it from a
+    /// fetch under the same `trust`. Returns whether it was already there (a hit)
+    /// alongside.
     pub async fn fetch(
         &self,
         key: &CacheKey,
         expected: Option<Digest>,
+        trust: Trust,
     ) -> Result<(Fetched, bool), FetchError> {
+        let flight_key = (key.clone(), trust);
         let flight = Flight {
             lock: self
                 .lock_in_flight()
-                .entry(key.clone())
+                .entry(flight_key.clone())
                 .or_default()
                 .clone(),
             cache: self,
-            key,
+            key: flight_key,
         };
         // Declared after `flight`, so dropped before it: the key is unlocked by then.
         let _one_at_a_time = flight.lock.lock().await;
-        self.fetch_alone(key, expected).await
+        self.fetch_alone(key, expected, trust).await
     }
 
     async fn fetch_alone(
         &self,
         key: &CacheKey,
         expected: Option<Digest>,
+        trust: Trust,
     ) -> Result<(Fetched, bool), FetchError> {
-        if let Some(digest) = self.keys.get(key)? {
+        if let Some(digest) = self.keys.get(key, trust)? {
             if let Some(expected) = expected
                 && digest != expected
             {
@@ -267,13 +276,13 @@ impl FetchCache {
             }
         }
         let timeout = self.options.timeout;
-        let fetched = tokio::time::timeout(timeout, self.download(&key.url, expected))
+        let fetched = tokio::time::timeout(timeout, self.download(&key.url, expected, trust))
             .await
             .map_err(|_| FetchError::Deadline {
                 url: key.url.clone(),
                 timeout,
             })??;
-        self.keys.put(key, fetched.digest)?;
+        self.keys.put(key, trust, fetched.digest)?;
         Ok((fetched, false))
     }
 
@@ -331,12 +340,31 @@ impl FetchCache {
         }))
     }
 
-    async fn download(&self, url: &str, expected: Option<Digest>) -> Result<Fetched, FetchError> {
-        let policy = self
+    /// What a fetch under `trust` is judged by: a copy, so no lock is held across the
+    /// name lookup.
+    fn policy_for(&self, trust: Trust) -> UrlPolicy {
+        let operator = self
             .policy
             .read()
-            .expect("fetch-cache policy lock poisoned")
-            .clone();
+            .expect("fetch-cache policy lock poisoned");
+        match trust {
+            Trust::Driver => operator.with(
+                &self
+                    .trusted
+                    .read()
+                    .expect("fetch-cache trust lock poisoned"),
+            ),
+            Trust::Job => operator.clone(),
+        }
+    }
+
+    async fn download(
+        &self,
+        url: &str,
+        expected: Option<Digest>,
+        trust: Trust,
+    ) -> Result<Fetched, FetchError> {
+        let policy = self.policy_for(trust);
         let target = policy.admit(url).await.map_err(|e| match e {
             AdmitError::Refused(reason) => FetchError::Refused {
                 url: url.to_owned(),
@@ -346,10 +374,13 @@ impl FetchCache {
                 url: url.to_owned(),
                 source,
             },
-            AdmitError::Io(path, source) => FetchError::Io { path, source },
+            AdmitError::File(problem) => FetchError::File {
+                url: url.to_owned(),
+                problem,
+            },
         })?;
         let tmp_dir = self.dir.join("tmp");
-        let bearer = self.bearer_for(url);
+        let bearer = self.bearer_for(url, trust);
         let downloaded = download::download(
             url,
             target,
@@ -389,9 +420,7 @@ impl FetchCache {
         self.index.lock().expect("fetch-cache index lock poisoned")
     }
 
-    fn lock_in_flight(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Arc<tokio::sync::Mutex<()>>>> {
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<(CacheKey, Trust), FlightLock>> {
         self.in_flight
             .lock()
             .expect("fetch-cache in-flight lock poisoned")
@@ -402,8 +431,8 @@ impl FetchCache {
 /// or cancellation alike, removes the key's lock once nobody else waits on it.
 struct Flight<'a> {
     cache: &'a FetchCache,
-    key: &'a CacheKey,
-    lock: Arc<tokio::sync::Mutex<()>>,
+    key: (CacheKey, Trust),
+    lock: FlightLock,
 }
 
 impl Drop for Flight<'_> {
@@ -412,7 +441,7 @@ impl Drop for Flight<'_> {
         // Two references, the map's and ours, mean nobody else waits on this key; others
         // only take a reference under the map lock, so none can appear meanwhile.
         if Arc::strong_count(&self.lock) == 2 {
-            in_flight.remove(self.key);
+            in_flight.remove(&self.key);
         }
     }
 }

@@ -1,5 +1,8 @@
 //! The cache against real HTTP servers on loopback addresses and real files.
 
+mod blame;
+mod trust;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,6 +19,7 @@ use super::*;
 
 /// A server on `ip` (any of 127.0.0.0/8) counting every request it answers:
 /// `/blob` is `body`, `/b/{name}` is `blob-{name}`, `/slow` trickles a byte every 50ms,
+/// `/auth` is the `Authorization` header it was sent (or `none`), `/fail` answers 500,
 /// `/redirect?to=URL` answers 302.
 async fn serve_on(ip: &str, body: &'static [u8]) -> (String, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
@@ -44,6 +48,7 @@ async fn serve_on(ip: &str, body: &'static [u8]) -> (String, Arc<AtomicUsize>) {
                     .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned())
             }),
         )
+        .route("/fail", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
         .route(
             "/redirect",
             get(
@@ -90,7 +95,7 @@ async fn concurrent_fetches_of_one_key_download_once() {
     let expected = Digest::of(b"module bytes");
     let fetches = (0..16).map(|_| {
         let (cache, key) = (cache.clone(), key(&url));
-        tokio::spawn(async move { cache.fetch(&key, Some(expected)).await.unwrap() })
+        tokio::spawn(async move { cache.fetch(&key, Some(expected), Trust::Job).await.unwrap() })
     });
     let results = futures_util::future::join_all(fetches).await;
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -108,38 +113,11 @@ async fn concurrent_fetches_of_one_key_download_once() {
         url,
         timestamp_ms: 2,
     };
-    cache.fetch(&newer, Some(expected)).await.unwrap();
+    cache
+        .fetch(&newer, Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 2);
-}
-
-#[tokio::test]
-async fn a_bearer_token_goes_to_its_origin_only() {
-    let (driver, _) = serve_on("127.0.0.1", b"").await;
-    let (other, _) = serve_on("127.0.0.2", b"").await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = allowing(&driver);
-    options.policy.allow_origin(&other).unwrap();
-    let cache = FetchCache::open(dir.path(), options).unwrap();
-    cache.set_bearer(&driver, "cluster-secret").unwrap();
-    let read = |fetched: Fetched| std::fs::read_to_string(fetched.path).unwrap();
-    let (to_driver, _) = cache
-        .fetch(&key(format!("{driver}/auth")), None)
-        .await
-        .unwrap();
-    assert_eq!(read(to_driver), "Bearer cluster-secret");
-    let (to_other, _) = cache
-        .fetch(&key(format!("{other}/auth")), None)
-        .await
-        .unwrap();
-    assert_eq!(read(to_other), "none");
-    // Same host, other port: another origin.
-    let port = driver.rsplit(':').next().unwrap().parse::<u16>().unwrap();
-    assert!(
-        cache
-            .bearer_for(&format!("http://127.0.0.1:{}/auth", port + 1))
-            .is_none()
-    );
-    assert!(cache.set_bearer("http://127.0.0.1:1/path", "x").is_err());
 }
 
 #[tokio::test]
@@ -149,7 +127,7 @@ async fn digest_mismatch_names_both_digests_and_leaves_nothing() {
     let cache = FetchCache::open(dir.path(), allowing(&origin)).unwrap();
     let expected = Digest::of(b"module bytes");
     let err = cache
-        .fetch(&key(format!("{origin}/blob")), Some(expected))
+        .fetch(&key(format!("{origin}/blob")), Some(expected), Trust::Job)
         .await
         .unwrap_err();
     let message = err.to_string();
@@ -169,7 +147,7 @@ async fn oversized_and_missing_bodies_are_errors() {
     };
     let cache = FetchCache::open(dir.path(), options).unwrap();
     let err = cache
-        .fetch(&key(format!("{origin}/blob")), None)
+        .fetch(&key(format!("{origin}/blob")), None, Trust::Job)
         .await
         .unwrap_err();
     assert!(
@@ -177,7 +155,7 @@ async fn oversized_and_missing_bodies_are_errors() {
         "{err}"
     );
     let err = cache
-        .fetch(&key(format!("{origin}/nothing")), None)
+        .fetch(&key(format!("{origin}/nothing")), None, Trust::Job)
         .await
         .unwrap_err();
     assert!(
@@ -204,9 +182,17 @@ async fn forbidden_literal_addresses_and_local_names_are_refused() {
         ("http://2130706433:9/x", AddressClass::Loopback),
         ("http://0.0.0.0:9/x", AddressClass::Unspecified),
         ("http://localhost:9/x", AddressClass::Loopback),
+        ("http://[::127.0.0.1]:9/", AddressClass::Ipv4Compatible),
+        ("http://198.18.0.1/", AddressClass::Benchmarking),
+        ("http://[fec0::1]/", AddressClass::SiteLocal),
+        ("http://[64:ff9b:1::1]/", AddressClass::Nat64Local),
+        ("http://240.0.0.1/", AddressClass::Reserved),
+        ("http://[64:ff9b::7f00:1]:9/", AddressClass::Loopback),
     ];
+    // Refused before any connection: an attempt would have been a connect error (nothing
+    // listens on these), and the test would see `Request`, not `Refused`.
     for (url, expected) in cases {
-        let err = cache.fetch(&key(url), None).await.unwrap_err();
+        let err = cache.fetch(&key(url), None, Trust::Job).await.unwrap_err();
         match &err {
             FetchError::Refused {
                 reason: Refusal::Address { class, .. },
@@ -216,9 +202,10 @@ async fn forbidden_literal_addresses_and_local_names_are_refused() {
         }
         assert!(err.to_string().contains(&expected.to_string()), "{err}");
         assert!(!err.is_retryable());
+        assert_eq!(err.blame(), Blame::Source);
     }
     for url in ["ftp://example.com/x", "file:///etc/passwd"] {
-        let err = cache.fetch(&key(url), None).await.unwrap_err();
+        let err = cache.fetch(&key(url), None, Trust::Job).await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -239,12 +226,12 @@ async fn a_loopback_server_is_reached_only_when_its_origin_is_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let cache = FetchCache::open(dir.path(), allowing(&other)).unwrap();
     let url = format!("{origin}/blob");
-    let err = cache.fetch(&key(&url), None).await.unwrap_err();
+    let err = cache.fetch(&key(&url), None, Trust::Job).await.unwrap_err();
     assert!(matches!(err, FetchError::Refused { .. }), "{err}");
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 
     cache.allow_origin(&origin).unwrap();
-    let (fetched, hit) = cache.fetch(&key(&url), None).await.unwrap();
+    let (fetched, hit) = cache.fetch(&key(&url), None, Trust::Job).await.unwrap();
     assert!(!hit);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"secret");
     assert!(hits.load(Ordering::SeqCst) > 0);
@@ -253,11 +240,11 @@ async fn a_loopback_server_is_reached_only_when_its_origin_is_allowed() {
     let (other_origin, other_hits) = serve_on("127.0.0.1", b"named").await;
     let other_port = other_origin.rsplit(':').next().unwrap();
     let named = format!("http://localhost:{other_port}/blob");
-    assert!(cache.fetch(&key(&named), None).await.is_err());
+    assert!(cache.fetch(&key(&named), None, Trust::Job).await.is_err());
     cache
         .allow_origin(&format!("http://localhost:{other_port}"))
         .unwrap();
-    let (fetched, _) = cache.fetch(&key(&named), None).await.unwrap();
+    let (fetched, _) = cache.fetch(&key(&named), None, Trust::Job).await.unwrap();
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"named");
     assert_eq!(other_hits.load(Ordering::SeqCst), 1);
 }
@@ -270,7 +257,11 @@ async fn a_redirect_to_a_forbidden_address_is_refused_and_names_the_target() {
     let cache = FetchCache::open(dir.path(), allowing(&allowed)).unwrap();
     let target = format!("{forbidden}/blob");
     let err = cache
-        .fetch(&key(format!("{allowed}/redirect?to={target}")), None)
+        .fetch(
+            &key(format!("{allowed}/redirect?to={target}")),
+            None,
+            Trust::Job,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -297,7 +288,7 @@ async fn file_urls_stay_inside_the_allowed_directory() {
 
     let inside = format!("file://{}/inside.wasm", data.display());
     let (fetched, _) = cache
-        .fetch(&key(inside), Some(Digest::of(b"inside")))
+        .fetch(&key(inside), Some(Digest::of(b"inside")), Trust::Job)
         .await
         .unwrap();
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"inside");
@@ -308,7 +299,10 @@ async fn file_urls_stay_inside_the_allowed_directory() {
         format!("file://{}/../outside.wasm", data.display()),
         format!("file://{}/escape.wasm", data.display()),
     ] {
-        let err = cache.fetch(&key(&outside), None).await.unwrap_err();
+        let err = cache
+            .fetch(&key(&outside), None, Trust::Job)
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -321,10 +315,23 @@ async fn file_urls_stay_inside_the_allowed_directory() {
         );
     }
     let err = cache
-        .fetch(&key(format!("file://{}/", data.display())), None)
+        .fetch(
+            &key(format!("file://{}/", data.display())),
+            None,
+            Trust::Job,
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, FetchError::Io { .. }), "a directory: {err}");
+    assert!(
+        matches!(
+            err,
+            FetchError::File {
+                problem: FileProblem::NotRegular,
+                ..
+            }
+        ),
+        "a directory: {err}"
+    );
     assert_eq!(count(dir.path(), "blobs"), 1);
 }
 
@@ -338,7 +345,7 @@ async fn a_trickling_server_misses_the_deadline_and_leaves_nothing() {
     };
     let cache = FetchCache::open(dir.path(), options).unwrap();
     let err = cache
-        .fetch(&key(format!("{origin}/slow")), None)
+        .fetch(&key(format!("{origin}/slow")), None, Trust::Job)
         .await
         .unwrap_err();
     assert!(matches!(err, FetchError::Deadline { .. }), "{err}");
@@ -350,7 +357,7 @@ async fn a_trickling_server_misses_the_deadline_and_leaves_nothing() {
     // A caller that gives up first leaves nothing either, not even its key's lock.
     let gave_up = tokio::time::timeout(
         Duration::from_millis(100),
-        cache.fetch(&key(format!("{origin}/slow")), None),
+        cache.fetch(&key(format!("{origin}/slow")), None, Trust::Job),
     )
     .await;
     assert!(gave_up.is_err());
@@ -368,7 +375,11 @@ async fn eviction_takes_the_least_recently_used_unpinned_blob() {
         ..allowing(&origin)
     };
     let cache = FetchCache::open(dir.path(), options).unwrap();
-    let fetch = async |name: &str| cache.fetch(&key(format!("{origin}/b/{name}")), None).await;
+    let fetch = async |name: &str| {
+        cache
+            .fetch(&key(format!("{origin}/b/{name}")), None, Trust::Job)
+            .await
+    };
 
     let (a, _) = fetch("a").await.unwrap();
     let b_digest = fetch("b").await.unwrap().0.digest;
@@ -396,13 +407,19 @@ async fn a_reopened_cache_serves_earlier_fetches_without_the_network() {
     let dir = tempfile::tempdir().unwrap();
     let expected = Digest::of(b"module bytes");
     let cache = FetchCache::open(dir.path(), allowing(&origin)).unwrap();
-    cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     drop(cache);
     std::fs::write(dir.path().join("tmp").join("left-by-a-crash"), b"partial").unwrap();
 
     let cache = FetchCache::open(dir.path(), allowing(&origin)).unwrap();
     assert_eq!(count(dir.path(), "tmp"), 0);
-    let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    let (fetched, hit) = cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert!(hit);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -416,7 +433,7 @@ async fn a_corrupt_blob_is_deleted_and_refetched() {
     let expected = Digest::of(b"module bytes");
     let cache = FetchCache::open(dir.path(), allowing(&origin)).unwrap();
     let path = cache
-        .fetch(&key(&url), Some(expected))
+        .fetch(&key(&url), Some(expected), Trust::Job)
         .await
         .unwrap()
         .0
@@ -426,7 +443,10 @@ async fn a_corrupt_blob_is_deleted_and_refetched() {
     // Same size, other bytes: only hashing on first use after open can tell.
     std::fs::write(&path, b"MODULE BYTES").unwrap();
     let cache = FetchCache::open(dir.path(), allowing(&origin)).unwrap();
-    let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    let (fetched, hit) = cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert!(!hit);
     assert_eq!(hits.load(Ordering::SeqCst), 2);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
@@ -442,7 +462,10 @@ async fn a_corrupt_blob_is_deleted_and_refetched() {
         .unwrap()
         .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(1))
         .unwrap();
-    let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    let (fetched, hit) = cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert!(!hit);
     assert_eq!(hits.load(Ordering::SeqCst), 3);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
@@ -450,11 +473,17 @@ async fn a_corrupt_blob_is_deleted_and_refetched() {
 
     // A size change is noticed without reopening.
     std::fs::write(&path, b"module bytes, truncated or grown").unwrap();
-    let (fetched, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    let (fetched, hit) = cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert!(!hit);
     assert_eq!(hits.load(Ordering::SeqCst), 4);
     assert_eq!(std::fs::read(&fetched.path).unwrap(), b"module bytes");
-    let (_, hit) = cache.fetch(&key(&url), Some(expected)).await.unwrap();
+    let (_, hit) = cache
+        .fetch(&key(&url), Some(expected), Trust::Job)
+        .await
+        .unwrap();
     assert!(hit);
 }
 
@@ -466,5 +495,5 @@ fn the_cache_is_shareable_and_its_fetches_can_be_spawned() {
     let cache = FetchCache::open(dir.path(), FetchOptions::default()).unwrap();
     assert_send_sync(&cache);
     let key = key("http://example.invalid/");
-    assert_send(&cache.fetch(&key, None));
+    assert_send(&cache.fetch(&key, None, Trust::Job));
 }
