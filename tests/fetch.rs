@@ -448,3 +448,128 @@ fn a_cached_blob_changed_on_disk_is_refetched_not_served() {
     assert_eq!(server.hits("/data.bin"), 2, "refetched");
     assert_eq!(std::fs::read(&blob).unwrap(), data);
 }
+
+/// Whether any executor is excluded, and the figures that say so.
+fn exclusions(cluster: &DevCluster) -> Vec<Value> {
+    cluster
+        .executors()
+        .into_iter()
+        .filter(|e| !e["excluded_for_ms"].is_null() || e["recent_task_failures"] != 0)
+        .collect()
+}
+
+#[test]
+fn a_job_whose_urls_answer_500_fails_on_its_own_budget_and_excludes_no_executor() {
+    let paths: Vec<String> = (0..8).map(|i| format!("/broken-{i}")).collect();
+    let routes: Vec<(&str, Reply)> = paths
+        .iter()
+        .map(|p| (p.as_str(), Reply::Status(500)))
+        .collect();
+    let server = Server::start(&routes);
+    let cluster = DevCluster::start_with(2, 1, &["--fetch-allow", &server.origin]);
+    let module = cluster.upload(&guests().testkit);
+    let inputs: Vec<Value> = paths
+        .iter()
+        .map(|p| json!({"url": server.url(p)}))
+        .collect();
+    let job = cluster.run_job(json!({"module": module, "args": ["echo"], "inputs": inputs}));
+    assert_eq!(job["state"], "failed", "{job}");
+    let failed = cluster
+        .tasks(&job)
+        .into_iter()
+        .find(|t| t["state"] == "failed")
+        .expect("a failed task");
+    assert_eq!(failed["error"]["kind"], "fetch_error", "{failed}");
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&server.origin) && message.contains("HTTP status 500"),
+        "{message}"
+    );
+    // Retried on the job's own budget (max_failures, 4), never held against the
+    // executors: the server's answers are the job's problem.
+    assert!(
+        paths.iter().any(|p| server.hits(p) > 1),
+        "retried at least once"
+    );
+    assert_eq!(exclusions(&cluster), Vec::<Value>::new());
+    // Both executors take the next job at once.
+    let started = std::time::Instant::now();
+    let healthy = cluster.run_job(json!({
+        "module": module, "args": ["echo"], "inputs": [{"text": "a"}, {"text": "b"}],
+    }));
+    assert_eq!(healthy["state"], "succeeded", "{healthy}");
+    println!("healthy job after the failed one: {:?}", started.elapsed());
+    assert_eq!(exclusions(&cluster), Vec::<Value>::new());
+}
+
+#[test]
+fn a_jobs_url_at_the_drivers_own_origin_is_refused_and_never_carries_the_secret() {
+    const SECRET: &str = "cluster-secret-for-the-deputy-test";
+    // Auth is on only with a token: then the driver's downloads want the secret.
+    const TOKEN: &str = "api-token-for-the-deputy-test";
+    let port = common::free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let cluster = DevCluster::start_with(
+        1,
+        1,
+        &[
+            "--listen",
+            &listen,
+            "--cluster-secret",
+            SECRET,
+            "--token",
+            TOKEN,
+        ],
+    );
+    let module = cluster.upload(&guests().testkit);
+    let digest = module.strip_prefix("sha256:").unwrap();
+    // The driver hands its own module out: that fetch carries the secret and works.
+    let own =
+        cluster.run_job(json!({"module": module, "args": ["noop"], "inputs": [{"text": ""}]}));
+    assert_eq!(own["state"], "succeeded", "{own}");
+    // A job naming the same route as its input is a loopback URL like any other.
+    let route = format!("{origin}/v1/modules/sha256:{digest}");
+    let deputy = json!({
+        "module": module, "args": ["echo"], "inputs": [{"url": route}], "max_failures": 1,
+    });
+    let (kind, message) = failure(&cluster, deputy.clone());
+    assert_eq!(kind, "fetch_error", "{message}");
+    assert!(
+        message.contains(&route) && message.contains("loopback"),
+        "refused by the policy: {message}"
+    );
+    drop(cluster);
+
+    // An operator who allows the driver's origin for jobs gets it fetched, but the route
+    // sees no secret and refuses: the executor's credentials never serve a job's URL.
+    let port = common::free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let cluster = DevCluster::start_with(
+        1,
+        1,
+        &[
+            "--listen",
+            &listen,
+            "--cluster-secret",
+            SECRET,
+            "--token",
+            TOKEN,
+            "--fetch-allow",
+            &origin,
+        ],
+    );
+    let module = cluster.upload(&guests().testkit);
+    let route = format!("{origin}/v1/modules/{module}");
+    let (kind, message) = failure(
+        &cluster,
+        json!({"module": module, "args": ["echo"], "inputs": [{"url": route}], "max_failures": 1}),
+    );
+    assert_eq!(kind, "fetch_error", "{message}");
+    assert!(
+        message.contains(&route) && message.contains("HTTP status 401"),
+        "the driver's route refused a request without the secret: {message}"
+    );
+    assert_eq!(exclusions(&cluster), Vec::<Value>::new());
+}

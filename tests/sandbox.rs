@@ -178,11 +178,19 @@ fn an_unknown_import_fails_as_unknown_import() {
 }
 
 #[test]
-fn a_module_that_is_not_a_command_fails_as_invalid_module() {
-    let cluster = DevCluster::start(2, 1);
-    let module = upload_wat(&cluster, r#"(module (memory (export "memory") 1))"#);
-    let task = run_beside_a_good_job(&cluster, spec(&module, &[], &[""]));
-    assert_failed_with(&task, "invalid_module", "_start");
+fn a_module_that_is_not_a_command_is_refused_at_upload() {
+    let cluster = DevCluster::start(1, 1);
+    let wasm = wat::parse_str(r#"(module (memory (export "memory") 1))"#).unwrap();
+    let (status, body) = cluster.put_module_bytes(wasm);
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["kind"], "invalid_module", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("_start"),
+        "{body}"
+    );
 }
 
 /// A valid module that takes cranelift seconds to compile: functions of hundreds of

@@ -158,20 +158,24 @@ impl DevCluster {
         dev_args: &[&str],
         env: &[(String, String)],
     ) -> DevCluster {
-        let mut args: Vec<String> = [
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--executor-listen",
-            "127.0.0.1:0",
-            "--executors",
-            &executors.to_string(),
-            "--cores",
-            &cores.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        // A test that must know the driver's address before it starts gives its own.
+        let listen = match dev_args.contains(&"--listen") {
+            true => [].as_slice(),
+            false => ["--listen", "127.0.0.1:0"].as_slice(),
+        };
+        let mut args: Vec<String> = ["dev"]
+            .iter()
+            .chain(listen)
+            .chain(&[
+                "--executor-listen",
+                "127.0.0.1:0",
+                "--executors",
+                &executors.to_string(),
+                "--cores",
+                &cores.to_string(),
+            ])
+            .map(|s| s.to_string())
+            .collect();
         args.extend(dev_args.iter().map(|s| s.to_string()));
         let cluster = Self::spawn_env(&args, env);
         cluster.wait_for_alive_executors(executors as usize);
@@ -380,6 +384,15 @@ impl Drop for DevCluster {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A loopback port free a moment ago, for a driver whose address a test must know first.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn is_final(job: &Value) -> bool {
