@@ -57,9 +57,8 @@ fn every_limit_is_named_when_it_is_passed() {
             "threads",
         ),
         (
-            format!(
-                r#"(module (memory 1) (func (export "_start") (drop (i32.atomic.load (i32.const 0)))))"#
-            ),
+            r#"(module (memory 1) (func (export "_start") (drop (i32.atomic.load (i32.const 0)))))"#
+                .to_owned(),
             Limit::Validation,
             "not threads",
         ),
