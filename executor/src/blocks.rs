@@ -150,12 +150,27 @@ impl Upload {
 }
 
 impl BlockSink for Upload {
-    fn write(&mut self, chunk: Bytes) -> Result<(), String> {
-        let sent = match &self.chunks {
-            Some(chunks) => chunks.send(Ok(chunk)).is_ok(),
-            None => false,
+    fn write(&mut self, chunk: Bytes, stopped: &dyn Fn() -> bool) -> Result<(), String> {
+        /// How often a write held back by a slow upload looks whether its attempt is over.
+        const RECHECK: std::time::Duration = std::time::Duration::from_millis(5);
+        let Some(chunks) = &self.chunks else {
+            return Err(self.failure());
         };
-        if sent { Ok(()) } else { Err(self.failure()) }
+        let mut chunk = Ok(chunk);
+        loop {
+            match chunks.send_timeout(chunk, RECHECK) {
+                Ok(()) => return Ok(()),
+                Err(crossbeam_channel::SendTimeoutError::Timeout(back)) if !stopped() => {
+                    chunk = back;
+                }
+                Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => {
+                    return Err("the attempt is over".into());
+                }
+                Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                    return Err(self.failure());
+                }
+            }
+        }
     }
 
     fn finish(mut self: Box<Self>) -> Result<(u64, Digest), String> {

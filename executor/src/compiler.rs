@@ -177,6 +177,16 @@ impl ModuleCompiler {
                 FailureKind::InvalidModule,
                 message.trim().to_owned(),
             )),
+            // Killed by a signal (the kernel's OOM killer, a stack overflow) or a panic
+            // (Rust's exit 101) while compiling one module: the module did that, and
+            // every executor would fail it alike.
+            None | Some(101) => Err(TaskFailure::new(
+                FailureKind::InvalidModule,
+                format!(
+                    "the compiler could not compile this module ({status}): {}",
+                    message.trim()
+                ),
+            )),
             _ => Err(host(format!(
                 "the compiler failed ({status}): {}",
                 message.trim()

@@ -97,6 +97,8 @@ pub fn classify(
 pub struct TaskLimiter {
     pub inner: StoreLimits,
     pub memory_bytes: usize,
+    /// Bytes of all the task's memories together, as last grown.
+    pub memory_used: usize,
     pub memory_limit_hit: bool,
 }
 
@@ -107,10 +109,24 @@ impl ResourceLimiter for TaskLimiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_bytes {
+        // The limit is the task's, over all its memories together: StoreLimits holds
+        // each memory to it alone, and a module may have four.
+        let total = self
+            .memory_used
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_bytes {
             self.memory_limit_hit = true;
+            return Err(wasmtime::Error::msg(format!(
+                "memory limit of {} bytes exceeded",
+                self.memory_bytes
+            )));
         }
-        self.inner.memory_growing(current, desired, maximum)
+        let grown = self.inner.memory_growing(current, desired, maximum)?;
+        if grown {
+            self.memory_used = total;
+        }
+        Ok(grown)
     }
 
     fn table_growing(

@@ -17,9 +17,11 @@ use flint_protocol::{BlockRef, Digest, FailureKind, TaskFailure, TaskId, TaskRes
 const CHUNK: usize = 1 << 20;
 
 /// Receives one result's bytes, in order, on the task thread. `write` may block: that is
-/// the back-pressure that keeps a fast guest from outrunning the upload.
+/// the back-pressure that keeps a fast guest from outrunning the upload; it gives up
+/// once `stopped` says the attempt is over (its deadline passed, it was killed), since a
+/// guest blocked in this write is in a host call that no epoch reaches.
 pub trait BlockSink: Send {
-    fn write(&mut self, chunk: Bytes) -> Result<(), String>;
+    fn write(&mut self, chunk: Bytes, stopped: &dyn Fn() -> bool) -> Result<(), String>;
     /// Every byte was written: returns the size and digest the store received.
     fn finish(self: Box<Self>) -> Result<(u64, Digest), String>;
     /// The attempt failed: nothing may become visible.
@@ -48,6 +50,9 @@ impl ResultTarget {
     }
 }
 
+/// Whether the attempt is over (past its deadline or killed).
+pub type Stopped = Arc<dyn Fn() -> bool + Send + Sync>;
+
 #[derive(Clone)]
 pub struct ResultPipe {
     inner: Arc<Mutex<State>>,
@@ -64,10 +69,13 @@ struct State {
     overflowed: bool,
     /// Why the block store refused bytes: a host failure, not the guest's.
     failed: Option<String>,
+    stopped: Stopped,
+    /// A write was refused because the attempt was over.
+    was_stopped: bool,
 }
 
 impl ResultPipe {
-    pub fn new(cap: usize, target: Option<ResultTarget>) -> Self {
+    pub fn new(cap: usize, target: Option<ResultTarget>, stopped: Stopped) -> Self {
         ResultPipe {
             inner: Arc::new(Mutex::new(State {
                 cap: cap as u64,
@@ -78,6 +86,8 @@ impl ResultPipe {
                 sink: None,
                 overflowed: false,
                 failed: None,
+                stopped,
+                was_stopped: false,
             })),
         }
     }
@@ -88,6 +98,12 @@ impl ResultPipe {
 
     pub fn overflowed(&self) -> bool {
         self.lock().overflowed
+    }
+
+    /// Whether a write was refused because the attempt was over: the guest was stopped
+    /// in a host call, not failed by the store.
+    pub fn was_stopped(&self) -> bool {
+        self.lock().was_stopped
     }
 
     /// Why storing the result failed, if it did.
@@ -128,8 +144,16 @@ impl ResultPipe {
             rest.extend_from_slice(&state.pending[CHUNK..]);
             state.pending.truncate(CHUNK);
             let chunk = std::mem::replace(&mut state.pending, rest);
+            if (state.stopped)() {
+                state.was_stopped = true;
+                return Err("the attempt is over");
+            }
             let sink = state.sink.as_mut().expect("opened above");
-            if let Err(e) = sink.write(Bytes::from(chunk)) {
+            if let Err(e) = sink.write(Bytes::from(chunk), &*state.stopped) {
+                if (state.stopped)() {
+                    state.was_stopped = true;
+                    return Err("the attempt is over");
+                }
                 state.failed = Some(e);
                 return Err("result upload failed");
             }
@@ -146,7 +170,7 @@ impl ResultPipe {
         let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
         let pending = std::mem::take(&mut state.pending);
         if !pending.is_empty() {
-            sink.write(Bytes::from(pending))
+            sink.write(Bytes::from(pending), &|| false)
                 .map_err(|e| host(format!("storing the result: {e}")))?;
         }
         let (size, digest) = sink
@@ -205,7 +229,7 @@ mod tests {
     }
 
     impl BlockSink for MemorySink {
-        fn write(&mut self, chunk: Bytes) -> Result<(), String> {
+        fn write(&mut self, chunk: Bytes, _stopped: &dyn Fn() -> bool) -> Result<(), String> {
             self.writes += 1;
             assert!(chunk.len() <= CHUNK);
             self.bytes.extend_from_slice(&chunk);
@@ -242,7 +266,74 @@ mod tests {
             generation: 1,
             inline_max,
         };
-        (ResultPipe::new(cap, Some(target)), memory)
+        (
+            ResultPipe::new(cap, Some(target), Arc::new(|| false)),
+            memory,
+        )
+    }
+
+    /// A store that never takes a byte, as a stalled upload: it waits until the attempt
+    /// is over, as the real one does.
+    struct StalledSink;
+
+    impl BlockSink for StalledSink {
+        fn write(&mut self, _chunk: Bytes, stopped: &dyn Fn() -> bool) -> Result<(), String> {
+            while !stopped() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err("the attempt is over".into())
+        }
+        fn finish(self: Box<Self>) -> Result<(u64, Digest), String> {
+            unreachable!("never finished")
+        }
+        fn abort(self: Box<Self>) {}
+    }
+
+    struct Stalled;
+
+    impl BlockWriter for Stalled {
+        fn open(&self, _id: &str) -> Box<dyn BlockSink> {
+            Box::new(StalledSink)
+        }
+    }
+
+    #[test]
+    fn a_write_waiting_on_a_stalled_store_gives_up_when_the_attempt_is_over() {
+        let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let target = ResultTarget {
+            writer: Arc::new(Stalled),
+            task: TaskId {
+                job: JobId("job".into()),
+                index: 0,
+            },
+            attempt: 1,
+            generation: 1,
+            inline_max: 10,
+        };
+        let stopped: Stopped = {
+            let over = over.clone();
+            Arc::new(move || over.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        let mut p = ResultPipe::new(10 << 20, Some(target), stopped);
+        let ender = {
+            let over = over.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                over.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let piece = Bytes::from(vec![1u8; crate::pipes::WRITE_PERMIT]);
+        let mut refused = false;
+        for _ in 0..(2 * CHUNK / crate::pipes::WRITE_PERMIT + 1) {
+            if p.write(piece.clone()).is_err() {
+                refused = true;
+                break;
+            }
+        }
+        ender.join().unwrap();
+        assert!(refused, "the write gave up");
+        assert!(p.was_stopped());
+        assert_eq!(p.store_failure(), None, "not the store's failure");
     }
 
     #[test]

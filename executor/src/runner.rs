@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_fetch_cache::{Blame, CacheKey, FetchCache, Fetched, Trust};
+use flint_fetch_cache::{Blame, CacheKey, FetchCache, FetchError, Fetched, Trust};
 use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
     Digest, ExecutorMessage, FailureKind, InputPart, JobId, TaskDescription, TaskEnd, TaskFailure,
@@ -437,9 +437,12 @@ impl TaskRunner {
         let (fetched, hit) = self.fetcher.fetch(&key, digest, trust).await.map_err(|e| {
             // The source's fault fails the task on the job's budget; only the executor's
             // own (its cache's disk) may count against this executor.
-            let kind = match e.blame() {
-                Blame::Source => FailureKind::FetchError,
-                Blame::Executor => FailureKind::HostError,
+            let kind = match (e.blame(), trust) {
+                (Blame::Executor, _) => FailureKind::HostError,
+                // What the driver handed out is there to be had: not reaching it, or
+                // being refused it, is this executor's network or credentials.
+                (Blame::Source, Trust::Driver) if driver_unreachable(&e) => FailureKind::HostError,
+                (Blame::Source, _) => FailureKind::FetchError,
             };
             TaskFailure::new(kind, with_causes(&e))
         })?;
@@ -721,6 +724,17 @@ fn flush_held(runner: Weak<TaskRunner>) {
         for message in batch {
             runner.send(message);
         }
+    }
+}
+
+/// A failure to reach the driver's own routes at all, or to be let in.
+fn driver_unreachable(e: &FetchError) -> bool {
+    match e {
+        FetchError::Request { .. } | FetchError::Resolve { .. } | FetchError::Deadline { .. } => {
+            true
+        }
+        FetchError::Status { status, .. } => matches!(status, 401 | 403),
+        _ => false,
     }
 }
 

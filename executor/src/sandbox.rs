@@ -213,7 +213,12 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
         .max_memories_per_component(MEMORIES_PER_TASK)
         .max_tables_per_component(TABLES_PER_TASK)
         .max_core_instances_per_component(INSTANCES_PER_TASK)
-        .max_core_instance_size(RULES.instance_bytes as usize)
+        // Twice the rules' bound, so that what the rules accept always fits; the
+        // metadata is allocated per instance, not reserved per slot.
+        .max_core_instance_size(2 * RULES.instance_bytes as usize)
+        .max_component_instance_size(
+            2 * (INSTANCES_PER_TASK as usize) * RULES.instance_bytes as usize,
+        )
         .max_memory_size(sandbox.max_memory_bytes)
         .table_elements(TABLE_ELEMENTS)
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
@@ -363,7 +368,12 @@ impl Sandbox {
                 log_truncated: false,
             };
         }
-        let stdout = ResultPipe::new(run.max_output_bytes, run.result_target);
+        let deadline = Instant::now() + run.timeout;
+        let stopped: crate::results::Stopped = {
+            let kill = run.kill.clone();
+            Arc::new(move || kill.is_killed() || Instant::now() >= deadline)
+        };
+        let stdout = ResultPipe::new(run.max_output_bytes, run.result_target, stopped);
         let stderr = CappedPipe::new(run.max_log_bytes, Overflow::Truncate);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdin(MemoryInputPipe::new(run.stdin))
@@ -415,9 +425,9 @@ impl Sandbox {
                 .trap_on_grow_failure(true)
                 .build(),
             memory_bytes,
+            memory_used: 0,
             memory_limit_hit: false,
         };
-        let deadline = Instant::now() + run.timeout;
         let kill = &run.kill;
         let (ended, memory_limit_hit) = TASK_RUNTIME.with(|runtime| {
             runtime.block_on(async {
@@ -475,6 +485,17 @@ impl Sandbox {
         let outcome = match result {
             Err(failure) => Err(failure),
             Ok(Ok(())) => Ok(()),
+            // Stopped inside a write that waited on the block store.
+            Ok(Err(_)) if stdout.was_stopped() => Err(match run.kill.is_killed() {
+                true => TaskFailure::new(FailureKind::Killed, "killed"),
+                false => TaskFailure::new(
+                    FailureKind::Timeout,
+                    format!(
+                        "ran past its {} time limit (writing its result)",
+                        limits_text().timeout()
+                    ),
+                ),
+            }),
             Ok(Err(_)) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
                 FailureKind::HostError,
                 format!("storing the result: {why}"),

@@ -218,3 +218,23 @@ fn the_engine_refuses_the_proposals_the_rules_leave_out() {
         assert_eq!(failure.kind, FailureKind::InvalidModule, "{module}");
     }
 }
+
+#[test]
+fn the_memory_limit_holds_for_all_of_a_tasks_memories_together() {
+    let sandbox = sandbox();
+    // Two memories of 40 MiB each, under a 64 MiB limit that each alone would meet.
+    let compiled = compile(
+        &sandbox,
+        r#"(module (memory (export "memory") 640) (memory 640) (func (export "_start")))"#,
+    );
+    let report = run(&sandbox, &compiled, Duration::from_secs(30), Kill::new());
+    assert_eq!(failure(&report).kind, FailureKind::MemoryLimit);
+    // Growing the second past what the first leaves is refused too.
+    let compiled = compile(
+        &sandbox,
+        r#"(module (memory (export "memory") 640) (memory 1)
+             (func (export "_start") (drop (memory.grow 1 (i32.const 500)))))"#,
+    );
+    let report = run(&sandbox, &compiled, Duration::from_secs(30), Kill::new());
+    assert_eq!(failure(&report).kind, FailureKind::MemoryLimit);
+}

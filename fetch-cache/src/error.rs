@@ -94,6 +94,12 @@ impl FetchError {
     /// Whose fault this failure is.
     pub fn blame(&self) -> Blame {
         match self {
+            // A disk filled by what jobs fetched (pinned blobs are never evicted) says
+            // more about the jobs than the host; blaming the host would let one job
+            // fetching gigabytes exclude every executor it lands on.
+            FetchError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+                Blame::Source
+            }
             FetchError::Io { .. } => Blame::Executor,
             FetchError::Refused { .. }
             | FetchError::Resolve { .. }

@@ -207,6 +207,9 @@ struct ModuleCounts {
     functions: Vec<u32>,
     imported_functions: u64,
     globals: u64,
+    /// Imported globals, memories and tables: each an import record in the instance.
+    other_imports: u64,
+    data_segments: u64,
     memories: u64,
     tables: u64,
     types: u64,
@@ -257,10 +260,16 @@ impl Walk {
                             module.functions.push(ty);
                             module.imported_functions += 1;
                         }
-                        TypeRef::Global(_) => module.globals += 1,
-                        // Imported memories and tables are not the pool's to hold: WASI
-                        // provides none, so such a module fails to link (unknown_import).
-                        TypeRef::Memory(_) | TypeRef::Table(_) | TypeRef::Tag(_) => {}
+                        TypeRef::Global(_) => {
+                            module.globals += 1;
+                            module.other_imports += 1;
+                        }
+                        // Imported memories and tables are not the pool's to hold (WASI
+                        // provides none, so such a module fails to link), but their import
+                        // records are in the instance.
+                        TypeRef::Memory(_) | TypeRef::Table(_) | TypeRef::Tag(_) => {
+                            module.other_imports += 1
+                        }
                     }
                 }
             }
@@ -269,6 +278,12 @@ impl Walk {
                 module.functions.extend(reader.into_iter().flatten());
             }
             Payload::GlobalSection(reader) => self.module()?.globals += u64::from(reader.count()),
+            Payload::DataSection(reader) => {
+                self.module()?.data_segments += u64::from(reader.count())
+            }
+            Payload::ElementSection(reader) => {
+                self.module()?.data_segments += u64::from(reader.count())
+            }
             Payload::TableSection(reader) => {
                 for table in reader.into_iter().flatten() {
                     if table.ty.initial > limits.table_elements {
@@ -398,15 +413,19 @@ fn check_module(module: &ModuleCounts, limits: &Limits) -> Result<(), Rejection>
 }
 
 /// An upper bound of the instance state (VMContext) wasmtime lays out for a module: per
-/// function a function reference (32 bytes), per imported function its import (24),
-/// per global 16, per table and memory 32, per type 4, and a page for the rest. The real
-/// layout is smaller; a bound is what keeps "accepted" meaning "instantiable".
+/// function a function reference (32 bytes), per imported function its import (24), per
+/// global 16 and per other import 32, per table and memory 32, per type 4, per data or
+/// element segment 16 (its runtime state), and a page for the rest. The real layout is
+/// smaller, and the engine allows twice this bound: what keeps "accepted" meaning
+/// "instantiable".
 fn instance_bytes(module: &ModuleCounts) -> u64 {
     4096 + 32 * module.functions.len() as u64
         + 24 * module.imported_functions
         + 16 * module.globals
+        + 32 * module.other_imports
         + 32 * (module.memories + module.tables)
         + 4 * module.types
+        + 16 * module.data_segments
 }
 
 #[cfg(test)]
