@@ -573,3 +573,37 @@ fn a_jobs_url_at_the_drivers_own_origin_is_refused_and_never_carries_the_secret(
     );
     assert_eq!(exclusions(&cluster), Vec::<Value>::new());
 }
+
+#[test]
+fn a_task_killed_while_its_input_is_still_being_fetched_gives_its_core_back_at_once() {
+    let server = Server::start(&[(
+        "/trickle",
+        Reply::Trickle {
+            total: 100,
+            every: Duration::from_millis(200),
+        },
+    )]);
+    let cluster = DevCluster::start_with(1, 1, &["--fetch-allow", &server.origin]);
+    let module = cluster.upload(&guests().testkit);
+    let (status, job) = cluster.post_raw(
+        "/v1/jobs",
+        json!({"module": module, "args": ["echo"], "inputs": [{"url": server.url("/trickle")}]})
+            .to_string(),
+    );
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    common::wait_until(Duration::from_secs(10), "the fetch to start", || {
+        server.hits("/trickle") == 1
+    });
+    let (status, killed) = cluster.post_raw(&format!("/v1/jobs/{id}/kill"), "");
+    assert_eq!(status, 202, "{killed}");
+    let started = std::time::Instant::now();
+    // The 20-second trickle is dropped, not waited out.
+    common::wait_until(Duration::from_secs(5), "the core to come back", || {
+        cluster
+            .executors()
+            .iter()
+            .all(|e| e["free_cores"] == e["cores"] && e["running"] == 0)
+    });
+    println!("core back {:?} after the kill", started.elapsed());
+}

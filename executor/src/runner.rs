@@ -249,8 +249,23 @@ impl TaskRunner {
                 };
                 Ok::<_, TaskFailure>((compiled, files))
             };
-            match ready.await {
-                Ok((compiled, files)) => runner.enqueue(desc, compiled, files, kill),
+            // A kill reaches the attempt while its module, input and files are still
+            // being fetched (each up to the fetch deadline): the fetches are dropped and
+            // its core is given back at once.
+            let ready = tokio::select! {
+                biased;
+                ready = ready => ready.map(Some),
+                () = kill.killed() => Ok(None),
+            };
+            match ready {
+                Ok(Some((compiled, files))) => runner.enqueue(desc, compiled, files, kill),
+                Ok(None) => {
+                    let failure = TaskFailure::new(
+                        FailureKind::Killed,
+                        "killed while its module and inputs were being fetched",
+                    );
+                    runner.report(desc, 0, Err(failure), Vec::new(), false, false)
+                }
                 Err(failure) => runner.report(desc, 0, Err(failure), Vec::new(), false, false),
             }
         });

@@ -102,13 +102,21 @@ impl Limited for ComponentCtx {
 
 /// A compiled and linked task, ready to instantiate cheaply for every attempt.
 pub enum Compiled {
+    /// A core module that cannot block in a host call: it imports no `poll_oneoff`, and
+    /// every other p1 call it can make returns in bounded time (stdin is in memory, its
+    /// files are regular, results give up at the deadline, random bytes are capped). It
+    /// runs on the plain synchronous path, a third cheaper per task than the async one.
     Module(InstancePre<ModuleCtx>),
+    /// A core module that can wait (in `poll_oneoff`): it runs on the async path, raced
+    /// against its deadline and kill.
+    WaitingModule(InstancePre<ModuleCtx>),
     Component(CommandPre<ComponentCtx>),
 }
 
 pub struct Sandbox {
     engine: Engine,
     modules: Linker<ModuleCtx>,
+    waiting_modules: Linker<ModuleCtx>,
     components: wasmtime::component::Linker<ComponentCtx>,
     max_memory_bytes: usize,
     meters_fuel: bool,
@@ -177,7 +185,8 @@ impl Kill {
         self.flag.load(Ordering::Acquire)
     }
 
-    async fn killed(&self) {
+    /// Resolves once the attempt is killed.
+    pub async fn killed(&self) {
         while !self.is_killed() {
             self.wake.notified().await;
         }
@@ -252,21 +261,28 @@ impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
         let engine = engine(sandbox)?;
         let mut modules = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
-        // wasmtime-wasi traps on an exit status of 126 or more (POSIX shells reserve
-        // them); a guest's exit code is its own to choose, so any one is an exit.
-        modules.allow_shadowing(true);
-        modules.func_wrap(
-            "wasi_snapshot_preview1",
-            "proc_exit",
-            |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
-        )?;
+        wasmtime_wasi::p1::add_to_linker_sync(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
+        let mut waiting_modules = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut waiting_modules, |ctx: &mut ModuleCtx| {
+            &mut ctx.wasi
+        })?;
+        for linker in [&mut modules, &mut waiting_modules] {
+            // wasmtime-wasi traps on an exit status of 126 or more (POSIX shells reserve
+            // them); a guest's exit code is its own to choose, so any one is an exit.
+            linker.allow_shadowing(true);
+            linker.func_wrap(
+                "wasi_snapshot_preview1",
+                "proc_exit",
+                |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
+            )?;
+        }
         let mut components = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut components)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             engine,
             modules,
+            waiting_modules,
             components,
             max_memory_bytes: sandbox.max_memory_bytes,
             meters_fuel: sandbox.fuel,
@@ -333,12 +349,19 @@ impl Sandbox {
                 "module exports no `_start`: it is not a WASI command",
             ));
         }
-        self.modules
-            .instantiate_pre(module)
-            .map(Compiled::Module)
-            .map_err(|e| {
-                TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
-            })
+        let waits = module
+            .imports()
+            .any(|i| i.module() == "wasi_snapshot_preview1" && i.name() == "poll_oneoff");
+        let linked = match waits {
+            true => self
+                .waiting_modules
+                .instantiate_pre(module)
+                .map(Compiled::WaitingModule),
+            false => self.modules.instantiate_pre(module).map(Compiled::Module),
+        };
+        linked.map_err(|e| {
+            TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
+        })
     }
 
     fn link_component(&self, component: &Component) -> Result<Compiled, TaskFailure> {
@@ -397,11 +420,12 @@ impl Sandbox {
             // One `random_get` is a host call no deadline can cut short: a small cap
             // keeps each one to milliseconds (past it the call traps).
             .max_random_size(MAX_RANDOM_BYTES)
-            // Off: with it on, wasmtime-wasi sleeps a lone relative clock subscription
-            // of `poll_oneoff` in `std::thread::sleep`, where no deadline or kill can
-            // reach it (a guest slept 2^64-1 ns past its kill). File reads go to the
-            // runtime's blocking pool instead, and a stopped attempt leaves them behind.
-            .allow_blocking_current_thread(false);
+            // Off where a guest can wait: with it on, wasmtime-wasi sleeps a lone
+            // relative clock subscription of `poll_oneoff` in `std::thread::sleep`, where
+            // no deadline or kill can reach it (a guest slept 2^64-1 ns past its kill).
+            // File reads then go to the runtime's blocking pool, and a stopped attempt
+            // leaves them behind. A module without `poll_oneoff` reads its files inline.
+            .allow_blocking_current_thread(matches!(compiled, Compiled::Module(_)));
         if let Some(dir) = run.files_dir
             && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
         {
@@ -429,46 +453,66 @@ impl Sandbox {
             memory_limit_hit: false,
         };
         let kill = &run.kill;
-        let (ended, memory_limit_hit) = TASK_RUNTIME.with(|runtime| {
-            runtime.block_on(async {
-                match compiled {
-                    Compiled::Module(pre) => {
-                        let ctx = ModuleCtx {
-                            wasi: wasi.build_p1(),
-                            limits,
-                        };
-                        let mut store = self.store(ctx, deadline, kill, run.fuel);
-                        let call = async {
-                            let instance = pre.instantiate_async(&mut store).await?;
-                            let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
-                            start.call_async(&mut store, ()).await
-                        };
-                        let ended = bounded(call, deadline, kill).await;
-                        (ended, store.data().limits.memory_limit_hit)
+        let (ended, memory_limit_hit) = match compiled {
+            // Not inside the task runtime: the sync WASI calls enter one of their own.
+            Compiled::Module(pre) => {
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                };
+                let mut store = self.store(ctx, deadline, kill, run.fuel);
+                let result = pre
+                    .instantiate(&mut store)
+                    .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
+                    .and_then(|start| start.call(&mut store, ()));
+                (
+                    Ended::Returned(result),
+                    store.data().limits.memory_limit_hit,
+                )
+            }
+            waiting => TASK_RUNTIME.with(|runtime| {
+                runtime.block_on(async {
+                    match waiting {
+                        Compiled::Module(_) => unreachable!("run on the synchronous path above"),
+                        Compiled::WaitingModule(pre) => {
+                            let ctx = ModuleCtx {
+                                wasi: wasi.build_p1(),
+                                limits,
+                            };
+                            let mut store = self.store(ctx, deadline, kill, run.fuel);
+                            let call = async {
+                                let instance = pre.instantiate_async(&mut store).await?;
+                                let start =
+                                    instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                                start.call_async(&mut store, ()).await
+                            };
+                            let ended = bounded(call, deadline, kill).await;
+                            (ended, store.data().limits.memory_limit_hit)
+                        }
+                        Compiled::Component(pre) => {
+                            let ctx = ComponentCtx {
+                                wasi: wasi.build(),
+                                table: ResourceTable::new(),
+                                limits,
+                            };
+                            let mut store = self.store(ctx, deadline, kill, run.fuel);
+                            let call = async {
+                                let command = pre.instantiate_async(&mut store).await?;
+                                // `run` returning its error variant is how a component's main
+                                // fails.
+                                command
+                                    .wasi_cli_run()
+                                    .call_run(&mut store)
+                                    .await?
+                                    .map_err(|()| wasmtime_wasi::I32Exit(1).into())
+                            };
+                            let ended = bounded(call, deadline, kill).await;
+                            (ended, store.data().limits.memory_limit_hit)
+                        }
                     }
-                    Compiled::Component(pre) => {
-                        let ctx = ComponentCtx {
-                            wasi: wasi.build(),
-                            table: ResourceTable::new(),
-                            limits,
-                        };
-                        let mut store = self.store(ctx, deadline, kill, run.fuel);
-                        let call = async {
-                            let command = pre.instantiate_async(&mut store).await?;
-                            // `run` returning its error variant is how a component's main
-                            // fails.
-                            command
-                                .wasi_cli_run()
-                                .call_run(&mut store)
-                                .await?
-                                .map_err(|()| wasmtime_wasi::I32Exit(1).into())
-                        };
-                        let ended = bounded(call, deadline, kill).await;
-                        (ended, store.data().limits.memory_limit_hit)
-                    }
-                }
-            })
-        });
+                })
+            }),
+        };
         let limits_text =
             || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
         let result = match ended {
