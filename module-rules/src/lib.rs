@@ -133,9 +133,16 @@ pub fn check(wasm: &[u8], limits: &Limits) -> Result<Shape, Rejection> {
         .map_err(|mut r| {
             // wasmparser's words for a proposal that is off ("threads must be enabled
             // for shared memories", "... support is not enabled").
-            if ["must be enabled", "not enabled", "disallowed"]
-                .iter()
-                .any(|words| r.message.contains(words))
+            if [
+                "must be enabled",
+                "not enabled",
+                "disallowed",
+                "not supported",
+                "proposal",
+                "feature",
+            ]
+            .iter()
+            .any(|words| r.message.contains(words))
             {
                 r.message.push_str(
                     ": Flint runs WebAssembly 2.0 with multi-memory, tail calls, extended \

@@ -1,0 +1,44 @@
+//! Arbitrary bytes postcard-decoded as each record the driver's job store keeps, as a
+//! driver reads them back from a damaged or foreign store at start.
+//!
+//! The first byte picks the record: `JobRecord` (table `jobs`), a batch of
+//! `(JobId, u32, TaskEndRecord)` (table `task_ends`), `JobEndRecord` (table `job_ends`),
+//! and the parts of a `JobRecord` (`JobDef`, `TaskInputRecord`) and a lone
+//! `TaskEndRecord`. Properties:
+//! - decoding never panics and never allocates much more than the input: a length
+//!   prefix of 2^60 must not become a 2^60-byte allocation (`scripts/fuzz` runs this
+//!   target with `-malloc_limit_mb=64` to catch one, inputs being a few KiB);
+//! - a record that decodes encodes and decodes back to an equal record.
+
+#![no_main]
+
+use std::fmt::Debug;
+
+use flint_protocol::JobId;
+use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
+use libfuzzer_sys::fuzz_target;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&selector, bytes)) = data.split_first() else {
+        return;
+    };
+    match selector % 6 {
+        0 => check::<JobRecord>(bytes),
+        1 => check::<Vec<(JobId, u32, TaskEndRecord)>>(bytes),
+        2 => check::<JobEndRecord>(bytes),
+        3 => check::<JobDef>(bytes),
+        4 => check::<TaskInputRecord>(bytes),
+        _ => check::<TaskEndRecord>(bytes),
+    }
+});
+
+fn check<T: Serialize + DeserializeOwned + PartialEq + Debug>(bytes: &[u8]) {
+    let Ok(record) = postcard::from_bytes::<T>(bytes) else {
+        return;
+    };
+    let encoded = postcard::to_stdvec(&record).expect("a decoded record encodes");
+    let back: T = postcard::from_bytes(&encoded).expect("an encoded record decodes");
+    assert_eq!(back, record);
+}
