@@ -507,71 +507,52 @@ fn a_jobs_url_at_the_drivers_own_origin_is_refused_and_never_carries_the_secret(
     const SECRET: &str = "cluster-secret-for-the-deputy-test";
     // Auth is on only with a token: then the driver's downloads want the secret.
     const TOKEN: &str = "api-token-for-the-deputy-test";
-    let port = common::free_port();
-    let origin = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let cluster = DevCluster::start_with(
-        1,
-        1,
-        &[
+    // A secured one-executor cluster at a known origin, whose operator may allow that
+    // origin for jobs' URLs; a job there names the driver's own module route as input.
+    let attempt = |allow_own_origin: bool| {
+        let port = common::free_port();
+        let origin = format!("http://127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
             "--listen",
             &listen,
             "--cluster-secret",
             SECRET,
             "--token",
             TOKEN,
-        ],
-    );
-    let module = cluster.upload(&guests().testkit);
-    let digest = module.strip_prefix("sha256:").unwrap();
-    // The driver hands its own module out: that fetch carries the secret and works.
-    let own =
-        cluster.run_job(json!({"module": module, "args": ["noop"], "inputs": [{"text": ""}]}));
-    assert_eq!(own["state"], "succeeded", "{own}");
-    // A job naming the same route as its input is a loopback URL like any other.
-    let route = format!("{origin}/v1/modules/sha256:{digest}");
-    let deputy = json!({
-        "module": module, "args": ["echo"], "inputs": [{"url": route}], "max_failures": 1,
-    });
-    let (kind, message) = failure(&cluster, deputy.clone());
-    assert_eq!(kind, "fetch_error", "{message}");
+        ];
+        if allow_own_origin {
+            args.extend(["--fetch-allow", origin.as_str()]);
+        }
+        let cluster = DevCluster::start_with(1, 1, &args);
+        let module = cluster.upload(&guests().testkit);
+        // The driver hands its own module out: that fetch carries the secret and works.
+        let own =
+            cluster.run_job(json!({"module": module, "args": ["noop"], "inputs": [{"text": ""}]}));
+        assert_eq!(own["state"], "succeeded", "{own}");
+        let route = format!("{origin}/v1/modules/{module}");
+        let (kind, message) = failure(
+            &cluster,
+            json!({"module": module, "args": ["echo"], "inputs": [{"url": route}], "max_failures": 1}),
+        );
+        assert_eq!(kind, "fetch_error", "{message}");
+        assert!(message.contains(&route), "{message}");
+        assert_eq!(exclusions(&cluster), Vec::<Value>::new());
+        message
+    };
+    // By default the driver's own origin is a loopback URL like any other.
+    let message = attempt(false);
     assert!(
-        message.contains(&route) && message.contains("loopback"),
+        message.contains("loopback"),
         "refused by the policy: {message}"
     );
-    drop(cluster);
-
-    // An operator who allows the driver's origin for jobs gets it fetched, but the route
-    // sees no secret and refuses: the executor's credentials never serve a job's URL.
-    let port = common::free_port();
-    let origin = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let cluster = DevCluster::start_with(
-        1,
-        1,
-        &[
-            "--listen",
-            &listen,
-            "--cluster-secret",
-            SECRET,
-            "--token",
-            TOKEN,
-            "--fetch-allow",
-            &origin,
-        ],
-    );
-    let module = cluster.upload(&guests().testkit);
-    let route = format!("{origin}/v1/modules/{module}");
-    let (kind, message) = failure(
-        &cluster,
-        json!({"module": module, "args": ["echo"], "inputs": [{"url": route}], "max_failures": 1}),
-    );
-    assert_eq!(kind, "fetch_error", "{message}");
+    // An operator who allows it for jobs gets it fetched, but the route sees no secret
+    // and refuses: the executor's credentials never serve a job's URL.
+    let message = attempt(true);
     assert!(
-        message.contains(&route) && message.contains("HTTP status 401"),
+        message.contains("HTTP status 401"),
         "the driver's route refused a request without the secret: {message}"
     );
-    assert_eq!(exclusions(&cluster), Vec::<Value>::new());
 }
 
 #[test]
