@@ -238,3 +238,32 @@ fn the_memory_limit_holds_for_all_of_a_tasks_memories_together() {
     let report = run(&sandbox, &compiled, Duration::from_secs(30), Kill::new());
     assert_eq!(failure(&report).kind, FailureKind::MemoryLimit);
 }
+
+#[test]
+fn a_guest_that_could_wait_but_computes_ends_at_its_deadline_and_at_a_kill() {
+    // It imports poll_oneoff, so it runs on the async path, but it never calls it: the
+    // epoch must still stop it there.
+    let sandbox = sandbox();
+    let compiled = compile(
+        &sandbox,
+        r#"(module
+             (import "wasi_snapshot_preview1" "poll_oneoff"
+               (func $poll (param i32 i32 i32 i32) (result i32)))
+             (memory (export "memory") 1)
+             (func (export "_start") (loop (br 0))))"#,
+    );
+    assert!(matches!(compiled, Compiled::WaitingModule(_)));
+    let report = run(&sandbox, &compiled, Duration::from_millis(100), Kill::new());
+    assert_eq!(failure(&report).kind, FailureKind::Timeout);
+    let kill = Kill::new();
+    let killer = {
+        let kill = kill.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            kill.kill();
+        })
+    };
+    let report = run(&sandbox, &compiled, Duration::from_secs(600), kill);
+    killer.join().unwrap();
+    assert_eq!(failure(&report).kind, FailureKind::Killed);
+}
