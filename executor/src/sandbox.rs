@@ -470,48 +470,39 @@ impl Sandbox {
                     store.data().limits.memory_limit_hit,
                 )
             }
-            waiting => TASK_RUNTIME.with(|runtime| {
-                runtime.block_on(async {
-                    match waiting {
-                        Compiled::Module(_) => unreachable!("run on the synchronous path above"),
-                        Compiled::WaitingModule(pre) => {
-                            let ctx = ModuleCtx {
-                                wasi: wasi.build_p1(),
-                                limits,
-                            };
-                            let mut store = self.store(ctx, deadline, kill, run.fuel);
-                            let call = async {
-                                let instance = pre.instantiate_async(&mut store).await?;
-                                let start =
-                                    instance.get_typed_func::<(), ()>(&mut store, "_start")?;
-                                start.call_async(&mut store, ()).await
-                            };
-                            let ended = bounded(call, deadline, kill).await;
-                            (ended, store.data().limits.memory_limit_hit)
-                        }
-                        Compiled::Component(pre) => {
-                            let ctx = ComponentCtx {
-                                wasi: wasi.build(),
-                                table: ResourceTable::new(),
-                                limits,
-                            };
-                            let mut store = self.store(ctx, deadline, kill, run.fuel);
-                            let call = async {
-                                let command = pre.instantiate_async(&mut store).await?;
-                                // `run` returning its error variant is how a component's main
-                                // fails.
-                                command
-                                    .wasi_cli_run()
-                                    .call_run(&mut store)
-                                    .await?
-                                    .map_err(|()| wasmtime_wasi::I32Exit(1).into())
-                            };
-                            let ended = bounded(call, deadline, kill).await;
-                            (ended, store.data().limits.memory_limit_hit)
-                        }
-                    }
-                })
-            }),
+            Compiled::WaitingModule(pre) => {
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                };
+                let mut store = self.store(ctx, deadline, kill, run.fuel);
+                let call = async {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                    start.call_async(&mut store, ()).await
+                };
+                let ended = on_task_runtime(bounded(call, deadline, kill));
+                (ended, store.data().limits.memory_limit_hit)
+            }
+            Compiled::Component(pre) => {
+                let ctx = ComponentCtx {
+                    wasi: wasi.build(),
+                    table: ResourceTable::new(),
+                    limits,
+                };
+                let mut store = self.store(ctx, deadline, kill, run.fuel);
+                let call = async {
+                    let command = pre.instantiate_async(&mut store).await?;
+                    // `run` returning its error variant is how a component's main fails.
+                    command
+                        .wasi_cli_run()
+                        .call_run(&mut store)
+                        .await?
+                        .map_err(|()| wasmtime_wasi::I32Exit(1).into())
+                };
+                let ended = on_task_runtime(bounded(call, deadline, kill));
+                (ended, store.data().limits.memory_limit_hit)
+            }
         };
         let limits_text =
             || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
@@ -610,6 +601,11 @@ thread_local! {
         .enable_all()
         .build()
         .expect("building a task thread's runtime");
+}
+
+/// Drives `future` to its end on this task thread's runtime.
+fn on_task_runtime<F: Future>(future: F) -> F::Output {
+    TASK_RUNTIME.with(|runtime| runtime.block_on(future))
 }
 
 /// How an attempt's call ended: on its own (a result, a trap, an exit), or stopped from
