@@ -274,6 +274,26 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in the order of a life (and of `/metrics` label values).
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Killed,
+    ];
+
+    /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Killed => "killed",
+        }
+    }
+
     pub fn is_final(self) -> bool {
         matches!(
             self,
@@ -294,6 +314,26 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// Every state, in the order of a life (and of `/metrics` label values).
+    pub const ALL: [TaskState; 5] = [
+        TaskState::Pending,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Killed,
+    ];
+
+    /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Killed => "killed",
+        }
+    }
+
     pub fn is_final(self) -> bool {
         matches!(
             self,
@@ -397,6 +437,23 @@ pub enum ExecutorState {
     Exited,
 }
 
+impl ExecutorState {
+    pub const ALL: [ExecutorState; 3] = [
+        ExecutorState::Alive,
+        ExecutorState::Lost,
+        ExecutorState::Exited,
+    ];
+
+    /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorState::Alive => "alive",
+            ExecutorState::Lost => "lost",
+            ExecutorState::Exited => "exited",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutorView {
@@ -458,6 +515,26 @@ pub struct Uploaded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_names_are_the_json_names() {
+        fn json<T: Serialize>(v: T) -> String {
+            serde_json::to_value(v)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+        for s in JobState::ALL {
+            assert_eq!(s.as_str(), json(s));
+        }
+        for s in TaskState::ALL {
+            assert_eq!(s.as_str(), json(s));
+        }
+        for s in ExecutorState::ALL {
+            assert_eq!(s.as_str(), json(s));
+        }
+    }
 
     #[test]
     fn job_spec_reads_the_documented_shape() {
