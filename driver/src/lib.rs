@@ -1,52 +1,47 @@
 //! Flint's driver: the HTTP API, the executor registry and the free-core scheduler
 //! (Spark's CoarseGrainedSchedulerBackend with its TaskScheduler, rebuilt for wasm).
 //!
-//! Layout, top down:
-//! - [`api`]: HTTP routes, request -> state change, one error type mapped to statuses;
-//!   [`openapi`] completes the document generated from the routes' annotations.
-//! - [`edge`]: serving connections and their bounds (header and body timeouts, body
-//!   limits, concurrency); [`auth`]: the API token and the cluster secret;
-//!   [`metrics`]: Prometheus `/metrics`; [`events`]: jobs' server-sent event streams,
-//!   bounded so that a slow reader never holds the driver up; [`executor_logs`]: the
-//!   stderr of executors `flint dev` started; [`inputs`]: task inputs made of earlier
-//!   results, checked at submit; [`guest_env`]: the args and env a job gives its
-//!   guests, checked at submit.
-//! - [`service`] (this module's [`Driver`]): composition; owns the state behind one
-//!   `std::sync::Mutex` never held across an `.await`, and carries out the state's actions.
-//! - [`state`]: the pure state machine: executors, jobs, tasks.
-//! - [`policy`]: pure placement of pending tasks onto free cores.
-//! - [`exclusion`], [`speculation`]: the numbers and bookkeeping behind excluding
-//!   failing executors and copying slow tasks.
-//! - [`executors`]: the executor listener: hello, registration, frames in and out.
-//! - [`modules`]: the content-addressed module store.
-//! - [`ui`]: the web UI, a static page over the JSON API (`GET /ui`).
-//! - [`store`]: the job store (redb): accepted jobs, task and job ends; [`durable`]
-//!   converts between it and the state, and rebuilds the state after a restart.
+//! # Layers
+//!
+//! Each module may use only the modules of a lower rank (or its own); `http` and
+//! `cluster`, the two front ends, never use each other; nothing uses `server`.
+//! `driver/tests/architecture.rs` reads the sources and fails when a file breaks this.
+//!
+//! | rank | module | holds | may use |
+//! |---|---|---|---|
+//! | 0 | [`scheduler`] | the pure state machine: executors, jobs, tasks; placement, exclusion, speculation | protocol only: no runtime, no I/O, no clock reads (the service passes the time) |
+//! | 1 | [`store`] | the job store (redb) and its record mapping; module and file blobs; result blocks | 0, redb, object_store |
+//! | 2 | [`config`] | the driver's settings, validated by whoever parsed them | 0-1 |
+//! | 2 | [`views`] | the JSON views of jobs, tasks and executors | 0-1 |
+//! | 2 | [`admission`] | a `JobSpec` into a job the scheduler can run, or a `Rejection` saying why not | 0-1 |
+//! | 2 | [`events`] | jobs' event channels (what `GET /v1/jobs/{id}/events` streams) | 0-1 |
+//! | 2 | [`metrics`] | the counters fed as tasks end, and `/metrics` rendered from the state | 0-1 |
+//! | 2 | [`executor_logs`] | where the executors `flint dev` started write their stderr | 0-1 |
+//! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
+//! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
+//! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
+//! | 5 | [`server`] | [`run`]: the listeners, the revive loop; where the parts are joined | all |
+//!
+//! No layer below `http` uses axum; nothing below `service` holds the lock.
 //!
 //! Invariants: an executor's free cores are its cores minus the cores of the tasks it
 //! runs, and a task is only launched where that leaves it non-negative; every status is
 //! checked against the attempt and executor generation it belongs to; the driver never
 //! imports the executor.
 
-pub mod api;
-pub mod auth;
-pub mod blocks;
-pub mod durable;
-pub mod edge;
+pub mod admission;
+pub mod cluster;
+pub mod config;
 pub mod events;
-pub mod exclusion;
 pub mod executor_logs;
-pub mod executors;
-pub mod guest_env;
-pub mod inputs;
+pub mod http;
 pub mod metrics;
-pub mod modules;
-pub mod openapi;
-pub mod policy;
+pub mod scheduler;
+pub mod server;
 pub mod service;
-pub mod speculation;
-pub mod state;
 pub mod store;
-pub mod ui;
+pub mod views;
 
-pub use service::{Driver, DriverConfig, run};
+pub use config::DriverConfig;
+pub use server::{Listeners, run};
+pub use service::Driver;

@@ -1,20 +1,15 @@
-//! Prometheus metrics at `GET /metrics` (text format 0.0.4): the scheduler's figures,
+//! Prometheus metrics for `GET /metrics` (text format 0.0.4): the scheduler's figures,
 //! read from the state at scrape time, plus what only the moment of a task's end knows
 //! (its duration, its result size), counted as it happens. Per executor, the figures
 //! its heartbeats carry: Spark's ExecutorSource in Prometheus form.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use flint_protocol::api::{ExecutorState, JobState, TaskCounts};
+use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
 
-use crate::service::Driver;
-use crate::state::Task;
+use crate::scheduler::{ClusterState, Task};
 
 /// Upper bounds of the task duration buckets, in seconds.
 const DURATION_BUCKETS: [f64; 14] = [
@@ -53,23 +48,13 @@ impl Metrics {
     }
 }
 
-/// Prometheus metrics of the driver and, through their heartbeats, its executors.
-#[utoipa::path(get, path = "/metrics", tag = "driver",
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
-pub async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        render(&driver),
-    )
-}
-
-pub fn render(driver: &Driver) -> String {
+/// The text of `/metrics`: the scheduler's figures read from `state` as it is now, the
+/// counters of `metrics`, and the job store's `commits`.
+pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
     let mut out = String::new();
     let now = Instant::now();
-    driver.read(|s| {
+    {
+        let s = state;
         let mut tasks = TaskCounts::default();
         let mut jobs = [0u64; 5];
         for job in s.jobs.values() {
@@ -79,7 +64,10 @@ pub fn render(driver: &Driver) -> String {
             tasks.succeeded += c.succeeded;
             tasks.failed += c.failed;
             tasks.killed += c.killed;
-            jobs[job_state_index(job.state)] += 1;
+            jobs[JobState::ALL
+                .iter()
+                .position(|s| *s == job.state)
+                .expect("every state is in ALL")] += 1;
         }
         family(
             &mut out,
@@ -87,14 +75,14 @@ pub fn render(driver: &Driver) -> String {
             "gauge",
             "Tasks of the jobs the driver holds, by state.",
         );
-        for (state, n) in [
-            ("pending", tasks.pending),
-            ("running", tasks.running),
-            ("succeeded", tasks.succeeded),
-            ("failed", tasks.failed),
-            ("killed", tasks.killed),
-        ] {
-            let _ = writeln!(out, "flint_tasks{{state=\"{state}\"}} {n}");
+        for (state, n) in TaskState::ALL.into_iter().zip([
+            tasks.pending,
+            tasks.running,
+            tasks.succeeded,
+            tasks.failed,
+            tasks.killed,
+        ]) {
+            let _ = writeln!(out, "flint_tasks{{state=\"{}\"}} {n}", state.as_str());
         }
         family(
             &mut out,
@@ -109,25 +97,25 @@ pub fn render(driver: &Driver) -> String {
             "gauge",
             "Jobs the driver holds, by state.",
         );
-        for (i, state) in ["queued", "running", "succeeded", "failed", "killed"]
-            .iter()
-            .enumerate()
-        {
-            let _ = writeln!(out, "flint_jobs{{state=\"{state}\"}} {}", jobs[i]);
+        for (state, n) in JobState::ALL.into_iter().zip(jobs) {
+            let _ = writeln!(out, "flint_jobs{{state=\"{}\"}} {n}", state.as_str());
         }
 
         let mut by_state = [0u64; 3];
         let (mut cores, mut free) = (0u64, 0u64);
         for e in s.executors.values() {
-            by_state[executor_state_index(e.state)] += 1;
+            by_state[ExecutorState::ALL
+                .iter()
+                .position(|s| *s == e.state)
+                .expect("every state is in ALL")] += 1;
             if e.state == ExecutorState::Alive {
                 cores += u64::from(e.cores);
                 free += u64::from(e.free_cores);
             }
         }
         family(&mut out, "flint_executors", "gauge", "Executors, by state.");
-        for (i, state) in ["alive", "lost", "exited"].iter().enumerate() {
-            let _ = writeln!(out, "flint_executors{{state=\"{state}\"}} {}", by_state[i]);
+        for (state, n) in ExecutorState::ALL.into_iter().zip(by_state) {
+            let _ = writeln!(out, "flint_executors{{state=\"{}\"}} {n}", state.as_str());
         }
         family(
             &mut out,
@@ -144,7 +132,7 @@ pub fn render(driver: &Driver) -> String {
         );
         let _ = writeln!(out, "flint_cores_free {free}");
 
-        type Figure = fn(&crate::state::ExecutorData, Instant) -> String;
+        type Figure = fn(&crate::scheduler::ExecutorData, Instant) -> String;
         let per_executor: [(&str, &str, &str, Figure); 10] = [
             (
                 "flint_executor_cores",
@@ -224,9 +212,9 @@ pub fn render(driver: &Driver) -> String {
                 );
             }
         }
-    });
+    }
 
-    let m = &driver.metrics;
+    let m = metrics;
     family(
         &mut out,
         "flint_task_duration_seconds",
@@ -281,11 +269,7 @@ pub fn render(driver: &Driver) -> String {
         "counter",
         "Group commits of task and job ends to the job store (at most one per --commit-interval-ms).",
     );
-    let _ = writeln!(
-        out,
-        "flint_job_store_commits_total {}",
-        driver.store_commits()
-    );
+    let _ = writeln!(out, "flint_job_store_commits_total {}", commits);
     out
 }
 
@@ -299,24 +283,6 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-fn job_state_index(state: JobState) -> usize {
-    match state {
-        JobState::Queued => 0,
-        JobState::Running => 1,
-        JobState::Succeeded => 2,
-        JobState::Failed => 3,
-        JobState::Killed => 4,
-    }
-}
-
-fn executor_state_index(state: ExecutorState) -> usize {
-    match state {
-        ExecutorState::Alive => 0,
-        ExecutorState::Lost => 1,
-        ExecutorState::Exited => 2,
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! - a spec that parses serializes, and that JSON parses back to an equal spec (so what
 //!   the API echoes, and what `flint submit --json` prints, reads back the same);
 //! - with the `driver` feature (`scripts/fuzz` turns it on), the driver's pure checks
-//!   of what guests are given (`flint_driver::guest_env`: the name, the args and env of
+//!   of what guests are given (`flint_driver::admission::guest_env`: the name, the args and env of
 //!   the job and of each task) never panic, format their refusal, and accept nothing
 //!   their rules refuse: no NUL byte anywhere, no env name that is empty, holds `=` or
 //!   starts with `FLINT_`.
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
 fn guest_checks(spec: &JobSpec) {
     use std::collections::BTreeMap;
 
-    use flint_driver::guest_env::{RESERVED_ENV_PREFIX, check_args, check_env, check_name};
+    use flint_driver::admission::guest_env::{RESERVED_ENV_PREFIX, check_args, check_env, check_name};
 
     let carried = |s: &String| !s.contains('\0');
     let env_carried = |env: &BTreeMap<String, String>| {

@@ -7,9 +7,8 @@
 use flint_protocol::api::{ResultsRef, TaskState};
 use flint_protocol::{Digest, FetchRef, InputPart, TaskInput, TaskResult, defaults};
 
-use crate::api::{ApiError, job_state_name, state_name};
-use crate::service::Driver;
-use crate::state::{ClusterState, Job};
+use super::{Catalog, Rejection};
+use crate::scheduler::{ClusterState, Job};
 
 /// What a job's `results` inputs may still take, counted down as they are decoded.
 pub(crate) struct InputBudget {
@@ -25,25 +24,25 @@ pub(crate) struct InputBudget {
 /// executor fetches, so neither the job store nor a launch frame grows with the job
 /// being reduced.
 pub(crate) fn results_input(
-    driver: &Driver,
+    catalog: &impl Catalog,
     s: &ClusterState,
     r: &ResultsRef,
     at: &str,
     budget: &mut InputBudget,
-) -> Result<TaskInput, ApiError> {
+) -> Result<TaskInput, Rejection> {
     let job = s
         .jobs
         .get(&r.job)
-        .ok_or_else(|| ApiError::invalid("unknown_result", format!("{at}: no job {}", r.job)))?;
+        .ok_or_else(|| Rejection::new("unknown_result", format!("{at}: no job {}", r.job)))?;
     let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
     if count == 0 {
-        return Err(ApiError::invalid(
+        return Err(Rejection::new(
             "invalid_spec",
             format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
         ));
     }
     if count > budget.parts_left {
-        return Err(ApiError::invalid(
+        return Err(Rejection::new(
             "too_many_input_parts",
             format!(
                 "{at}: the job's `results` inputs name more than {} results together \
@@ -64,7 +63,7 @@ pub(crate) fn results_input(
         let result = ready_result(job, index, at)?;
         total += result.len();
         if total > defaults::MAX_TASK_INPUT_BYTES {
-            return Err(ApiError::invalid(
+            return Err(Rejection::new(
                 "input_too_large",
                 format!(
                     "{at}: the results of {} come to more than {} bytes by task {index}, the \
@@ -83,7 +82,8 @@ pub(crate) fn results_input(
             TaskResult::Inline(bytes) => InputPart::Fetch(FetchRef {
                 url: format!(
                     "{}/v1/jobs/{}/tasks/{index}/result",
-                    driver.http_base, r.job
+                    catalog.http_base(),
+                    r.job
                 ),
                 // A succeeded task's result never changes; and the driver made this ref.
                 timestamp_ms: FetchRef::DRIVER_MADE,
@@ -93,7 +93,7 @@ pub(crate) fn results_input(
                         .unwrap_or_else(|| Digest::of(bytes)),
                 ),
             }),
-            TaskResult::Block(block) => InputPart::Fetch(block_fetch(driver, block)),
+            TaskResult::Block(block) => InputPart::Fetch(block_fetch(catalog, block)),
         });
     }
     Ok(TaskInput::Parts(parts))
@@ -106,39 +106,39 @@ pub(crate) fn ready_result<'j>(
     job: &'j Job,
     index: u32,
     at: &str,
-) -> Result<&'j TaskResult, ApiError> {
+) -> Result<&'j TaskResult, Rejection> {
     let id = &job.def.id;
     let task = job.tasks.get(index as usize).ok_or_else(|| {
-        ApiError::invalid(
+        Rejection::new(
             "unknown_result",
             format!("{at}: job {id} has no task {index}"),
         )
     })?;
     match (&task.result, task.state) {
         (Some(result), TaskState::Succeeded) => Ok(result),
-        (_, state @ (TaskState::Pending | TaskState::Running)) => Err(ApiError::invalid(
+        (_, state @ (TaskState::Pending | TaskState::Running)) => Err(Rejection::new(
             "result_not_ready",
             format!(
                 "{at}: task {index} of {id} is {} and has no result yet; submit this job once \
                  that one has succeeded",
-                state_name(state)
+                state.as_str()
             ),
         )),
-        (_, state) => Err(ApiError::invalid(
+        (_, state) => Err(Rejection::new(
             "no_result",
             format!(
                 "{at}: task {index} of {id} is {} and has no result (job {id} is {})",
-                state_name(state),
-                job_state_name(job.state)
+                state.as_str(),
+                job.state.as_str()
             ),
         )),
     }
 }
 
 /// Where an executor reads a result kept in the block store.
-pub(crate) fn block_fetch(driver: &Driver, block: &flint_protocol::BlockRef) -> FetchRef {
+pub(crate) fn block_fetch(catalog: &impl Catalog, block: &flint_protocol::BlockRef) -> FetchRef {
     FetchRef {
-        url: driver.blocks.fetch_url(&block.id),
+        url: catalog.block_url(&block.id),
         // A block never changes under its id; and the driver made this ref.
         timestamp_ms: FetchRef::DRIVER_MADE,
         digest: Some(block.digest),

@@ -2,13 +2,19 @@
 //! listens nowhere: what a job may give its guests, and which refs the executors may
 //! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin).
 
-use flint_protocol::api::{ResultRef, ResultsRef};
-use flint_protocol::{BlockRef, InputPart};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use flint_protocol::api::{InputSpec, ResultRef, ResultsRef, TaskState};
+use flint_protocol::{BlockRef, Digest, FetchRef, InputPart, JobId, TaskInput, TaskResult};
 use serde_json::json;
 
-use super::*;
-use crate::service::DriverConfig;
-use crate::state::set_state;
+use super::error::{ApiError, ApiResult};
+use crate::admission::inputs::InputBudget;
+use crate::admission::{accept, decode_input, parse_job_spec};
+use crate::config::DriverConfig;
+use crate::scheduler::{NewJob, set_state};
+use crate::service::Driver;
 
 /// The smallest WASI command: a type, a function and its `_start` export.
 const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\
@@ -25,11 +31,14 @@ fn driver() -> (tempfile::TempDir, Arc<Driver>) {
 }
 
 fn submit(driver: &Driver, spec: serde_json::Value) -> ApiResult<NewJob> {
-    accept(driver, parse_job_spec(spec.to_string().as_bytes())?)
+    Ok(accept(
+        driver,
+        parse_job_spec(spec.to_string().as_bytes())?,
+    )?)
 }
 
 fn refused(driver: &Driver, spec: serde_json::Value) -> (StatusCode, &'static str, String) {
-    let e = submit(driver, spec).err().expect("refused");
+    let e: ApiError = submit(driver, spec).err().expect("refused");
     (e.status, e.kind, e.message)
 }
 
@@ -138,7 +147,7 @@ fn a_url_input_at_the_drivers_result_route_is_not_served_by_the_driver_and_a_res
     let (_dir, driver) = driver();
     // An earlier job: task 0's result in the block store, task 1's inline.
     driver.apply(|s| {
-        s.insert_job(crate::state::tests::job("earlier", 2, 1));
+        s.insert_job(crate::scheduler::tests::job("earlier", 2, 1));
         let job = s.jobs.get_mut(&JobId("earlier".into())).unwrap();
         let results = [
             TaskResult::Block(BlockRef {
@@ -160,7 +169,8 @@ fn a_url_input_at_the_drivers_result_route_is_not_served_by_the_driver_and_a_res
         // Nothing inline: every result is fetched.
         inline_left: 0,
     };
-    let mut decode = |input| decode_input(&driver, input, "inputs[0]", &mut budget).unwrap();
+    let mut decode =
+        |input| decode_input(driver.as_ref(), input, "inputs[0]", &mut budget).unwrap();
     let fetched = |input| match input {
         TaskInput::Fetch(r) => *r,
         other => panic!("{other:?}"),
@@ -204,4 +214,53 @@ fn no_url_a_job_names_gets_the_timestamp_reserved_for_the_driver() {
     assert_eq!(driver.url_timestamp("http://a.example/x", None), 1);
     assert_eq!(driver.url_timestamp("http://a.example/x", Some(5)), 5);
     assert!(driver.url_timestamp("http://b.example/y", None) > 1);
+}
+
+#[test]
+fn a_file_given_as_a_plain_url_string_is_fetched_like_a_url_object() {
+    let (_dir, driver) = driver();
+    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let job = submit(
+        &driver,
+        json!({"module": module.to_string(), "inputs": [{"text": ""}], "files": {
+            "plain": "https://data.example/words.txt",
+            "object": {"url": "https://data.example/words.txt"},
+        }}),
+    )
+    .unwrap();
+    let [object, plain] = &job.def.files[..] else {
+        panic!("{:?}", job.def.files);
+    };
+    assert_eq!(plain.name, "plain");
+    assert_eq!(
+        (&plain.url, plain.digest, plain.size, plain.timestamp_ms),
+        (&object.url, object.digest, object.size, object.timestamp_ms)
+    );
+    assert_eq!(plain.url, "https://data.example/words.txt");
+    assert!(!plain.served_by_driver(), "{plain:?}");
+    // A plain string with another scheme is refused as a URL, not as an id.
+    let (status, kind, message) = refused(
+        &driver,
+        json!({"module": module.to_string(), "inputs": [{"text": ""}],
+               "files": {"f": "ftp://data.example/x"}}),
+    );
+    assert_eq!(
+        (status, kind),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec")
+    );
+    assert!(
+        message.contains("files.f: scheme `ftp` is not fetchable"),
+        "{message}"
+    );
+    // And a string that is neither is still told to upload.
+    let (_, kind, message) = refused(
+        &driver,
+        json!({"module": module.to_string(), "inputs": [{"text": ""}],
+               "files": {"f": "words.txt"}}),
+    );
+    assert_eq!(kind, "invalid_spec");
+    assert!(
+        message.contains("is not a file id; upload the file"),
+        "{message}"
+    );
 }

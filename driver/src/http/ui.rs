@@ -5,7 +5,7 @@
 //! text, never as markup.
 //!
 //! The page itself holds no cluster data, so it is served without the API token (see
-//! [`crate::auth`]): on a secured driver it asks for the token, keeps it in the tab's
+//! [`crate::http::auth`]): on a secured driver it asks for the token, keeps it in the tab's
 //! sessionStorage and sends it as a bearer header on every request, its event stream
 //! and the logs and results it opens included (fetched, not followed as links).
 

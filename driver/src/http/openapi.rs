@@ -1,6 +1,6 @@
 //! The OpenAPI document served at `/v1/openapi.json`. Paths and shapes come from the
 //! handlers' `#[utoipa::path]` annotations and the protocol types' derives (see
-//! [`crate::api::router`]); what every guarded route can also answer (401 from auth,
+//! [`crate::http::router`]); what every guarded route can also answer (401 from auth,
 //! 503 from the concurrency limit, 408 and 413 from body reading) is added here, once.
 
 use axum::body::Bytes;
@@ -9,7 +9,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
 
-use crate::auth::OPEN_PATHS;
+use crate::http::auth::OPEN_PATHS;
 
 #[derive(OpenApi)]
 #[openapi(

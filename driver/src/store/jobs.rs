@@ -342,8 +342,10 @@ mod tests {
     fn ends_within_the_commit_interval_share_a_commit() {
         let dir = tempfile::tempdir().unwrap();
         let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3)).unwrap();
-        let new = crate::state::tests::job("j", 20, 1);
-        store.put_job(&crate::durable::job_record(&new)).unwrap();
+        let new = crate::scheduler::tests::job("j", 20, 1);
+        store
+            .put_job(&crate::store::durable::job_record(&new))
+            .unwrap();
         let job = JobId("j".into());
         // 20 ends over about 100 ms, far less than the interval: the first is committed
         // at once, the other 19 wait for the interval to pass and go in one commit.
@@ -365,8 +367,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store =
             JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3600)).unwrap();
-        let new = crate::state::tests::job("j", 3, 1);
-        store.put_job(&crate::durable::job_record(&new)).unwrap();
+        let new = crate::scheduler::tests::job("j", 3, 1);
+        store
+            .put_job(&crate::store::durable::job_record(&new))
+            .unwrap();
         let job = JobId("j".into());
         store.task_ended(job.clone(), 0, end(1, 1));
         // The first end is committed at once; the next two would wait an hour.
@@ -384,8 +388,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.redb");
         let store = JobStore::open(&path, Duration::ZERO).unwrap();
-        let new = crate::state::tests::job("j", 4, 1);
-        store.put_job(&crate::durable::job_record(&new)).unwrap();
+        let new = crate::scheduler::tests::job("j", 4, 1);
+        store
+            .put_job(&crate::store::durable::job_record(&new))
+            .unwrap();
         let job = JobId("j".into());
         // 700 KiB results: two of them pass BATCH_VALUE_BYTES, so the commit splits.
         for index in 0..3 {

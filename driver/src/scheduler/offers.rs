@@ -43,8 +43,9 @@ impl ClusterState {
     }
 
     /// Every live executor offers its free cores; pending tasks are placed by the policy.
+    /// Jobs it fails end at the time of the clock the service set.
     pub fn make_offers(&mut self) -> Vec<Action> {
-        self.make_offers_at(SystemTime::now())
+        self.make_offers_at(self.wall)
     }
 
     /// [`Self::make_offers`], with `wall` as the end time of any job it fails.

@@ -7,7 +7,7 @@ use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
 
-use crate::state::{Action, ClusterState, Job, NewJob, NewTask, Task};
+use crate::scheduler::{Action, ClusterState, Job, NewJob, NewTask, Task};
 use crate::store::StoredJob;
 
 pub fn job_record(job: &NewJob) -> JobRecord {
@@ -125,7 +125,7 @@ fn new_job(job: JobRecord) -> NewJob {
 /// Returns the size of the task's result.
 fn restore_task(task: &mut Task, counts: &mut TaskCounts, record: TaskEndRecord) -> u64 {
     let mut job_result_bytes = 0;
-    crate::state::set_state(counts, task, record.state);
+    crate::scheduler::set_state(counts, task, record.state);
     task.attempts = record.attempts;
     task.executor = record.executor;
     task.failure = record.failure;

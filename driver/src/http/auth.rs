@@ -11,7 +11,9 @@ use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::api::ApiError;
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
 
 /// The secrets a driver checks; `None` leaves that door open.
 #[derive(Clone, Debug, Default)]
@@ -23,9 +25,10 @@ pub struct Credentials {
     pub cluster_secret: Option<String>,
 }
 
-/// Routes anyone may call: liveness, the API's own description, and the web UI's static
-/// page. Matched exactly: `/ui/...` or `/healthz/x` still need the token.
-pub(crate) const OPEN_PATHS: &[&str] = &["/healthz", "/v1/openapi.json", "/ui"];
+/// Routes anyone may call: liveness, the API's own description, the web UI's static
+/// page and `/`, which only redirects to it. Matched exactly: `/ui/...` or `/healthz/x`
+/// still need the token.
+pub(crate) const OPEN_PATHS: &[&str] = &["/healthz", "/v1/openapi.json", "/ui", "/"];
 
 fn is_open(path: &str) -> bool {
     OPEN_PATHS.contains(&path)
@@ -69,12 +72,12 @@ impl Credentials {
                 "this driver needs a bearer token: send `Authorization: Bearer <token>` (the CLI reads --token or FLINT_TOKEN)",
             ));
         };
-        if constant_time_eq(token.as_bytes(), given.as_bytes()) {
+        if same_secret(token, given) {
             return Ok(());
         }
         if let Some(secret) = &self.cluster_secret
             && executors_read(method, path)
-            && constant_time_eq(secret.as_bytes(), given.as_bytes())
+            && same_secret(secret, given)
         {
             return Ok(());
         }
@@ -100,10 +103,10 @@ pub async fn require(
     }
 }
 
-/// Compares two secrets in time that depends only on their lengths, so a caller cannot
-/// learn a secret byte by byte from how long refusals take.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Compares two secrets in time that depends only on their lengths (`subtle`), so a
+/// caller cannot learn a secret byte by byte from how long refusals take.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.as_bytes().ct_eq(b.as_bytes()).into()
 }
 
 #[cfg(test)]
@@ -188,10 +191,10 @@ mod tests {
     }
 
     #[test]
-    fn constant_time_eq_is_equality() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-        assert!(constant_time_eq(b"", b""));
+    fn same_secret_is_equality() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "ab"));
+        assert!(same_secret("", ""));
     }
 }

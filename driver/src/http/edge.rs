@@ -18,36 +18,19 @@ use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
-use crate::api::ApiError;
+use super::error::ApiError;
+use crate::config::EdgeLimits;
 
-/// Bounds of the HTTP edge; the defaults are in `flint_protocol::defaults`.
-#[derive(Clone, Debug)]
-pub struct EdgeLimits {
-    pub header_read_timeout: Duration,
-    pub body_idle_timeout: Duration,
-    pub max_concurrent_requests: usize,
-}
-
-impl Default for EdgeLimits {
-    fn default() -> Self {
-        use flint_protocol::defaults;
-        EdgeLimits {
-            header_read_timeout: Duration::from_millis(defaults::HEADER_READ_TIMEOUT_MS),
-            body_idle_timeout: Duration::from_millis(defaults::BODY_IDLE_TIMEOUT_MS),
-            max_concurrent_requests: defaults::MAX_CONCURRENT_REQUESTS,
-        }
-    }
-}
-
-/// Serves `app` on `listener` until `stop` turns true; open connections then finish the
+/// Serves `app` on `listener` until `stop` is cancelled; open connections then finish the
 /// request they are on.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: &EdgeLimits,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -63,17 +46,17 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = stopped(&mut stop) => return,
+            () = stop.cancelled() => return,
         };
         let _ = stream.set_nodelay(true);
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let mut stop = stop.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let mut connection = std::pin::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
-                () = stopped(&mut stop) => {
+                () = stop.cancelled() => {
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }
@@ -84,10 +67,6 @@ pub async fn serve(
             }
         });
     }
-}
-
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 /// Refuses requests past the concurrency limit at once, rather than queueing them
@@ -101,7 +80,7 @@ pub async fn limit_concurrency(
     request: Request,
     next: Next,
 ) -> Response {
-    if crate::auth::executors_read(request.method(), request.uri().path()) {
+    if crate::http::auth::executors_read(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
     let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {

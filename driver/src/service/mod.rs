@@ -1,83 +1,26 @@
-//! The driver as a service: listeners, the state behind its lock, and action dispatch.
+//! The driver as a service: the scheduler's state behind one lock (a `std::sync::Mutex`
+//! never held across an `.await`), the actions its changes ask for carried out under
+//! that lock (messages to executors, events, job store writes), and the entry points
+//! the front ends call: admit and submit, register, heartbeat, status updates, lose.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::{DriverMessage, ExecutorId, TaskId, defaults};
-use tokio::net::TcpListener;
+use flint_protocol::{Digest, DriverMessage, ExecutorId, TaskId, defaults};
 use tokio::sync::{mpsc, watch};
 
-use crate::blocks::BlockStore;
-use crate::durable;
+use crate::admission::{self, Catalog, Rejection, UrlTimestamps};
+use crate::config::DriverConfig;
 use crate::events::{JobEvent, JobEvents};
-use crate::modules::ModuleStore;
-use crate::state::{Action, ClusterState, NewJob, SchedulingConfig};
+use crate::scheduler::{Action, ClusterState, NewJob};
+use crate::store::blobs::{ModuleInfo, ModuleStore};
+use crate::store::blocks::BlockStore;
+use crate::store::durable;
 use crate::store::{JobStore, StoreError};
-
-/// Settings of one driver, validated by whoever parsed them.
-#[derive(Clone, Debug)]
-pub struct DriverConfig {
-    pub data_dir: PathBuf,
-    pub app_id: String,
-    /// Required in every executor's hello when set, and accepted (besides the API
-    /// token) on module and file downloads.
-    pub cluster_secret: Option<String>,
-    /// Bearer token every API request must carry when set (`/healthz`,
-    /// `/v1/openapi.json` and the web UI's page `/ui` excepted).
-    pub api_token: Option<String>,
-    /// Timeouts and concurrency of the HTTP edge.
-    pub edge: crate::edge::EdgeLimits,
-    pub heartbeat_interval: Duration,
-    /// How often offers are made even when nothing happened (Spark's revive interval).
-    pub revive_interval: Duration,
-    /// An executor silent for longer than this is lost (its connection is dropped and
-    /// its tasks run elsewhere).
-    pub executor_timeout: Duration,
-    /// Origins executors may fetch from besides the driver (`--fetch-allow`).
-    pub fetch_allow: Vec<String>,
-    /// `driver` or an object store URL (`--block-store`).
-    pub block_store: String,
-    /// Results larger than this go to the block store.
-    pub inline_result_bytes: u64,
-    /// Exclusion, locality wait and speculation.
-    pub scheduling: SchedulingConfig,
-    /// Event streams (`GET /v1/jobs/{id}/events`) open at once; more get 503.
-    pub max_event_streams: usize,
-    /// The base URL executors reach the HTTP API at (module, file and block
-    /// downloads and uploads), when the listen address is not it (`--advertise-url`).
-    pub advertise_url: Option<String>,
-    /// Task and job ends are group-committed to the job store at most this often
-    /// (`--commit-interval-ms`).
-    pub commit_interval: Duration,
-}
-
-impl DriverConfig {
-    pub fn new(data_dir: PathBuf) -> Self {
-        DriverConfig {
-            data_dir,
-            app_id: "flint".into(),
-            cluster_secret: None,
-            api_token: None,
-            edge: crate::edge::EdgeLimits::default(),
-            heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),
-            revive_interval: Duration::from_secs(1),
-            executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
-            fetch_allow: Vec::new(),
-            block_store: crate::blocks::DRIVER_BLOCK_STORE.into(),
-            inline_result_bytes: defaults::INLINE_RESULT_BYTES,
-            scheduling: SchedulingConfig::default(),
-            max_event_streams: defaults::MAX_EVENT_STREAMS,
-            advertise_url: None,
-            commit_interval: Duration::from_millis(defaults::COMMIT_INTERVAL_MS),
-        }
-    }
-}
 
 /// Where executors reach the HTTP API: the advertised URL if there is one; else the
 /// listen address, unless that is a wildcard (0.0.0.0, ::), which means "this host" to
@@ -122,10 +65,8 @@ pub struct Driver {
     pub modules: ModuleStore,
     pub files: ModuleStore,
     pub blocks: BlockStore,
-    /// When the driver was first given each URL a job referred to (a file or an input):
-    /// executors cache by (url, timestamp), so every job naming the URL shares one
-    /// download until a job gives a newer timestamp.
-    url_timestamps: Mutex<HashMap<String, u64>>,
+    /// The fetch timestamps of the URLs jobs named.
+    url_timestamps: UrlTimestamps,
     store: JobStore,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
@@ -158,7 +99,7 @@ impl Driver {
             modules,
             files,
             blocks,
-            url_timestamps: Mutex::new(HashMap::new()),
+            url_timestamps: UrlTimestamps::default(),
             store,
             http_base,
             inner: Mutex::new(Inner {
@@ -168,6 +109,7 @@ impl Driver {
                         .map_or(1, |d| d.as_micros() as u64),
                     scheduling,
                     Instant::now(),
+                    SystemTime::now(),
                 ),
                 links: HashMap::new(),
             }),
@@ -186,6 +128,12 @@ impl Driver {
     /// Group commits of task and job ends to the job store since the driver started.
     pub fn store_commits(&self) -> u64 {
         self.store.commits()
+    }
+
+    /// Commits the task and job ends still waiting for the next group commit (blocking),
+    /// so that after a clean stop no finished task runs again.
+    pub fn flush_store(&self) {
+        self.store.flush();
     }
 
     /// Accepts a job: its record is committed to the job store while its first tasks
@@ -215,31 +163,19 @@ impl Driver {
         stored
     }
 
-    /// The timestamp to fetch `url` under: `given` when a job names one newer than what
-    /// is known (and it becomes the known one), else the known one, else now.
-    ///
-    /// Never [`FetchRef::DRIVER_MADE`] (0), which marks the refs the driver makes itself
-    /// and is what executors send the cluster secret for: a job's `timestamp_ms: 0` (or
-    /// a clock before 1970) becomes 1, so that no URL a job names, even one at the
-    /// driver's own routes, can pass for the driver's.
-    ///
-    /// [`FetchRef::DRIVER_MADE`]: flint_protocol::FetchRef::DRIVER_MADE
+    /// The timestamp to fetch `url` under ([`UrlTimestamps::timestamp`]).
     pub fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
-        let given = given.map(|t| t.max(1));
-        let mut known = self
-            .url_timestamps
-            .lock()
-            .expect("url timestamps lock poisoned");
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(1, |d| (d.as_millis() as u64).max(1));
-        let entry = known.entry(url.to_owned()).or_insert(given.unwrap_or(now));
-        if let Some(given) = given
-            && given > *entry
-        {
-            *entry = given;
-        }
-        given.unwrap_or(*entry)
+        self.url_timestamps.timestamp(url, given, SystemTime::now())
+    }
+
+    /// A job spec's JSON checked and turned into a job: see [`admission`]. Also refuses
+    /// a job no executor registered now could run.
+    pub fn admit(&self, body: &[u8]) -> Result<NewJob, Rejection> {
+        let job = admission::accept(self, admission::parse_job_spec(body)?)?;
+        let (max_cores, any_fuel) =
+            self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
+        admission::check_schedulable(&job, max_cores, any_fuel)?;
+        Ok(job)
     }
 
     pub fn executor_config(&self) -> ExecutorConfig {
@@ -268,7 +204,7 @@ impl Driver {
     /// [`Self::apply`], with the connections in reach too.
     fn apply_inner<R>(&self, f: impl FnOnce(&mut Inner) -> (R, Vec<Action>)) -> R {
         let mut inner = self.lock();
-        inner.state.set_clock(Instant::now());
+        inner.state.set_clock(Instant::now(), SystemTime::now());
         let (result, actions) = f(&mut inner);
         let mut finished = false;
         for action in actions {
@@ -368,7 +304,7 @@ impl Driver {
     }
 
     /// Tells a final job's watchers the tasks it killed, then that it ended.
-    fn publish_end(&self, job: &crate::state::Job) {
+    fn publish_end(&self, job: &crate::scheduler::Job) {
         let id = &job.def.id;
         if !self.events.is_watched(id) {
             return;
@@ -380,7 +316,7 @@ impl Driver {
                 self.events.publish(id, JobEvent::Task(event));
             }
         }
-        let view = crate::api::job_view(job);
+        let view = crate::views::job_view(job);
         self.events.publish(id, JobEvent::End(Box::new(view)));
     }
 
@@ -437,13 +373,13 @@ impl Driver {
 
     pub fn executor_exited(&self, id: &ExecutorId, exit_code: Option<i32>) {
         let mut inner = self.lock();
-        inner.state.set_clock(Instant::now());
+        inner.state.set_clock(Instant::now(), SystemTime::now());
         inner.state.executor_exited(id, exit_code);
     }
 
     pub fn heartbeat(&self, id: &ExecutorId, generation: u64, report: Heartbeat) {
         let mut inner = self.lock();
-        inner.state.set_clock(Instant::now());
+        inner.state.set_clock(Instant::now(), SystemTime::now());
         inner.state.heartbeat(id, generation, Some(report));
     }
 
@@ -486,6 +422,32 @@ impl Driver {
     }
 }
 
+impl Catalog for Driver {
+    fn module(&self, digest: &Digest) -> Option<ModuleInfo> {
+        self.modules.get(digest)
+    }
+
+    fn file(&self, digest: &Digest) -> Option<ModuleInfo> {
+        self.files.get(digest)
+    }
+
+    fn http_base(&self) -> &str {
+        &self.http_base
+    }
+
+    fn block_url(&self, id: &str) -> String {
+        self.blocks.fetch_url(id)
+    }
+
+    fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
+        Driver::url_timestamp(self, url, given)
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        Driver::read(self, f)
+    }
+}
+
 impl Inner {
     fn send(&self, executor: &ExecutorId, message: DriverMessage) {
         match self.links.get(executor) {
@@ -498,148 +460,5 @@ impl Inner {
     }
 }
 
-/// Both listeners of a driver, bound before it runs so callers learn the ports.
-pub struct Listeners {
-    pub http: TcpListener,
-    pub executors: TcpListener,
-}
-
-/// Serves the API and the executor port until `shutdown` resolves, then tells executors
-/// to stop.
-pub async fn run(
-    driver: Arc<Driver>,
-    listeners: Listeners,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let executor_server = tokio::spawn(crate::executors::serve(
-        listeners.executors,
-        driver.clone(),
-        stop_rx.clone(),
-    ));
-    let reviver = tokio::spawn(revive_loop(driver.clone()));
-    let app = crate::api::router(driver.clone());
-    let limits = driver.config.edge.clone();
-    let http = tokio::spawn(async move {
-        crate::edge::serve(listeners.http, app, &limits, stop_rx).await;
-    });
-    shutdown.await;
-    tracing::info!("driver shutting down");
-    driver.shutdown_executors();
-    let _ = stop_tx.send(true);
-    reviver.abort();
-    // Give the Shutdown messages a moment to leave before connections are dropped.
-    let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
-    // Ends waiting for the next group commit are kept: after a clean stop no finished
-    // task runs again.
-    let store = driver.clone();
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::task::spawn_blocking(move || store.store.flush()),
-    )
-    .await;
-    Ok(())
-}
-
-/// Periodic offers (Spark's revive), the heartbeat deadline, the end of locality waits
-/// and the search for slow tasks to copy. Checked a few times per timeout, so a silent
-/// executor is lost within about 1.25 timeouts.
-async fn revive_loop(driver: Arc<Driver>) {
-    let scheduling = &driver.config.scheduling;
-    let mut every = driver
-        .config
-        .revive_interval
-        .min(driver.config.executor_timeout / 4);
-    if !scheduling.locality_wait.is_zero() {
-        every = every.min(scheduling.locality_wait.max(Duration::from_millis(10)));
-    }
-    if let Some(speculation) = scheduling.speculation {
-        every = every.min(speculation.interval.max(Duration::from_millis(10)));
-    }
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let timeout = driver.config.executor_timeout;
-        let expired = driver.apply(|s| {
-            let (expired, mut actions) = s.expire_executors(timeout);
-            actions.extend(s.make_offers());
-            actions.extend(s.speculate());
-            (expired, actions)
-        });
-        for (id, generation) in expired {
-            tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
-            driver.drop_link(&id, generation);
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-
-    use flint_protocol::JobId;
-    use flint_protocol::api::JobState;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::new(
-            DriverConfig::new(dir.path().to_owned()),
-            "127.0.0.1:7070".parse().unwrap(),
-        )
-        .unwrap();
-        driver
-            .submit(crate::state::tests::job("kept", 3, 1))
-            .await
-            .unwrap();
-        let stored = driver.store.load().unwrap();
-        assert_eq!(stored.len(), 1, "committed before submit returned");
-        assert_eq!(stored[0].job.def.id, JobId("kept".into()));
-
-        driver.store.refuse_jobs.store(true, Ordering::Relaxed);
-        let err = driver
-            .submit(crate::state::tests::job("lost", 3, 1))
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("No space left"), "{err}");
-        let (state, error, pending) = driver.read(|s| {
-            let job = &s.jobs[&JobId("lost".into())];
-            (job.state, job.error.clone(), job.counts().pending)
-        });
-        assert_eq!(state, JobState::Killed, "never accepted, so stopped");
-        let (kind, message) = error.unwrap();
-        assert_eq!(kind, "killed");
-        assert!(
-            message.contains("not accepted: the job store could not record it"),
-            "{message}"
-        );
-        assert_eq!(pending, 0, "nothing of it left to run");
-        assert_eq!(
-            driver.store.load().unwrap().len(),
-            1,
-            "only the first is stored"
-        );
-    }
-
-    #[test]
-    fn executors_get_the_advertised_url_or_a_reachable_host() {
-        let any = "0.0.0.0:7070".parse().unwrap();
-        let local = "127.0.0.1:7070".parse().unwrap();
-        let name = || Some("driver-7".to_owned());
-        assert_eq!(
-            advertised_base(Some("https://flint.example:443/"), any, name),
-            "https://flint.example:443"
-        );
-        assert_eq!(advertised_base(None, any, name), "http://driver-7:7070");
-        assert_eq!(
-            advertised_base(None, "[::]:9".parse().unwrap(), name),
-            "http://driver-7:9"
-        );
-        assert_eq!(advertised_base(None, local, name), "http://127.0.0.1:7070");
-        assert_eq!(advertised_base(None, any, || None), "http://0.0.0.0:7070");
-    }
-}
+mod tests;

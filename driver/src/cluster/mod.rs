@@ -12,15 +12,19 @@ use flint_protocol::{
 };
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
 
-use crate::auth::constant_time_eq;
 use crate::service::Driver;
+
+mod hello;
+
+use hello::check_hello;
 
 type Connection = Framed<TcpStream, FrameCodec<ExecutorMessage, DriverMessage>>;
 
-pub async fn serve(listener: TcpListener, driver: Arc<Driver>, mut stop: watch::Receiver<bool>) {
+/// Serves executors' connections on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, driver: Arc<Driver>, stop: CancellationToken) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -39,7 +43,7 @@ pub async fn serve(listener: TcpListener, driver: Arc<Driver>, mut stop: watch::
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             },
-            () = stopped(&mut stop) => return,
+            () = stop.cancelled() => return,
         }
     }
 }
@@ -47,7 +51,7 @@ pub async fn serve(listener: TcpListener, driver: Arc<Driver>, mut stop: watch::
 async fn handle(
     stream: TcpStream,
     driver: Arc<Driver>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let host = stream
@@ -158,7 +162,7 @@ async fn handle(
             // The outbox closes when the driver gives up on this executor (heartbeat
             // timeout) or the socket cannot be written.
             _ = &mut writer => break "outbox closed".to_owned(),
-            () = stopped(&mut stop) => {
+            () = stop.cancelled() => {
                 // Let the Shutdown already queued go out before the socket is dropped.
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
                 break "driver stopped".to_owned();
@@ -168,10 +172,6 @@ async fn handle(
     writer.abort();
     driver.executor_lost(&id, generation, &reason);
     Ok(())
-}
-
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 /// Task ends applied together at most, so that one busy executor cannot hold the
@@ -188,53 +188,6 @@ fn on_message(driver: &Driver, id: &ExecutorId, generation: u64, message: Execut
     }
 }
 
-fn check_hello(hello: &Hello, secret: Option<&str>) -> Result<(), String> {
-    if hello.magic != Hello::MAGIC {
-        return Err("not a Flint executor (bad magic)".into());
-    }
-    if hello.version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version mismatch: executor speaks {}, driver speaks {PROTOCOL_VERSION}",
-            hello.version
-        ));
-    }
-    match (secret, hello.secret.as_deref()) {
-        (Some(expected), Some(given))
-            if constant_time_eq(expected.as_bytes(), given.as_bytes()) =>
-        {
-            Ok(())
-        }
-        (Some(_), Some(_)) => Err("wrong cluster secret".into()),
-        (Some(_), None) => Err("this driver requires a cluster secret".into()),
-        (None, _) => Ok(()),
-    }
-}
-
 async fn send(conn: &mut Connection, message: DriverMessage) -> Result<(), String> {
     conn.send(message).await.map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hello_checks_magic_version_and_secret() {
-        assert!(check_hello(&Hello::new(None), None).is_ok());
-        assert!(check_hello(&Hello::new(Some("s".into())), Some("s")).is_ok());
-        let wrong = check_hello(&Hello::new(Some("x".into())), Some("s")).unwrap_err();
-        assert!(wrong.contains("wrong cluster secret"));
-        let missing = check_hello(&Hello::new(None), Some("s")).unwrap_err();
-        assert!(missing.contains("requires a cluster secret"));
-        let mut old = Hello::new(None);
-        old.version = PROTOCOL_VERSION + 1;
-        assert!(
-            check_hello(&old, None)
-                .unwrap_err()
-                .contains("version mismatch")
-        );
-        let mut alien = Hello::new(None);
-        alien.magic = *b"HTTP/";
-        assert!(check_hello(&alien, None).unwrap_err().contains("magic"));
-    }
 }

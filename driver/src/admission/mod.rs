@@ -1,0 +1,465 @@
+//! Admission: a submitted `JobSpec` checked and turned into a job the scheduler can
+//! run ([`NewJob`]), or a [`Rejection`] naming what is wrong and where. Every limit a
+//! spec can pass is checked here, before anything is stored or run: the guest's
+//! strings ([`guest_env`]), the inputs made of earlier results ([`inputs`]), names,
+//! URLs, digests, resources, and whether any executor could run the tasks at all.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use flint_protocol::api::{FileSpec, InputSpec, JobSpec};
+use flint_protocol::{
+    Digest, FetchRef, FileRef, JobId, ModuleRef, Resources, TaskInput, TaskResult, defaults,
+};
+use serde::Deserialize;
+
+use crate::scheduler::{ClusterState, JobDef, NewJob, NewTask};
+use crate::store::blobs::ModuleInfo;
+
+pub mod guest_env;
+pub mod inputs;
+
+use guest_env::GuestStringError;
+use inputs::{InputBudget, block_fetch, ready_result, results_input};
+
+/// The kind of a spec that is not JSON at all (HTTP 400); every other rejection is a
+/// spec that is JSON but not a job Flint can run (422).
+pub const INVALID_JSON: &str = "invalid_json";
+
+/// Why a spec was not accepted: a kind callers can branch on (`invalid_spec`,
+/// `unknown_module`, `too_many_tasks`, ...) and a message that says where and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Rejection {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<GuestStringError> for Rejection {
+    fn from(e: GuestStringError) -> Self {
+        Rejection::new("invalid_spec", e.to_string())
+    }
+}
+
+/// What admission looks things up in: the uploaded modules and files, where executors
+/// reach the driver, and the jobs whose results a spec may name. The service is one;
+/// a test can be another.
+pub trait Catalog {
+    fn module(&self, digest: &Digest) -> Option<ModuleInfo>;
+    fn file(&self, digest: &Digest) -> Option<ModuleInfo>;
+    /// `http://HOST:PORT` of the API, as executors reach it.
+    fn http_base(&self) -> &str;
+    /// Where an executor reads block `id` of the block store.
+    fn block_url(&self, id: &str) -> String;
+    /// See [`UrlTimestamps::timestamp`].
+    fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64;
+    /// Reads the scheduler's state; called once per input that names earlier results,
+    /// so a large spec never holds the scheduler's lock for long.
+    fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R;
+}
+
+/// When the driver was first given each URL a job referred to (a module, a file or an
+/// input): executors cache by (url, timestamp), so every job naming the URL shares one
+/// download until a job gives a newer timestamp.
+#[derive(Default)]
+pub struct UrlTimestamps {
+    known: Mutex<HashMap<String, u64>>,
+}
+
+impl UrlTimestamps {
+    /// The timestamp to fetch `url` under: `given` when a job names one newer than what
+    /// is known (and it becomes the known one), else the known one, else now.
+    ///
+    /// Never [`FetchRef::DRIVER_MADE`] (0), which marks the refs the driver makes itself
+    /// and is what executors send the cluster secret for: a job's `timestamp_ms: 0` (or
+    /// a clock before 1970) becomes 1, so that no URL a job names, even one at the
+    /// driver's own routes, can pass for the driver's.
+    pub fn timestamp(&self, url: &str, given: Option<u64>, now: SystemTime) -> u64 {
+        let given = given.map(|t| t.max(1));
+        let mut known = self.known.lock().expect("url timestamps lock poisoned");
+        let now = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| (d.as_millis() as u64).max(1));
+        let entry = known.entry(url.to_owned()).or_insert(given.unwrap_or(now));
+        if let Some(given) = given
+            && given > *entry
+        {
+            *entry = given;
+        }
+        given.unwrap_or(*entry)
+    }
+}
+
+/// Whether any executor could run the job's tasks: none is too few cores for them, or
+/// fuel budgets where no executor meters fuel. `max_cores` is the largest live
+/// executor's cores, `None` while there is none (the job waits for one).
+pub fn check_schedulable(
+    job: &NewJob,
+    max_cores: Option<u32>,
+    any_meters_fuel: bool,
+) -> Result<(), Rejection> {
+    if max_cores.is_some() && job.def.resources.fuel.is_some() && !any_meters_fuel {
+        return Err(Rejection::new(
+            "unschedulable",
+            "tasks have a fuel budget but no executor meters fuel (start executors with --fuel)",
+        ));
+    }
+    if let Some(max) = max_cores
+        && job.def.resources.cores > max
+    {
+        return Err(Rejection::new(
+            "unschedulable",
+            format!(
+                "tasks need {} cores but the largest executor has {max}",
+                job.def.resources.cores
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A job spec from its JSON. Straight into `JobSpec` first: a spec of a million inputs
+/// parsed through a `serde_json::Value` cost a map allocation per input, most of the
+/// time of accepting it. Only a document that fails is parsed again in two steps, so
+/// that every JSON document that parses is judged as a spec (422), never as bad JSON:
+/// parsing straight into `JobSpec` reports some shape errors (an input object with two
+/// keys) as syntax errors.
+pub fn parse_job_spec(body: &[u8]) -> Result<JobSpec, Rejection> {
+    if let Ok(spec) = serde_json::from_slice::<JobSpec>(body) {
+        return Ok(spec);
+    }
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(INVALID_JSON, format!("job spec: {e}")))?;
+    JobSpec::deserialize(value)
+        .map_err(|e| Rejection::new("invalid_spec", format!("job spec: {e}")))
+}
+
+/// Checks a spec and turns it into a job the scheduler can run.
+pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection> {
+    if let Some(name) = &spec.name {
+        guest_env::check_name("name", name)?;
+    }
+    guest_env::check_args("args", &spec.args)?;
+    guest_env::check_env("env", &spec.env)?;
+    let module = module_ref(catalog, &spec)?;
+    let files = spec
+        .files
+        .iter()
+        .map(|(name, spec)| file_ref(catalog, name, spec))
+        .collect::<Result<Vec<FileRef>, Rejection>>()?;
+    let mut budget = InputBudget {
+        parts_left: defaults::MAX_INPUT_PARTS_PER_JOB,
+        inline_left: defaults::INLINE_INPUT_PART_BYTES,
+    };
+    let mut decode = |input, at: &str| decode_input(catalog, input, at, &mut budget);
+    let tasks: Vec<NewTask> = match (spec.inputs, spec.tasks) {
+        (Some(_), Some(_)) => {
+            return Err(Rejection::new(
+                "invalid_spec",
+                "give either `inputs` or `tasks`, not both",
+            ));
+        }
+        (None, None) => Vec::new(),
+        (Some(inputs), None) => inputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, input)| {
+                Ok(NewTask {
+                    input: decode(input, &format!("inputs[{i}]"))?,
+                    args: Vec::new(),
+                    env: Vec::new(),
+                })
+            })
+            .collect::<Result<_, Rejection>>()?,
+        (None, Some(tasks)) => tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, task)| {
+                guest_env::check_args(format_args!("tasks[{i}].args"), &task.args)?;
+                guest_env::check_env(format_args!("tasks[{i}].env"), &task.env)?;
+                let input = match task.input {
+                    Some(input) => decode(input, &format!("tasks[{i}].input"))?,
+                    None => TaskInput::Inline(Vec::new()),
+                };
+                Ok(NewTask {
+                    input,
+                    args: task.args,
+                    env: task.env.into_iter().collect(),
+                })
+            })
+            .collect::<Result<_, Rejection>>()?,
+    };
+    if tasks.is_empty() {
+        return Err(Rejection::new(
+            "no_tasks",
+            "a job needs at least one task: give a non-empty `inputs` or `tasks`",
+        ));
+    }
+    if tasks.len() > defaults::MAX_TASKS_PER_JOB {
+        return Err(Rejection::new(
+            "too_many_tasks",
+            format!(
+                "{} tasks; a job may have at most {}",
+                tasks.len(),
+                defaults::MAX_TASKS_PER_JOB
+            ),
+        ));
+    }
+    let d = Resources::default();
+    let r = spec.resources;
+    let resources = Resources {
+        cores: r.cores.unwrap_or(d.cores),
+        memory_mb: r.memory_mb.unwrap_or(d.memory_mb),
+        timeout_ms: r.timeout_ms.unwrap_or(d.timeout_ms),
+        max_output_bytes: r.max_output_bytes.unwrap_or(d.max_output_bytes),
+        fuel: r.fuel,
+    };
+    if resources.fuel == Some(0) {
+        return Err(Rejection::new(
+            "invalid_spec",
+            "resources.fuel must be at least 1 (leave it out for no budget)",
+        ));
+    }
+    for (name, value) in [
+        ("cores", u64::from(resources.cores)),
+        ("memory_mb", u64::from(resources.memory_mb)),
+        ("timeout_ms", resources.timeout_ms),
+    ] {
+        if value == 0 {
+            return Err(Rejection::new(
+                "invalid_spec",
+                format!("resources.{name} must be at least 1"),
+            ));
+        }
+    }
+    if resources.max_output_bytes > defaults::TASK_MAX_OUTPUT_BYTES {
+        return Err(Rejection::new(
+            "invalid_spec",
+            format!(
+                "resources.max_output_bytes may be at most {}",
+                defaults::TASK_MAX_OUTPUT_BYTES
+            ),
+        ));
+    }
+    let max_failures = spec.max_failures.unwrap_or(defaults::MAX_FAILURES);
+    if max_failures == 0 {
+        return Err(Rejection::new(
+            "invalid_spec",
+            "max_failures must be at least 1",
+        ));
+    }
+    let max_result_bytes = spec
+        .max_result_bytes
+        .unwrap_or(defaults::JOB_MAX_RESULT_BYTES);
+    let name = spec.name.unwrap_or_else(|| "job".into());
+    let def = JobDef {
+        id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
+        name,
+        module,
+        files,
+        args: spec.args,
+        env: spec.env.into_iter().collect(),
+        resources,
+        max_failures,
+        max_result_bytes,
+        created_at_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    };
+    Ok(NewJob { def, tasks })
+}
+
+/// The job's module: an uploaded one by id, or a URL the executors fetch through their
+/// fetch cache and URL policy (cached by (URL, timestamp) like files; its bytes are
+/// checked as wasm where they are compiled, so a bad one fails its tasks as
+/// `invalid_module`).
+fn module_ref(catalog: &impl Catalog, spec: &JobSpec) -> Result<ModuleRef, Rejection> {
+    let module = spec.module.as_str();
+    if module.starts_with("sha256:") {
+        if spec.module_sha256.is_some() || spec.module_timestamp_ms.is_some() {
+            return Err(Rejection::new(
+                "invalid_spec",
+                "module_sha256 and module_timestamp_ms are for a module by URL; an uploaded module's id is already its digest",
+            ));
+        }
+        let digest = parse_module_id(module)?;
+        let info = catalog.module(&digest).ok_or_else(|| {
+            Rejection::new(
+                "unknown_module",
+                format!("no module {digest} has been uploaded; PUT it to /v1/modules first"),
+            )
+        })?;
+        return Ok(ModuleRef {
+            digest: Some(digest),
+            url: format!("{}/v1/modules/{digest}", catalog.http_base()),
+            timestamp_ms: info.timestamp_ms,
+            size: Some(info.size),
+        });
+    }
+    if !["http://", "https://", "s3://", "file://"]
+        .iter()
+        .any(|scheme| module.starts_with(scheme))
+    {
+        return Err(Rejection::new(
+            "invalid_module_id",
+            format!(
+                "module `{module}` is neither an uploaded module's id (`sha256:<hex>`) nor a URL (http://, https://, s3://, file://)"
+            ),
+        ));
+    }
+    check_url(module, "module")?;
+    Ok(ModuleRef {
+        digest: parse_sha256(spec.module_sha256.as_deref(), "module")?,
+        url: module.to_owned(),
+        timestamp_ms: catalog.url_timestamp(module, spec.module_timestamp_ms),
+        // Never a size, wherever the URL points (the driver's own routes included): a
+        // size marks a module the driver serves, which executors fetch with the cluster
+        // secret (`ModuleRef::served_by_driver`).
+        size: None,
+    })
+}
+
+/// A job file: a safe name (it becomes a path under `/files`) and an uploaded file or a
+/// URL.
+fn file_ref(catalog: &impl Catalog, name: &str, spec: &FileSpec) -> Result<FileRef, Rejection> {
+    let safe = !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !safe {
+        return Err(Rejection::new(
+            "invalid_spec",
+            format!(
+                "files: `{name}` is not a file name: use 1-128 of A-Z a-z 0-9 . _ - (not `.` or `..`)"
+            ),
+        ));
+    }
+    // A plain string is an uploaded file's id, or a URL written as API.md's sketch
+    // writes it: the same as `{"url": ...}` with no digest or timestamp.
+    let (url, sha256, timestamp_ms) = match spec {
+        FileSpec::Id(id) if !is_url(id) => return uploaded_file(catalog, name, id),
+        FileSpec::Id(url) => (url, None, None),
+        FileSpec::Url(u) => (&u.url, u.sha256.as_deref(), u.timestamp_ms),
+    };
+    let at = format!("files.{name}");
+    check_url(url, &at)?;
+    Ok(FileRef {
+        name: name.to_owned(),
+        digest: parse_sha256(sha256, &at)?,
+        url: url.clone(),
+        timestamp_ms: catalog.url_timestamp(url, timestamp_ms),
+        // Never a size: that marks the driver's own uploads
+        // (`FileRef::served_by_driver`), whatever this URL points at.
+        size: None,
+    })
+}
+
+/// Whether a job's string names a URL (of a scheme Flint fetches, or any other: a bad
+/// scheme is then refused as such) rather than an uploaded id.
+fn is_url(s: &str) -> bool {
+    !s.starts_with("sha256:") && s.contains("://")
+}
+
+/// A job file given by the id of an upload.
+fn uploaded_file(catalog: &impl Catalog, name: &str, id: &str) -> Result<FileRef, Rejection> {
+    let digest = id.parse::<Digest>().map_err(|_| {
+        Rejection::new(
+            "invalid_spec",
+            format!("files.{name}: `{id}` is not a file id; upload the file with PUT /v1/files and use the `sha256:` id it returns"),
+        )
+    })?;
+    let info = catalog.file(&digest).ok_or_else(|| {
+        Rejection::new(
+            "unknown_file",
+            format!("files.{name}: no file {digest} has been uploaded; PUT it to /v1/files first"),
+        )
+    })?;
+    Ok(FileRef {
+        name: name.to_owned(),
+        digest: Some(digest),
+        url: format!("{}/v1/files/{digest}", catalog.http_base()),
+        timestamp_ms: info.timestamp_ms,
+        size: Some(info.size),
+    })
+}
+
+/// Only the shape is checked here; whether executors may fetch it is their URL policy's
+/// call, made where the fetch happens.
+fn check_url(url: &str, at: &str) -> Result<(), Rejection> {
+    match url::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https" | "s3" | "file") => Ok(()),
+        Ok(u) => Err(Rejection::new(
+            "invalid_spec",
+            format!(
+                "{at}: scheme `{}` is not fetchable (http, https, s3, file)",
+                u.scheme()
+            ),
+        )),
+        Err(e) => Err(Rejection::new(
+            "invalid_spec",
+            format!("{at}: `{url}` is not a URL: {e}"),
+        )),
+    }
+}
+
+fn parse_sha256(hex: Option<&str>, at: &str) -> Result<Option<Digest>, Rejection> {
+    hex.map(|h| {
+        let h = h.strip_prefix("sha256:").unwrap_or(h);
+        format!("sha256:{h}")
+            .parse::<Digest>()
+            .map_err(|e| Rejection::new("invalid_spec", format!("{at}.sha256: {e}")))
+    })
+    .transpose()
+}
+
+pub(crate) fn decode_input(
+    catalog: &impl Catalog,
+    input: InputSpec,
+    at: &str,
+    budget: &mut InputBudget,
+) -> Result<TaskInput, Rejection> {
+    match input {
+        InputSpec::Text(text) => Ok(TaskInput::Inline(text.into_bytes())),
+        InputSpec::Base64(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map(TaskInput::Inline)
+            .map_err(|e| Rejection::new("invalid_spec", format!("{at}: invalid base64: {e}"))),
+        InputSpec::Url { url, sha256 } => {
+            check_url(&url, at)?;
+            Ok(TaskInput::Fetch(Box::new(FetchRef {
+                digest: parse_sha256(sha256.as_deref(), at)?,
+                timestamp_ms: catalog.url_timestamp(&url, None),
+                url,
+            })))
+        }
+        InputSpec::Result(r) => catalog.read(|s| {
+            let job = s.jobs.get(&r.job).ok_or_else(|| {
+                Rejection::new("unknown_result", format!("{at}: no job {}", r.job))
+            })?;
+            Ok(match ready_result(job, r.task, at)? {
+                TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
+                TaskResult::Block(block) => TaskInput::Fetch(Box::new(block_fetch(catalog, block))),
+            })
+        }),
+        InputSpec::Results(r) => catalog.read(|s| results_input(catalog, s, &r, at, budget)),
+    }
+}
+
+/// An uploaded module's (or file's) id, `sha256:<hex>`.
+pub fn parse_module_id(id: &str) -> Result<Digest, Rejection> {
+    id.parse::<Digest>()
+        .map_err(|e| Rejection::new("invalid_module_id", e.to_string()))
+}

@@ -1,0 +1,199 @@
+//! Uploads and downloads of what jobs use: modules and files (content-addressed, on
+//! the driver's disk), and the blocks executors put large results in.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use flint_protocol::api::{ErrorResponse, ResultInfo, Uploaded};
+use flint_protocol::{JobId, defaults};
+
+use super::edge;
+use super::error::{ApiError, ApiResult};
+use crate::admission::parse_module_id;
+use crate::service::Driver;
+use crate::store::blobs::ModuleStore;
+
+/// Uploads a wasm module: validated, stored by SHA-256; uploading it again is a no-op.
+#[utoipa::path(put, path = "/v1/modules", tag = "modules",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the module's bytes (a wasm module or component)"),
+    responses(
+        (status = 201, description = "stored", body = Uploaded),
+        (status = 413, description = "larger than the module limit", body = ErrorResponse),
+        (status = 422, description = "not a valid wasm module (`invalid_module`)", body = ErrorResponse),
+    ))]
+pub(super) async fn put_module(
+    State(driver): State<Arc<Driver>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let upload = Upload {
+        what: "module",
+        limit: defaults::MAX_MODULE_BYTES,
+        store: |d| &d.modules,
+    };
+    put_blob(driver, &headers, body, upload).await
+}
+
+/// Uploads a file jobs can name in `files`; stored by SHA-256, idempotent.
+#[utoipa::path(put, path = "/v1/files", tag = "files",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the file's bytes"),
+    responses(
+        (status = 201, description = "stored", body = Uploaded),
+        (status = 413, description = "larger than the file limit", body = ErrorResponse),
+    ))]
+pub(super) async fn put_file(
+    State(driver): State<Arc<Driver>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let upload = Upload {
+        what: "file",
+        limit: defaults::MAX_FILE_BYTES,
+        store: |d| &d.files,
+    };
+    put_blob(driver, &headers, body, upload).await
+}
+
+/// What an upload route stores, and its size limit.
+pub(super) struct Upload {
+    what: &'static str,
+    limit: usize,
+    store: fn(&Driver) -> &ModuleStore,
+}
+
+async fn put_blob(
+    driver: Arc<Driver>,
+    headers: &HeaderMap,
+    body: Body,
+    upload: Upload,
+) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let body = edge::read_body(
+        headers,
+        body,
+        upload.limit,
+        driver.config.edge.body_idle_timeout,
+        upload.what,
+    )
+    .await?;
+    let store = upload.store;
+    let stored = tokio::task::spawn_blocking(move || store(&driver).put(&body))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let (id, info) = stored?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(Uploaded {
+            id,
+            size: info.size,
+        }),
+    ))
+}
+
+/// A module's bytes. Executors fetch here with the cluster secret as their bearer token.
+#[utoipa::path(get, path = "/v1/modules/{id}", tag = "modules",
+    params(("id" = String, Path, description = "the module's id, `sha256:<hex>`", pattern = "^sha256:[0-9a-f]{64}$")),
+    responses(
+        (status = 200, description = "the module", body = Vec<u8>, content_type = "application/wasm"),
+        (status = 404, description = "no such module", body = ErrorResponse),
+        (status = 422, description = "not a module id", body = ErrorResponse),
+    ))]
+pub(super) async fn get_module(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    get_blob(&driver.modules, "module", &id, "application/wasm").await
+}
+
+/// A file's bytes. Executors fetch here with the cluster secret as their bearer token.
+#[utoipa::path(get, path = "/v1/files/{id}", tag = "files",
+    params(("id" = String, Path, description = "the file's id, `sha256:<hex>`", pattern = "^sha256:[0-9a-f]{64}$")),
+    responses(
+        (status = 200, description = "the file", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "no such file", body = ErrorResponse),
+        (status = 422, description = "not a file id", body = ErrorResponse),
+    ))]
+pub(super) async fn get_file(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    get_blob(&driver.files, "file", &id, "application/octet-stream").await
+}
+
+async fn get_blob(
+    store: &ModuleStore,
+    what: &'static str,
+    id: &str,
+    content_type: &'static str,
+) -> ApiResult<Response> {
+    let digest = parse_module_id(id)?;
+    if store.get(&digest).is_none() {
+        return Err(ApiError::not_found(what, format!("no {what} {digest}")));
+    }
+    let storage = |e: std::io::Error| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
+    };
+    // Streamed: a 256 MiB file costs the driver a buffer, not its size.
+    let file = tokio::fs::File::open(store.path(&digest))
+        .await
+        .map_err(storage)?;
+    let len = file.metadata().await.map_err(storage)?.len();
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+    )
+        .into_response())
+}
+
+/// An executor's upload of a large result, streamed into the block store. Answers with
+/// the size and digest the driver saw, for the executor to compare with its own.
+pub(super) async fn put_block(
+    State(driver): State<Arc<Driver>>,
+    Path((job, name)): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<(StatusCode, axum::Json<ResultInfo>)> {
+    let job_id = JobId(job.clone());
+    let max = driver
+        .read(|s| {
+            s.jobs
+                .get(&job_id)
+                .map(|j| j.def.resources.max_output_bytes)
+        })
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {job_id}")))?;
+    let id = format!("{job}/{name}");
+    let (size, digest) = driver
+        .blocks
+        .put_stream(&id, body.into_data_stream(), max)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(ResultInfo {
+            size,
+            sha256: digest.hex(),
+        }),
+    ))
+}
+
+pub(super) async fn get_block(
+    State(driver): State<Arc<Driver>>,
+    Path((job, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    stream_block(&driver, &format!("{job}/{name}")).await
+}
+
+pub(super) async fn stream_block(driver: &Driver, id: &str) -> ApiResult<Response> {
+    let (len, stream) = driver.blocks.get_stream(id).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

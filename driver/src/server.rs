@@ -1,0 +1,90 @@
+//! Where the driver's parts are joined: the HTTP API and the executor listener served
+//! side by side, the revive loop that drives the scheduler's timers, and the order of a
+//! clean stop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::service::Driver;
+
+/// Both listeners of a driver, bound before it runs so callers learn the ports.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub executors: TcpListener,
+}
+
+/// Serves the API and the executor port until `shutdown` resolves, then tells executors
+/// to stop.
+pub async fn run(
+    driver: Arc<Driver>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let executor_server = tokio::spawn(crate::cluster::serve(
+        listeners.executors,
+        driver.clone(),
+        stop.clone(),
+    ));
+    let reviver = tokio::spawn(revive_loop(driver.clone()));
+    let app = crate::http::router(driver.clone());
+    let limits = driver.config.edge.clone();
+    let http = tokio::spawn({
+        let stop = stop.clone();
+        async move { crate::http::edge::serve(listeners.http, app, &limits, stop).await }
+    });
+    shutdown.await;
+    tracing::info!("driver shutting down");
+    driver.shutdown_executors();
+    stop.cancel();
+    reviver.abort();
+    // Give the Shutdown messages a moment to leave before connections are dropped.
+    let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
+    // Ends waiting for the next group commit are kept: after a clean stop no finished
+    // task runs again.
+    let store = driver.clone();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::task::spawn_blocking(move || store.flush_store()),
+    )
+    .await;
+    Ok(())
+}
+
+/// Periodic offers (Spark's revive), the heartbeat deadline, the end of locality waits
+/// and the search for slow tasks to copy. Checked a few times per timeout, so a silent
+/// executor is lost within about 1.25 timeouts.
+async fn revive_loop(driver: Arc<Driver>) {
+    let scheduling = &driver.config.scheduling;
+    let mut every = driver
+        .config
+        .revive_interval
+        .min(driver.config.executor_timeout / 4);
+    if !scheduling.locality_wait.is_zero() {
+        every = every.min(scheduling.locality_wait.max(Duration::from_millis(10)));
+    }
+    if let Some(speculation) = scheduling.speculation {
+        every = every.min(speculation.interval.max(Duration::from_millis(10)));
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let timeout = driver.config.executor_timeout;
+        let expired = driver.apply(|s| {
+            let (expired, mut actions) = s.expire_executors(timeout);
+            actions.extend(s.make_offers());
+            actions.extend(s.speculate());
+            (expired, actions)
+        });
+        for (id, generation) in expired {
+            tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
+            driver.drop_link(&id, generation);
+        }
+    }
+}

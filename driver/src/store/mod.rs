@@ -1,0 +1,11 @@
+//! What the driver keeps on disk: the job store ([`JobStore`], redb) with the mapping
+//! between its records and the scheduler's state ([`durable`]), the uploaded modules and
+//! files ([`blobs`]), and the blocks large results go to ([`blocks`]: the driver's disk
+//! or an object store).
+
+pub mod blobs;
+pub mod blocks;
+pub mod durable;
+mod jobs;
+
+pub use jobs::{JobStore, StoreError, StoredJob};

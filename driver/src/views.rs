@@ -1,0 +1,124 @@
+//! What the JSON API shows of the scheduler's state: jobs, tasks and executors as
+//! `flint_protocol::api` defines their views. Times are RFC 3339 (UTC); durations are
+//! measured from the `now` the caller passes.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use flint_protocol::ExecutorId;
+use flint_protocol::api::{ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView};
+
+use crate::scheduler::exclusion::ExclusionConfig;
+use crate::scheduler::{ExecutorData, Job};
+
+/// A job as `GET /v1/jobs/{id}` shows it.
+pub fn job_view(job: &Job) -> JobView {
+    JobView {
+        id: job.def.id.clone(),
+        name: job.def.name.clone(),
+        state: job.state,
+        created_at: humantime::format_rfc3339_millis(
+            SystemTime::UNIX_EPOCH + Duration::from_millis(job.def.created_at_ms),
+        )
+        .to_string(),
+        finished_at: job
+            .finished_at
+            .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+        tasks: job.tasks.len() as u32,
+        counts: job.counts(),
+        error: job.error.as_ref().map(|(kind, message)| ErrorBody {
+            kind: kind.clone(),
+            message: message.clone(),
+        }),
+    }
+}
+
+/// Task `index` of a job as `GET /v1/jobs/{id}/tasks` lists it.
+pub fn task_view(job: &Job, index: usize) -> TaskView {
+    let task = &job.tasks[index];
+    let micros = |us: u64| {
+        humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + Duration::from_micros(us))
+            .to_string()
+    };
+    TaskView {
+        index: index as u32,
+        state: task.state,
+        attempts: task.attempts,
+        executor: task.executor.clone(),
+        // A task succeeds only when its guest exits 0 (or returns from `_start`).
+        exit_code: match task.state {
+            TaskState::Succeeded => Some(0),
+            _ => task.failure.as_ref().and_then(|f| f.exit_code),
+        },
+        error: task.error_body(),
+        result: task
+            .result
+            .as_ref()
+            .zip(task.result_digest)
+            .map(|(result, digest)| ResultInfo {
+                size: result.len(),
+                sha256: digest.hex(),
+            }),
+        started_at: task.started_at_us.map(micros),
+        finished_at: task.finished_at_us.map(micros),
+    }
+}
+
+/// An executor as `GET /v1/executors` lists it; `log_url` where the driver has its log.
+pub fn executor_view(
+    id: &ExecutorId,
+    e: &ExecutorData,
+    exclusion: &ExclusionConfig,
+    now: Instant,
+    log_url: Option<String>,
+) -> ExecutorView {
+    ExecutorView {
+        id: id.clone(),
+        host: e.host.clone(),
+        state: e.state,
+        cores: e.cores,
+        free_cores: e.free_cores,
+        running: e.running.len() as u32,
+        generation: e.generation,
+        last_heartbeat_ms: Some(now.saturating_duration_since(e.last_heartbeat).as_millis() as u64),
+        pid: e.pid,
+        exit_code: e.exit_code,
+        tasks_finished: e.tasks_finished,
+        meters_fuel: e.meters_fuel,
+        modules_compiled: e.reported.modules_compiled,
+        module_cache_hits: e.reported.module_cache_hits,
+        compile_cache_hits: e.reported.compile_cache_hits,
+        fetch_hits: e.reported.fetch_hits,
+        fetch_misses: e.reported.fetch_misses,
+        excluded_for_ms: e
+            .health
+            .excluded_until
+            .filter(|until| *until > now)
+            .map(|until| (until - now).as_millis() as u64),
+        recent_task_failures: e.health.recent_failures(exclusion, now) as u32,
+        log_url,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flint_protocol::JobId;
+
+    use super::*;
+    use crate::scheduler::tests::job;
+    use crate::scheduler::{ClusterState, SchedulingConfig, set_state};
+
+    #[test]
+    fn a_succeeded_task_exited_0_and_a_pending_one_has_no_exit_code() {
+        let mut state = ClusterState::new(
+            0,
+            SchedulingConfig::default(),
+            Instant::now(),
+            SystemTime::now(),
+        );
+        state.insert_job(job("j", 2, 1));
+        let j = state.jobs.get_mut(&JobId("j".into())).unwrap();
+        set_state(&mut j.counts, &mut j.tasks[0], TaskState::Succeeded);
+        assert_eq!(task_view(j, 0).exit_code, Some(0));
+        assert_eq!(task_view(j, 1).exit_code, None);
+    }
+}
