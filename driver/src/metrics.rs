@@ -2,6 +2,12 @@
 //! read from the state at scrape time, plus what only the moment of a task's end knows
 //! (its duration, its result size), counted as it happens. Per executor, the figures
 //! its heartbeats carry: Spark's ExecutorSource in Prometheus form.
+//!
+//! Written by hand rather than with `prometheus-client`: that crate encodes OpenMetrics
+//! (`application/openmetrics-text`, a closing `# EOF`, its own `_total` and unit rules),
+//! which changes the exposition scrapers and `tests/metrics.rs` read today (text format
+//! 0.0.4); and most figures here are read from the state at scrape time, which it would
+//! take a custom collector per family to express.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -75,6 +75,11 @@ pub async fn serve(
 /// tasks of jobs already accepted because clients are busy (found by the 503 test: a
 /// job failed with `fetch_error: HTTP status 503`); their number is bounded by the
 /// executors' task slots.
+///
+/// Not tower's `ConcurrencyLimitLayer` + `LoadShedLayer`: those shed every request
+/// alike (no exemption for executors' reads) and answer with an error the app would
+/// still have to turn into the 503 + `Retry-After` + JSON body clients rely on, so
+/// they would add two layers and keep this function's work.
 pub async fn limit_concurrency(
     State(limit): State<Arc<RequestLimit>>,
     request: Request,
