@@ -5,9 +5,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{DevCluster, FLINT, guests, spec};
+use common::{DevCluster, FLINT, Process, guests, process, spec};
 use serde_json::Value;
 
 const TOKEN: &str = "api-token-for-tests";
@@ -48,14 +49,8 @@ fn send(
 
 fn executor_with_secret(cluster: &DevCluster, id: &str, secret: Option<&str>) -> (i32, String) {
     let work_dir = tempfile::tempdir().unwrap();
-    let mut command = Command::new(FLINT);
-    command
-        .args(["executor", "--driver-url"])
-        .arg(format!("flint://{}", cluster.executor_addr))
-        .args(["--executor-id", id, "--cores", "1", "--work-dir"])
-        .arg(work_dir.path())
-        .env_remove("FLINT_CLUSTER_SECRET")
-        .stdin(Stdio::null());
+    let mut command = process::executor(&cluster.executor_url(), id, work_dir.path());
+    command.env_remove("FLINT_CLUSTER_SECRET");
     if let Some(secret) = secret {
         command.args(["--cluster-secret", secret]);
     }
@@ -202,33 +197,30 @@ fn the_cli_sends_the_token_and_says_when_it_is_missing() {
     assert!(String::from_utf8_lossy(&submitted.stdout).contains("via the cli"));
 }
 
-fn driver(args: &[&str]) -> std::process::Child {
-    let data_dir = tempfile::tempdir().unwrap();
-    Command::new(FLINT)
-        .arg("driver")
-        .args(args)
-        .arg("--data-dir")
-        .arg(data_dir.path())
+/// `flint driver` with `args` and none of the credentials the test's environment may hold.
+fn driver(args: &[&str], data_dir: &Path) -> Command {
+    let mut command = process::driver(args, data_dir);
+    command
         .env_remove("FLINT_TOKEN")
         .env_remove("FLINT_CLUSTER_SECRET")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    command
 }
 
 #[test]
 fn a_driver_beyond_loopback_needs_auth_or_insecure() {
     let exposed = ["--listen", "0.0.0.0:0", "--executor-listen", "127.0.0.1:0"];
-    let refused = driver(&exposed).wait_with_output().unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let refused = driver(&exposed, data_dir.path()).output().unwrap();
     assert_eq!(refused.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("refusing to listen on 0.0.0.0"), "{stderr}");
     assert!(stderr.contains("--insecure"), "{stderr}");
 
-    let half = driver(&[&exposed[..], &["--token", TOKEN]].concat())
-        .wait_with_output()
-        .unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let token_only = [&exposed[..], &["--token", TOKEN]].concat();
+    let half = driver(&token_only, data_dir.path()).output().unwrap();
     assert_eq!(half.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&half.stderr).contains("--cluster-secret"));
 
@@ -240,7 +232,8 @@ fn a_driver_beyond_loopback_needs_auth_or_insecure() {
         ]
         .concat(),
     ] {
-        let mut child = driver(&started);
+        let data_dir = tempfile::tempdir().unwrap();
+        let mut child = Process::spawn(&mut driver(&started, data_dir.path()));
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = lines.next().unwrap().unwrap();
         assert!(first.starts_with("http: http://0.0.0.0:"), "{first}");

@@ -4,29 +4,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use common::{DevCluster, guests, signal};
+use common::{DevCluster, Origin, Reply, guests, peak_rss, sha256_hex, signal};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-
-fn hex_sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// Peak resident set of a process, in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
 
 #[test]
 fn large_results_come_back_byte_exact_and_outlive_their_executors() {
@@ -55,7 +34,7 @@ fn large_results_come_back_byte_exact_and_outlive_their_executors() {
         let bytes = cluster.result(&job, index as u64);
         assert_eq!(bytes.len(), size);
         assert_eq!(task["result"]["size"], size as u64);
-        assert_eq!(task["result"]["sha256"], hex_sha(&bytes), "task {index}");
+        assert_eq!(task["result"]["sha256"], sha256_hex(&bytes), "task {index}");
         assert!(
             bytes.iter().all(|&b| b == bytes[0]),
             "print writes one byte value"
@@ -126,59 +105,11 @@ fn a_job_over_its_result_cap_fails_as_result_limit() {
     );
 }
 
-/// A loopback HTTP server that serves one body and counts the requests for it.
-struct CountingServer {
-    origin: String,
-    hits: Arc<AtomicUsize>,
-}
-
-impl CountingServer {
-    fn start(body: Vec<u8>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let origin = format!("http://{}", listener.local_addr().unwrap());
-        let hits = Arc::new(AtomicUsize::new(0));
-        let counted = hits.clone();
-        let body = Arc::new(body);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let counted = counted.clone();
-                let body = body.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    // One request per connection is all the fetch cache makes.
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                            break;
-                        }
-                    }
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(head.as_bytes());
-                    let _ = stream.write_all(&body);
-                    let _ = stream.flush();
-                    let _ = reader.read(&mut [0u8; 1]);
-                });
-            }
-        });
-        CountingServer { origin, hits }
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
 #[test]
 fn a_file_by_url_is_downloaded_once_per_executor_until_its_timestamp_changes() {
     let mut data = vec![b'.'; 50 * 1000 * 1000];
     data.extend_from_slice(b"\nthe needle\n");
-    let server = CountingServer::start(data.clone());
+    let server = Origin::start(&[("/big.txt", Reply::Body(data.clone()))]);
     let cluster = DevCluster::start_with(2, 1, &["--fetch-allow", &server.origin]);
     // No-op tasks: a job's files are fetched whether or not its tasks read them, and
     // one grep over the 50 MB shows the bytes are the right ones.
@@ -195,17 +126,17 @@ fn a_file_by_url_is_downloaded_once_per_executor_until_its_timestamp_changes() {
         assert_eq!(job["state"], "succeeded", "{job}");
         job
     };
-    let sha = hex_sha(&data);
+    let sha = sha256_hex(&data);
     let first = job(json!({"url": url, "sha256": sha}));
     let ran_on: std::collections::BTreeSet<String> = cluster
         .tasks(&first)
         .iter()
         .map(|t| t["executor"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(server.hits(), ran_on.len(), "one download per executor");
+    assert_eq!(server.all_hits(), ran_on.len(), "one download per executor");
     // Same URL, same timestamp: no download at all.
     job(json!({"url": url}));
-    assert_eq!(server.hits(), ran_on.len());
+    assert_eq!(server.all_hits(), ran_on.len());
     // A newer timestamp: fetched again, once per executor that runs the job.
     let newer = json!({"url": url, "timestamp_ms": 4_000_000_000_000u64});
     let third = job(newer);
@@ -214,8 +145,8 @@ fn a_file_by_url_is_downloaded_once_per_executor_until_its_timestamp_changes() {
         .iter()
         .map(|t| t["executor"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(server.hits(), ran_on.len() + ran_on_third.len());
-    let hits = server.hits();
+    assert_eq!(server.all_hits(), ran_on.len() + ran_on_third.len());
+    let hits = server.all_hits();
     let found = cluster.run_job(json!({
         "module": grep,
         "files": {"big.txt": {"url": url}},
@@ -224,7 +155,7 @@ fn a_file_by_url_is_downloaded_once_per_executor_until_its_timestamp_changes() {
     }));
     assert_eq!(found["state"], "succeeded", "{found}");
     assert_eq!(cluster.result(&found, 0), b"big.txt:2:the needle\n");
-    assert_eq!(server.hits(), hits, "served from the executors' caches");
+    assert_eq!(server.all_hits(), hits, "served from the executors' caches");
 
     // A wrong digest is a fetch error naming both digests; nothing is cached under it.
     let wrong = "0".repeat(64);
@@ -247,7 +178,7 @@ fn a_file_by_url_is_downloaded_once_per_executor_until_its_timestamp_changes() {
 
 #[test]
 fn urls_the_policy_refuses_are_never_requested() {
-    let server = CountingServer::start(b"secret".to_vec());
+    let server = Origin::start(&[("/x", Reply::Body(b"secret".to_vec()))]);
     // No --fetch-allow: loopback is refused, before any connection.
     let cluster = DevCluster::start(1, 1);
     let module = cluster.upload(&guests().testkit);
@@ -273,5 +204,5 @@ fn urls_the_policy_refuses_are_never_requested() {
             "{task}"
         );
     }
-    assert_eq!(server.hits(), 0);
+    assert_eq!(server.all_hits(), 0);
 }

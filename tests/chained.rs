@@ -6,15 +6,10 @@
 
 mod common;
 
-use common::{DevCluster, guests};
+use common::{DevCluster, guests, sha256_hex};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 const MIB: usize = 1 << 20;
-
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
 
 fn refused(cluster: &DevCluster, spec: Value) -> Value {
     let (status, body) = cluster.post_raw("/v1/jobs", spec.to_string());
@@ -74,7 +69,7 @@ fn results_inputs_concatenate_inline_fetched_and_block_parts_in_order() {
     for (index, want) in expected.iter().enumerate() {
         let got = cluster.result(&reduce, index as u64);
         assert_eq!(got.len(), want.len(), "task {index}");
-        assert_eq!(sha(&got), sha(want), "task {index}");
+        assert_eq!(sha256_hex(&got), sha256_hex(want), "task {index}");
     }
 
     // Refused at submit, with the kind saying why.

@@ -4,18 +4,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::{DevCluster, FLINT, guests};
+use common::{DevCluster, FLINT, free_port, guests};
 use serde_json::Value;
-
-fn flint(cluster: &DevCluster, args: &[&str]) -> Output {
-    Command::new(FLINT)
-        .args(args)
-        .env("FLINT_URL", &cluster.http)
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -30,26 +22,23 @@ fn submit_mounts_files_saves_results_and_prints_json_for_scripts() {
     let out = dir.path().join("results");
     let testkit = guests().testkit.to_str().unwrap().to_owned();
     let file_arg = format!("data.txt={}", data.display());
-    let output = flint(
-        &cluster,
-        &[
-            "submit",
-            &testkit,
-            "--file",
-            &file_arg,
-            "--args",
-            "read",
-            "--arg",
-            "/files/data.txt",
-            "--input-text",
-            "",
-            "--input-text",
-            "",
-            "--json",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let output = cluster.cli(&[
+        "submit",
+        &testkit,
+        "--file",
+        &file_arg,
+        "--args",
+        "read",
+        "--arg",
+        "/files/data.txt",
+        "--input-text",
+        "",
+        "--input-text",
+        "",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let view: Value = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
     assert_eq!(view["job"]["state"], "succeeded", "{view}");
@@ -60,39 +49,36 @@ fn submit_mounts_files_saves_results_and_prints_json_for_scripts() {
     }
 
     // Without --wait, --json is the job as submitted; kill and executors speak JSON too.
-    let output = flint(&cluster, &["submit", &testkit, "--arg", "spin", "--json"]);
+    let output = cluster.cli(&["submit", &testkit, "--arg", "spin", "--json"]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let job: Value = serde_json::from_slice(&output.stdout).unwrap();
     let id = job["id"].as_str().unwrap();
     assert_eq!(job["tasks"], 1, "{job}");
-    let output = flint(&cluster, &["kill", id, "--json"]);
+    let output = cluster.cli(&["kill", id, "--json"]);
     let killed: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(killed["state"], "killed", "{killed}");
-    let output = flint(&cluster, &["executors", "--json"]);
+    let output = cluster.cli(&["executors", "--json"]);
     let executors: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(executors.as_array().unwrap().len(), 2, "{executors}");
 
     // A failed job: JSON still printed, exit code 1.
-    let output = flint(
-        &cluster,
-        &[
-            "submit", &testkit, "--args", "exit", "--arg", "3", "--wait", "--json",
-        ],
-    );
+    let output = cluster.cli(&[
+        "submit", &testkit, "--args", "exit", "--arg", "3", "--wait", "--json",
+    ]);
     assert_eq!(output.status.code(), Some(1));
     let view: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(view["job"]["state"], "failed", "{view}");
     assert_eq!(view["tasks"][0]["exit_code"], 3, "{view}");
 
     // A missing file is named before anything is uploaded.
-    let output = flint(&cluster, &["submit", &testkit, "--file", "x=/no/such/file"]);
+    let output = cluster.cli(&["submit", &testkit, "--file", "x=/no/such/file"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(
         text(&output.stderr).contains("--file x: reading /no/such/file"),
         "{}",
         text(&output.stderr)
     );
-    let output = flint(&cluster, &["submit", &testkit, "--file", "no-equals-sign"]);
+    let output = cluster.cli(&["submit", &testkit, "--file", "no-equals-sign"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("is not NAME=PATH"));
 }
@@ -119,7 +105,7 @@ fn submit_prints_plain_progress_lines_when_stderr_is_not_a_terminal() {
     let cluster = DevCluster::start(2, 1);
     let args = sleepy_submit();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let output = flint(&cluster, &args);
+    let output = cluster.cli(&args);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stderr = text(&output.stderr);
     let last = stderr.lines().last().unwrap_or_default();
@@ -134,7 +120,7 @@ fn submit_prints_plain_progress_lines_when_stderr_is_not_a_terminal() {
     // Results stay on stdout, one line per task.
     assert_eq!(text(&output.stdout), "\n".repeat(6));
 
-    let output = flint(&cluster, &[&args[..], &["--progress", "off"]].concat());
+    let output = cluster.cli(&[&args[..], &["--progress", "off"]].concat());
     assert!(output.status.success());
     assert_eq!(text(&output.stderr), "");
 }
@@ -194,9 +180,7 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
 
 #[test]
 fn client_commands_say_why_the_driver_cannot_be_reached() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    let url = format!("http://127.0.0.1:{}", free_port());
     for args in [
         &["status", "job-x"][..],
         &["executors"][..],

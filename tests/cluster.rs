@@ -2,22 +2,19 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{DevCluster, FLINT, guests, process_exists, signal, spec, wait_until};
+use common::{
+    DevCluster, FLINT, free_port, guests, process, process_exists, signal, spec, wait_until,
+};
 
 #[test]
 fn a_duplicate_executor_id_is_refused_and_the_first_keeps_working() {
     let cluster = DevCluster::start(1, 1);
     let before = cluster.executors();
     let work_dir = tempfile::tempdir().unwrap();
-    let output = Command::new(FLINT)
-        .args(["executor", "--driver-url"])
-        .arg(format!("flint://{}", cluster.executor_addr))
-        .args(["--executor-id", "exec-1", "--cores", "1", "--work-dir"])
-        .arg(work_dir.path())
-        .stdin(Stdio::null())
+    let output = process::executor(&cluster.executor_url(), "exec-1", work_dir.path())
         .output()
         .unwrap();
     assert_eq!(
@@ -46,22 +43,10 @@ fn a_duplicate_executor_id_is_refused_and_the_first_keeps_working() {
 
 #[test]
 fn an_executor_that_cannot_reach_the_driver_exits_with_its_code() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = format!("127.0.0.1:{}", free_port());
     let work_dir = tempfile::tempdir().unwrap();
-    let output = Command::new(FLINT)
-        .args(["executor", "--driver-url", &addr.to_string()])
-        .args([
-            "--executor-id",
-            "lonely",
-            "--cores",
-            "1",
-            "--connect-timeout-ms",
-            "300",
-        ])
-        .arg("--work-dir")
-        .arg(work_dir.path())
+    let output = process::executor(&addr, "lonely", work_dir.path())
+        .args(["--connect-timeout-ms", "300"])
         .env("FLINT_LOG", "error")
         .output()
         .unwrap();
@@ -141,9 +126,7 @@ fn the_cli_submits_waits_and_prints_results_in_task_order() {
 
 #[test]
 fn the_cli_says_when_the_driver_is_unreachable() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = format!("127.0.0.1:{}", free_port());
     let output = Command::new(FLINT)
         .args(["submit", "--driver", &format!("http://{addr}"), "--wait"])
         .arg(&guests().testkit)
@@ -215,11 +198,7 @@ fn a_hung_executor_is_declared_lost_and_its_task_runs_elsewhere() {
 fn the_cli_follows_a_job_through_status_results_logs_and_kill() {
     let cluster = DevCluster::start(2, 1);
     let flint = |args: &[&str]| {
-        let output = Command::new(FLINT)
-            .args(args)
-            .env("FLINT_URL", &cluster.http)
-            .output()
-            .unwrap();
+        let output = cluster.cli(args);
         (
             output.status.code(),
             String::from_utf8_lossy(&output.stdout).into_owned(),

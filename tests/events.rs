@@ -5,96 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{DevCluster, guests};
+use common::{DevCluster, EventStream, guests};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "events-token";
-
-/// An event stream read off a plain socket: HTTP/1.0, so the body ends when the
-/// driver closes the connection.
-struct EventStream {
-    status: u16,
-    head: String,
-    reader: BufReader<TcpStream>,
-}
-
-impl EventStream {
-    fn open(cluster: &DevCluster, job: &str, token: Option<&str>) -> EventStream {
-        let addr = cluster.http.trim_start_matches("http://");
-        let mut socket = TcpStream::connect(addr).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-        write!(
-            socket,
-            "GET /v1/jobs/{job}/events HTTP/1.0\r\nHost: {addr}\r\n{auth}Accept: text/event-stream\r\n\r\n"
-        )
-        .unwrap();
-        let mut reader = BufReader::new(socket);
-        let mut head = String::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            head.push_str(&line);
-        }
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        EventStream {
-            status,
-            head,
-            reader,
-        }
-    }
-
-    /// The next event's name and data; `None` once the stream has closed. Keep-alive
-    /// comments are skipped.
-    fn next(&mut self) -> Option<(String, Value)> {
-        let (mut name, mut data) = (String::new(), String::new());
-        loop {
-            let mut line = String::new();
-            if self.reader.read_line(&mut line).unwrap() == 0 {
-                assert!(name.is_empty(), "the stream ended inside an event");
-                return None;
-            }
-            let line = line.trim_end_matches('\n');
-            if line.is_empty() && !name.is_empty() {
-                return Some((name, serde_json::from_str(&data).unwrap()));
-            }
-            if let Some(value) = line.strip_prefix("event: ") {
-                name = value.to_owned();
-            } else if let Some(value) = line.strip_prefix("data: ") {
-                data.push_str(value);
-            }
-        }
-    }
-
-    fn rest(mut self) -> Vec<(String, Value)> {
-        let mut events = Vec::new();
-        while let Some(event) = self.next() {
-            events.push(event);
-        }
-        events
-    }
-
-    fn body(mut self) -> String {
-        let mut body = String::new();
-        self.reader.read_to_string(&mut body).unwrap();
-        body
-    }
-}
-
-fn submit(cluster: &DevCluster, spec: Value) -> String {
-    let (status, job) = cluster.post_raw("/v1/jobs", spec.to_string());
-    assert_eq!(status, 202, "{job}");
-    job["id"].as_str().unwrap().to_owned()
-}
 
 /// The states each task went through, in order, from a stream's `task` events.
 fn states_by_task(events: &[(String, Value)], tasks: usize) -> Vec<Vec<String>> {
@@ -127,22 +43,15 @@ fn job_events_stream_every_task_change_then_the_end_and_close() {
     );
     let testkit = cluster.upload(&guests().testkit);
     // Both cores busy, so the watched jobs' tasks all start after the streams open.
-    let blocker = submit(
-        &cluster,
-        json!({"module": testkit, "args": ["sleep", "1500"], "inputs": [{"text": ""}, {"text": ""}]}),
+    let blocker = cluster.submit(
+        &json!({"module": testkit, "args": ["sleep", "1500"], "inputs": [{"text": ""}, {"text": ""}]}),
     );
-    let ok = submit(
-        &cluster,
-        json!({"module": testkit, "args": ["sleep", "50"],
-               "inputs": [{"text": ""}, {"text": ""}, {"text": ""}, {"text": ""}]}),
-    );
-    let failing = submit(
-        &cluster,
-        json!({"module": testkit, "tasks": [
-            {"args": ["sleep", "30000"]},
-            {"args": ["exit", "3"]},
-        ]}),
-    );
+    let ok = cluster.submit(&json!({"module": testkit, "args": ["sleep", "50"],
+               "inputs": [{"text": ""}, {"text": ""}, {"text": ""}, {"text": ""}]}));
+    let failing = cluster.submit(&json!({"module": testkit, "tasks": [
+        {"args": ["sleep", "30000"]},
+        {"args": ["exit", "3"]},
+    ]}));
 
     let unauthorized = EventStream::open(&cluster, &ok, None);
     assert_eq!(unauthorized.status, 401, "{}", unauthorized.head);
@@ -228,10 +137,8 @@ fn job_events_stream_every_task_change_then_the_end_and_close() {
 fn a_task_that_loses_its_executor_is_seen_going_back_to_pending_and_running_again() {
     let cluster = DevCluster::start(2, 1);
     let testkit = cluster.upload(&guests().testkit);
-    let job = submit(
-        &cluster,
-        json!({"module": testkit, "args": ["sleep", "2000"], "inputs": [{"text": ""}]}),
-    );
+    let job = cluster
+        .submit(&json!({"module": testkit, "args": ["sleep", "2000"], "inputs": [{"text": ""}]}));
     let mut stream = EventStream::open(&cluster, &job, None);
     assert_eq!(stream.status, 200, "{}", stream.head);
     // Up to its launch: the `job` event, maybe a `running` one (it may have started

@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::{DevCluster, c_wc, guests, zig_sha256};
+use common::{DevCluster, c_wc, guests, sha256_hex, splitmix_stream, zig_sha256};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap()
@@ -63,20 +62,6 @@ fn grep_finds_lines_in_the_jobs_files_by_pattern_from_args_or_input() {
     );
 }
 
-/// What hashgen writes for `seed` and `mib`, generated here independently.
-fn splitmix_stream(seed: u64, mib: usize) -> Vec<u8> {
-    let mut state = seed;
-    let mut out = Vec::with_capacity(mib << 20);
-    while out.len() < mib << 20 {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-    }
-    out
-}
-
 #[test]
 fn hashgen_large_results_arrive_intact() {
     // 12 MiB: under the 16 MiB inline cap results have today (the block store raises it).
@@ -90,10 +75,10 @@ fn hashgen_large_results_arrive_intact() {
         "resources": {"memory_mb": 64},
     }));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let expected = hex::encode(Sha256::digest(splitmix_stream(42, MIB)));
+    let expected = sha256_hex(&splitmix_stream(42, MIB));
     let result = cluster.result(&job, 0);
     assert_eq!(result.len(), MIB << 20);
-    assert_eq!(hex::encode(Sha256::digest(&result)), expected);
+    assert_eq!(sha256_hex(&result), expected);
     let task = &cluster.tasks(&job)[0];
     assert_eq!(task["result"]["sha256"], expected.as_str(), "{task}");
     assert_eq!(task["result"]["size"], MIB << 20, "{task}");
@@ -161,10 +146,7 @@ fn the_zig_example_hashes_its_input() {
         text(cluster.result(&job, 0)),
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
-    assert_eq!(
-        text(cluster.result(&job, 1)),
-        hex::encode(Sha256::digest(big.as_bytes()))
-    );
+    assert_eq!(text(cluster.result(&job, 1)), sha256_hex(big.as_bytes()));
     assert_eq!(
         text(cluster.result(&job, 2)),
         "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD"

@@ -6,10 +6,10 @@
 mod common;
 
 use std::fs::File;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DevCluster, FLINT, guests, is_final, signal, wait_until};
+use common::{DevCluster, Process, guests, is_final, process, wait_until};
 use serde_json::{Value, json};
 
 /// The driver's listen addresses and flags for tests whose executors connect over a
@@ -30,49 +30,30 @@ fn driver_args(ip: &str) -> Vec<String> {
 
 /// Executor processes a test started itself; SIGKILLed and reaped when it ends.
 #[derive(Default)]
-struct Executors(Vec<(String, Child)>);
+struct Executors(Vec<(String, Process)>);
 
 impl Executors {
     /// Starts `flint executor --executor-id id` (1 core), inside `netns` if given.
     fn start(&mut self, cluster: &DevCluster, id: &str, netns: Option<&str>) {
         let work = cluster.data_dir.path().join("work").join(id);
         std::fs::create_dir_all(&work).unwrap();
+        let driver_url = cluster.executor_url();
         let mut command = match netns {
-            // `ip netns exec` execs the command, so the child's pid is the executor's.
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, FLINT]);
-                c
-            }
-            None => Command::new(FLINT),
+            Some(ns) => process::executor_in_netns(ns, &driver_url, id, &work),
+            None => process::executor(&driver_url, id, &work),
         };
-        let child = command
-            .args(["executor", "--driver-url"])
-            .arg(format!("flint://{}", cluster.executor_addr))
-            .args(["--executor-id", id, "--cores", "1", "--work-dir"])
-            .arg(&work)
-            .stdin(Stdio::null())
-            .stdout(File::create(work.join("stdout")).unwrap())
-            .stderr(File::create(work.join("stderr")).unwrap())
-            .spawn()
-            .expect("starting flint executor");
+        let child = Process::spawn(
+            command
+                .stdout(File::create(work.join("stdout")).unwrap())
+                .stderr(File::create(work.join("stderr")).unwrap()),
+        );
         self.0.retain(|(i, _)| i != id);
         self.0.push((id.to_owned(), child));
     }
 
     fn sigkill(&mut self, id: &str) {
         let (_, child) = self.0.iter_mut().find(|(i, _)| i == id).unwrap();
-        signal(child.id(), libc::SIGKILL);
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Executors {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        child.sigkill();
     }
 }
 
@@ -82,17 +63,6 @@ fn executor(cluster: &DevCluster, id: &str) -> Value {
         .into_iter()
         .find(|e| e["id"] == id)
         .unwrap_or(Value::Null)
-}
-
-fn wait_for_job(cluster: &DevCluster, id: &str, limit: Duration) -> Value {
-    let deadline = Instant::now() + limit;
-    loop {
-        let job = cluster.get(&format!("/v1/jobs/{id}?wait=5")).1;
-        if is_final(&job) {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job did not end: {job}");
-    }
 }
 
 /// A small xorshift generator: the kills are random but the test needs no crate for it.
@@ -151,7 +121,7 @@ fn chaos_random_executor_kills_for_a_minute_lose_and_duplicate_no_result() {
             e["state"] == "alive" && e["generation"].as_u64().unwrap() > generation
         });
     }
-    let job = wait_for_job(&cluster, &id, Duration::from_secs(180));
+    let job = cluster.wait_for_job(&id, Duration::from_secs(180));
     let ended = Instant::now();
     eprintln!("{kills} kills in {:?}", started.elapsed());
     assert!(
@@ -366,7 +336,7 @@ fn a_silently_partitioned_executor_is_lost_its_task_runs_elsewhere_and_it_comes_
         "lost after {detected:?}"
     );
 
-    let job = wait_for_job(&cluster, &id, Duration::from_secs(60));
+    let job = cluster.wait_for_job(&id, Duration::from_secs(60));
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(cluster.result(&job, 0), b"a");
     assert_eq!(cluster.result(&job, 1), b"b");
@@ -397,10 +367,6 @@ fn a_silently_partitioned_executor_is_lost_its_task_runs_elsewhere_and_it_comes_
         common::spec(&module, &["echo"], &["c", "d", "e", "f"]).to_string(),
     );
     assert_eq!(status, 202, "{again}");
-    let again = wait_for_job(
-        &cluster,
-        again["id"].as_str().unwrap(),
-        Duration::from_secs(60),
-    );
+    let again = cluster.wait_for_job(again["id"].as_str().unwrap(), Duration::from_secs(60));
     assert_eq!(again["state"], "succeeded", "{again}");
 }

@@ -7,139 +7,11 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{DevCluster, guests};
+use common::{DevCluster, Origin, Reply, guests, sha256_hex};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-
-fn hex_sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// What the server answers for a path.
-#[derive(Clone)]
-enum Reply {
-    Body(Vec<u8>),
-    Status(u16),
-    /// Declares `declared` bytes, sends `sent`, then closes the connection.
-    Cut {
-        declared: usize,
-        sent: Vec<u8>,
-    },
-    /// `total` bytes, one every `every`.
-    Trickle {
-        total: usize,
-        every: Duration,
-    },
-}
-
-/// A loopback HTTP server answering by path and counting the requests for each.
-struct Server {
-    origin: String,
-    routes: Arc<Mutex<HashMap<String, Reply>>>,
-    hits: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-impl Server {
-    fn start(routes: &[(&str, Reply)]) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let origin = format!("http://{}", listener.local_addr().unwrap());
-        let routes = Arc::new(Mutex::new(
-            routes
-                .iter()
-                .map(|(path, reply)| (path.to_string(), reply.clone()))
-                .collect::<HashMap<_, _>>(),
-        ));
-        let hits = Arc::new(Mutex::new(HashMap::new()));
-        let (served_routes, counted) = (routes.clone(), hits.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (routes, counted) = (served_routes.clone(), counted.clone());
-                std::thread::spawn(move || serve(stream, &routes, &counted));
-            }
-        });
-        Server {
-            origin,
-            routes,
-            hits,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.origin)
-    }
-
-    fn hits(&self, path: &str) -> usize {
-        self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
-    }
-
-    fn set(&self, path: &str, reply: Reply) {
-        self.routes.lock().unwrap().insert(path.to_owned(), reply);
-    }
-}
-
-fn serve(
-    mut stream: std::net::TcpStream,
-    routes: &Mutex<HashMap<String, Reply>>,
-    hits: &Mutex<HashMap<String, usize>>,
-) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
-        return;
-    }
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-    }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("/")
-        .to_owned();
-    *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
-    let reply = routes
-        .lock()
-        .unwrap()
-        .get(&path)
-        .cloned()
-        .unwrap_or(Reply::Status(404));
-    let head = |status: &str, len: usize| {
-        format!("HTTP/1.1 {status}\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n")
-    };
-    // Write errors mean the fetcher hung up (a deadline, a cap): nothing to do.
-    let _ = match reply {
-        Reply::Body(body) => stream
-            .write_all(head("200 OK", body.len()).as_bytes())
-            .and_then(|()| stream.write_all(&body)),
-        Reply::Status(code) => stream.write_all(head(&format!("{code} Whatever"), 0).as_bytes()),
-        Reply::Cut { declared, sent } => stream
-            .write_all(head("200 OK", declared).as_bytes())
-            .and_then(|()| stream.write_all(&sent))
-            .and_then(|()| stream.shutdown(std::net::Shutdown::Both)),
-        Reply::Trickle { total, every } => stream
-            .write_all(head("200 OK", total).as_bytes())
-            .and_then(|()| {
-                for _ in 0..total {
-                    stream.write_all(b".")?;
-                    std::thread::sleep(every);
-                }
-                Ok(())
-            }),
-    };
-    let _ = stream.flush();
-    let _ = reader.read(&mut [0u8; 1]);
-}
 
 /// The one task's error of a failed single-task job.
 fn failure(cluster: &DevCluster, spec: Value) -> (String, String) {
@@ -155,7 +27,7 @@ fn failure(cluster: &DevCluster, spec: Value) -> (String, String) {
 #[test]
 fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
     let testkit = std::fs::read(&guests().testkit).unwrap();
-    let server = Server::start(&[
+    let server = Origin::start(&[
         ("/testkit.wasm", Reply::Body(testkit)),
         (
             "/garbage.wasm",
@@ -163,7 +35,7 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
         ),
     ]);
     // Another loopback origin, which the cluster does not allow.
-    let elsewhere = Server::start(&[]);
+    let elsewhere = Origin::start(&[]);
     let cluster = DevCluster::start_with(2, 1, &["--fetch-allow", &server.origin]);
     let module = server.url("/testkit.wasm");
     let run = || {
@@ -202,7 +74,7 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
                "args": ["noop"], "inputs": [{"text": ""}], "max_failures": 1}),
     );
     assert_eq!(kind, "fetch_error", "{message}");
-    let testkit_sha = hex_sha(&std::fs::read(&guests().testkit).unwrap());
+    let testkit_sha = sha256_hex(&std::fs::read(&guests().testkit).unwrap());
     assert!(
         message.contains(&wrong) && message.contains(&testkit_sha),
         "names both digests: {message}"
@@ -212,25 +84,21 @@ fn a_module_by_url_is_fetched_once_per_executor_and_a_bad_one_fails_clearly() {
     // A newer timestamp (and the right digest, given as `sha256:<hex>`): the executors
     // that run it fetch it again, once each; the CLI passes a URL on as it is.
     let before = server.hits("/testkit.wasm");
-    let output = std::process::Command::new(common::FLINT)
-        .args([
-            "submit",
-            &module,
-            "--module-sha256",
-            &format!("sha256:{testkit_sha}"),
-            "--module-timestamp-ms",
-            &(stamp + 1).to_string(),
-            "--arg",
-            "echo",
-            "--input-text",
-            "by url",
-            "--wait",
-            "--progress",
-            "off",
-        ])
-        .env("FLINT_URL", &cluster.http)
-        .output()
-        .unwrap();
+    let output = cluster.cli(&[
+        "submit",
+        &module,
+        "--module-sha256",
+        &format!("sha256:{testkit_sha}"),
+        "--module-timestamp-ms",
+        &(stamp + 1).to_string(),
+        "--arg",
+        "echo",
+        "--input-text",
+        "by url",
+        "--wait",
+        "--progress",
+        "off",
+    ]);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "by url");
     assert_eq!(
@@ -322,7 +190,7 @@ fn entries(dir: &Path) -> Vec<String> {
 fn fetch_faults_end_tasks_as_clear_fetch_errors_and_leave_nothing_cached() {
     const CAP: usize = 1_000_000;
     let whole: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
-    let server = Server::start(&[
+    let server = Origin::start(&[
         ("/big", Reply::Body(vec![7u8; CAP + 1])),
         (
             "/slow",
@@ -394,7 +262,7 @@ fn fetch_faults_end_tasks_as_clear_fetch_errors_and_leave_nothing_cached() {
     let job = cluster.run_job(json!({
         "module": module,
         "args": ["echo"],
-        "inputs": [{"url": server.url("/cut"), "sha256": hex_sha(&whole)}],
+        "inputs": [{"url": server.url("/cut"), "sha256": sha256_hex(&whole)}],
     }));
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(cluster.result(&job, 0), whole);
@@ -404,7 +272,7 @@ fn fetch_faults_end_tasks_as_clear_fetch_errors_and_leave_nothing_cached() {
 #[test]
 fn a_cached_blob_changed_on_disk_is_refetched_not_served() {
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 239) as u8).collect();
-    let server = Server::start(&[("/data.bin", Reply::Body(data.clone()))]);
+    let server = Origin::start(&[("/data.bin", Reply::Body(data.clone()))]);
     let cluster = DevCluster::start_with(1, 1, &["--fetch-allow", &server.origin]);
     let module = cluster.upload(&guests().testkit);
     let spec = json!({
@@ -426,7 +294,7 @@ fn a_cached_blob_changed_on_disk_is_refetched_not_served() {
     // Same size, other bytes, as a stray process (or a bad disk write) would leave it.
     let blob = cache_dir(&cluster, "exec-1")
         .join("blobs")
-        .join(hex_sha(&data));
+        .join(sha256_hex(&data));
     let mut corrupt = data.clone();
     corrupt[1000] ^= 0xff;
     std::fs::write(&blob, &corrupt).unwrap();
@@ -465,7 +333,7 @@ fn a_job_whose_urls_answer_500_fails_on_its_own_budget_and_excludes_no_executor(
         .iter()
         .map(|p| (p.as_str(), Reply::Status(500)))
         .collect();
-    let server = Server::start(&routes);
+    let server = Origin::start(&routes);
     let cluster = DevCluster::start_with(2, 1, &["--fetch-allow", &server.origin]);
     let module = cluster.upload(&guests().testkit);
     let inputs: Vec<Value> = paths
@@ -557,7 +425,7 @@ fn a_jobs_url_at_the_drivers_own_origin_is_refused_and_never_carries_the_secret(
 
 #[test]
 fn a_task_killed_while_its_input_is_still_being_fetched_gives_its_core_back_at_once() {
-    let server = Server::start(&[(
+    let server = Origin::start(&[(
         "/trickle",
         Reply::Trickle {
             total: 100,

@@ -1391,32 +1391,6 @@ fn corpus() -> Vec<Case> {
 // ---------------------------------------------------------------------------------------
 // Driving the cluster
 
-fn upload_wat(cluster: &DevCluster, text: &str) -> String {
-    let (status, body) = cluster.put_module_bytes(wat::parse_str(text).unwrap());
-    assert_eq!(status, 201, "{body}");
-    body["id"].as_str().unwrap().to_owned()
-}
-
-/// Submits a job and returns its id.
-fn submit(cluster: &DevCluster, spec: &Value) -> String {
-    let (status, job) = cluster.post_raw("/v1/jobs", spec.to_string());
-    assert_eq!(status, 202, "{job}");
-    job["id"].as_str().unwrap().to_owned()
-}
-
-/// The job's view once it ended, or as it is at `deadline`.
-fn wait_job(cluster: &DevCluster, id: &str, deadline: Instant) -> Value {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now()).as_secs();
-        let job = cluster
-            .get(&format!("/v1/jobs/{id}?wait={}", left.clamp(1, 30)))
-            .1;
-        if common::is_final(&job) || Instant::now() >= deadline {
-            return job;
-        }
-    }
-}
-
 fn only_task(cluster: &DevCluster, id: &str) -> Value {
     let (status, body) = cluster.get(&format!("/v1/jobs/{id}/tasks"));
     assert_eq!(status, 200, "{body}");
@@ -1592,9 +1566,9 @@ fn cluster_problems(cluster: &DevCluster, before: &[Value], within: Duration) ->
 
 /// A job that must run on a cluster that came through: writes `healthy`.
 fn healthy_job_problem(cluster: &DevCluster) -> Option<String> {
-    let module = upload_wat(cluster, &command(&data(16, "healthy"), &write(1, 16, 7)));
-    let id = submit(cluster, &spec(&module, &[], &[""]));
-    let job = wait_job(cluster, &id, Instant::now() + Duration::from_secs(30));
+    let module = cluster.upload_wat(&command(&data(16, "healthy"), &write(1, 16, 7)));
+    let id = cluster.submit(&spec(&module, &[], &[""]));
+    let job = cluster.wait_for_end(&id, Instant::now() + Duration::from_secs(30));
     if job["state"] != "succeeded" {
         return Some(format!("the healthy job did not succeed: {job}"));
     }
@@ -1683,13 +1657,13 @@ fn a_hostile_corpus_ends_as_expected_and_leaves_the_cluster_whole() {
                     // A host failure here is a finding, not something to retry.
                     job["max_failures"] = json!(1);
                 }
-                (i, submit(&cluster, &job))
+                (i, cluster.submit(&job))
             })
             .collect();
         let deadline = Instant::now() + CORPUS_DEADLINE;
         for (i, id) in jobs {
             let (case, row) = (&corpus[i], &mut rows[i]);
-            let job = wait_job(&cluster, &id, deadline);
+            let job = cluster.wait_for_end(&id, deadline);
             let task = only_task(&cluster, &id);
             row.observed = match case.expect {
                 // What the executors made of a module that should never have reached them.
@@ -1747,8 +1721,8 @@ fn a_hostile_corpus_ends_as_expected_and_leaves_the_cluster_whole() {
 fn run_one(cluster: &DevCluster, module: &str, args: &[&str], resources: Value) -> Value {
     let mut job = spec(module, args, &[""]);
     job["resources"] = resources;
-    let id = submit(cluster, &job);
-    let job = wait_job(cluster, &id, Instant::now() + Duration::from_secs(30));
+    let id = cluster.submit(&job);
+    let job = cluster.wait_for_end(&id, Instant::now() + Duration::from_secs(30));
     assert!(common::is_final(&job), "the job did not end: {job}");
     only_task(cluster, &id)
 }
@@ -1777,7 +1751,7 @@ fn assert_ended_at_its_deadline(cluster: &DevCluster, before: &[Value], task: &V
 fn a_p1_guest_sleeping_in_poll_oneoff_ends_at_its_deadline() {
     let cluster = DevCluster::start(2, 1);
     let before = cluster.executors();
-    let module = upload_wat(&cluster, &sleeper(&[(MONOTONIC, 8 * SECOND_NS, 0)]));
+    let module = cluster.upload_wat(&sleeper(&[(MONOTONIC, 8 * SECOND_NS, 0)]));
     let task = run_one(&cluster, &module, &[], json!({"timeout_ms": 1000}));
     assert_ended_at_its_deadline(&cluster, &before, &task);
 }
@@ -1802,10 +1776,10 @@ fn a_p2_component_sleeping_on_a_monotonic_clock_ends_at_its_deadline() {
 fn a_task_sleeping_forever_is_killed_within_100ms_and_frees_its_core() {
     let cluster = DevCluster::start(2, 1);
     let before = cluster.executors();
-    let module = upload_wat(&cluster, &sleeper(&[(MONOTONIC, u64::MAX, 0)]));
+    let module = cluster.upload_wat(&sleeper(&[(MONOTONIC, u64::MAX, 0)]));
     let mut job = spec(&module, &[], &[""]);
     job["resources"] = json!({"timeout_ms": 60_000});
-    let id = submit(&cluster, &job);
+    let id = cluster.submit(&job);
     wait_until(Duration::from_secs(30), "the sleeper to run", || {
         only_task(&cluster, &id)["state"] == "running"
     });
@@ -1889,8 +1863,8 @@ fn modules_the_engine_cannot_take_are_refused_at_upload_and_exclude_no_one() {
             // failures are, which is what an exclusion counts.
             for _ in 0..2 {
                 let job = spec(body["id"].as_str().unwrap(), &[], &[""]);
-                let id = submit(&cluster, &job);
-                wait_job(&cluster, &id, Instant::now() + Duration::from_secs(30));
+                let id = cluster.submit(&job);
+                cluster.wait_for_end(&id, Instant::now() + Duration::from_secs(30));
                 problems.push(format!(
                     "{name}: then ran: {}",
                     describe(&only_task(&cluster, &id))

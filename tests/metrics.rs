@@ -7,9 +7,10 @@
 mod common;
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{DevCluster, FLINT, guests, spec, wait_until};
+use common::{DevCluster, Process, guests, process, spec, wait_until};
 
 /// Every sample of a scrape: `name{labels}` -> value.
 fn scrape(cluster: &DevCluster) -> HashMap<String, f64> {
@@ -112,37 +113,12 @@ fn metrics_move_with_a_job() {
 }
 
 /// One `flint executor` process of the test's own, stopped on drop.
-struct Executor(std::process::Child);
-
-impl Executor {
-    fn start(cluster: &DevCluster, work_dir: &std::path::Path) -> Executor {
-        let child = std::process::Command::new(FLINT)
-            .args(["executor", "--executor-id", "solo", "--cores", "1"])
-            .args([
-                "--driver-url",
-                &format!("flint://{}", cluster.executor_addr),
-            ])
-            .arg("--work-dir")
-            .arg(work_dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        Executor(child)
-    }
-
-    fn stop(mut self) {
-        common::signal(self.0.id(), libc::SIGTERM);
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "{status}");
-    }
-}
-
-impl Drop for Executor {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn start_executor(cluster: &DevCluster, work_dir: &std::path::Path) -> Process {
+    Process::spawn(
+        process::executor(&cluster.executor_url(), "solo", work_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
 }
 
 #[test]
@@ -154,7 +130,7 @@ fn executor_cache_figures_grow_as_jobs_reuse_a_file_and_a_module() {
         "127.0.0.1:0".into(),
     ]);
     let work = tempfile::tempdir().unwrap();
-    let executor = Executor::start(&cluster, work.path());
+    let executor = start_executor(&cluster, work.path());
     cluster.wait_for_alive_executors(1);
     // Started by the test, not by `flint dev`: the driver has no log of it.
     assert!(cluster.executors()[0]["log_url"].is_null());
@@ -202,7 +178,7 @@ fn executor_cache_figures_grow_as_jobs_reuse_a_file_and_a_module() {
     wait_until(Duration::from_secs(10), "the executor to be lost", || {
         cluster.executors()[0]["state"] != "alive"
     });
-    let _executor = Executor::start(&cluster, work.path());
+    let _executor = start_executor(&cluster, work.path());
     cluster.wait_for_alive_executors(1);
     assert_eq!(cluster.run_job(job)["state"], "succeeded");
     wait_until(

@@ -7,21 +7,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{FLINT, guests, wait_until};
-use serde_json::{Value, json};
-
-/// Kills the process on drop, so a failing test leaves nothing running.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{Api, Process, free_port, guests, process, wait_until};
+use serde_json::Value;
 
 /// Appends to `<dir>/<name>.log`, kept with the test's temp dir for a failure's post mortem.
 fn log(dir: &Path, name: &str) -> Stdio {
@@ -57,151 +47,45 @@ fn scopeguard_keep(dir: tempfile::TempDir) -> KeepOnPanic {
     KeepOnPanic(Some(dir))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start_driver(http: u16, executors: u16, data_dir: &Path) -> Process {
     start_driver_with(http, executors, data_dir, &[])
 }
 
 fn start_driver_with(http: u16, executors: u16, data_dir: &Path, args: &[&str]) -> Process {
-    let child = Command::new(FLINT)
-        .args(["driver", "--listen", &format!("127.0.0.1:{http}")])
-        .args(args)
-        .args(["--executor-listen", &format!("127.0.0.1:{executors}")])
-        .args(["--executor-timeout-ms", "3000"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .stdout(Stdio::null())
-        .stderr(log(data_dir.parent().unwrap(), "driver"))
-        .spawn()
-        .unwrap();
-    Process(child)
+    let (listen, executor_listen) = (
+        format!("127.0.0.1:{http}"),
+        format!("127.0.0.1:{executors}"),
+    );
+    let mut all = vec!["--listen", listen.as_str()];
+    all.extend(args);
+    all.extend(["--executor-listen", &executor_listen]);
+    all.extend(["--executor-timeout-ms", "3000"]);
+    Process::spawn(
+        process::driver(&all, data_dir)
+            .stdout(Stdio::null())
+            .stderr(log(data_dir.parent().unwrap(), "driver")),
+    )
 }
 
 fn start_executor(id: &str, executors: u16, work_dir: &Path) -> Process {
-    let child = Command::new(FLINT)
-        .args([
-            "executor",
-            "--driver-url",
-            &format!("flint://127.0.0.1:{executors}"),
-        ])
-        .args([
-            "--executor-id",
-            id,
-            "--cores",
-            "1",
-            "--reconnect-timeout-ms",
-            "120000",
-        ])
-        .arg("--work-dir")
-        .arg(work_dir.join(id))
-        .stdout(Stdio::null())
-        .stderr(log(work_dir, id))
-        .spawn()
-        .unwrap();
-    Process(child)
+    let driver_url = format!("flint://127.0.0.1:{executors}");
+    Process::spawn(
+        process::executor(&driver_url, id, &work_dir.join(id))
+            .args(["--reconnect-timeout-ms", "120000"])
+            .stdout(Stdio::null())
+            .stderr(log(work_dir, id)),
+    )
 }
 
-/// The driver's HTTP API as both tests use it; it may be down between a crash and a
-/// restart.
-struct Api {
-    base: String,
-    client: reqwest::blocking::Client,
-}
-
-impl Api {
-    fn new(http: u16) -> Api {
-        Api {
-            base: format!("http://127.0.0.1:{http}"),
-            client: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
-        }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-
-    /// Executors alive, 0 while the driver does not answer.
-    fn alive_executors(&self) -> usize {
-        self.client
-            .get(format!("{}/v1/executors", self.base))
-            .send()
-            .ok()
-            .and_then(|r| r.json::<Value>().ok())
-            .map_or(0, |v| {
-                v["items"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["state"] == "alive")
-                    .count()
-            })
-    }
-
-    fn answers(&self) -> bool {
-        self.client
-            .get(format!("{}/healthz", self.base))
-            .send()
-            .is_ok()
-    }
-
-    /// Uploads a module; its id.
-    fn upload(&self, path: &Path) -> String {
-        let module: Value = self
-            .client
-            .put(format!("{}/v1/modules", self.base))
-            .body(std::fs::read(path).unwrap())
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        module["id"].as_str().unwrap().to_owned()
-    }
-
-    /// Submits a job (`query` such as `?wait=60`), which must be accepted; its view.
-    fn submit(&self, spec: &Value, query: &str) -> Value {
-        let response = self
-            .client
-            .post(format!("{}/v1/jobs{query}", self.base))
-            .json(spec)
-            .send()
-            .unwrap();
-        assert_eq!(response.status(), 202);
-        response.json().unwrap()
-    }
-
-    fn result(&self, job: &str, index: usize) -> Vec<u8> {
-        self.client
-            .get(format!("{}/v1/jobs/{job}/tasks/{index}/result", self.base))
-            .send()
-            .unwrap()
-            .bytes()
-            .unwrap()
-            .to_vec()
-    }
+/// The driver's API at `http`; it may be down between a crash and a restart.
+fn api(http: u16) -> Api {
+    Api::new(format!("http://127.0.0.1:{http}"), None)
 }
 
 /// A job running `args` once per input.
 fn job_spec(module: &str, args: &[&str], inputs: &[String]) -> Value {
-    json!({
-        "module": module,
-        "args": args,
-        "inputs": inputs.iter().map(|i| json!({"text": i})).collect::<Vec<_>>(),
-    })
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    common::spec(module, args, &inputs)
 }
 
 /// Crashes in one run: RELIABILITY.md's driver-restart row asks for 20.
@@ -216,7 +100,7 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
     eprintln!("logs in {}", dir.path().display());
     let dir = scopeguard_keep(dir);
     let (http, exec_port) = (free_port(), free_port());
-    let api = Api::new(http);
+    let api = api(http);
 
     let mut driver = start_driver(http, exec_port, &dir.path().join("data"));
     let _executors = [
@@ -236,19 +120,19 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
             let inputs: Vec<String> = (0..300)
                 .map(|t| format!("c{cycle} j{j} t{t} ").repeat(200))
                 .collect();
-            let job = api.submit(&job_spec(&module, &[], &inputs), "");
+            let job = api.submit_view(&job_spec(&module, &[], &inputs), "");
             accepted.insert(job["id"].as_str().unwrap().to_owned(), inputs);
         }
         // Let some tasks finish and others be mid-flight, then crash.
         std::thread::sleep(Duration::from_millis(150));
-        unfinished_at_crash += api.get("/v1/jobs")["items"]
+        unfinished_at_crash += api.get("/v1/jobs").1["items"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|j| !common::is_final(j))
             .count();
-        common::signal(driver.0.id(), libc::SIGKILL);
-        let _ = driver.0.wait();
+        common::signal(driver.id(), libc::SIGKILL);
+        let _ = driver.wait();
         driver = start_driver(http, exec_port, &dir.path().join("data"));
         wait_until(
             Duration::from_secs(30),
@@ -258,11 +142,11 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
     }
 
     for (id, inputs) in &accepted {
-        let job = api.get(&format!("/v1/jobs/{id}?wait=120"));
+        let job = api.get(&format!("/v1/jobs/{id}?wait=120")).1;
         assert_eq!(job["state"], "succeeded", "{job}");
         for (index, input) in inputs.iter().enumerate() {
             let counts: BTreeMap<String, u64> =
-                serde_json::from_slice(&api.result(id, index)).unwrap();
+                serde_json::from_slice(&api.result(&job, index as u64)).unwrap();
             let want: BTreeMap<String, u64> =
                 input.split_whitespace().fold(BTreeMap::new(), |mut m, w| {
                     *m.entry(w.to_owned()).or_insert(0) += 1;
@@ -286,7 +170,7 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
         .unwrap();
     let dir = scopeguard_keep(dir);
     let (http, exec_port) = (free_port(), free_port());
-    let api = Api::new(http);
+    let api = api(http);
     let data = dir.path().join("data");
     // Commits 10 s apart (the most allowed): the ends after the first wait for the
     // next commit far longer than this job runs.
@@ -299,18 +183,18 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
     let module = api.upload(&guests().testkit);
     // A first job's end makes the first commit; the ends of the job after it then wait
     // for the next one.
-    let warm_up = api.submit(&job_spec(&module, &["echo"], &["w".into()]), "?wait=60");
+    let warm_up = api.submit_view(&job_spec(&module, &["echo"], &["w".into()]), "?wait=60");
     assert_eq!(warm_up["state"], "succeeded", "{warm_up}");
     let inputs: Vec<String> = (0..20).map(|t| format!("t{t}")).collect();
-    let job = api.submit(&job_spec(&module, &["echo"], &inputs), "?wait=60");
+    let job = api.submit_view(&job_spec(&module, &["echo"], &inputs), "?wait=60");
     assert_eq!(job["state"], "succeeded", "{job}");
     let id = job["id"].as_str().unwrap().to_owned();
 
-    common::signal(driver.0.id(), libc::SIGTERM);
-    let status = driver.0.wait().unwrap();
+    common::signal(driver.id(), libc::SIGTERM);
+    let status = driver.wait().unwrap();
     assert!(status.success(), "a clean stop: {status:?}");
     // A clean stop tells the executors the driver is gone for good: they exit.
-    let status = executor.0.wait().unwrap();
+    let status = executor.wait().unwrap();
     assert!(
         status.success(),
         "the executor stops with the driver: {status:?}"
@@ -320,19 +204,23 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
     wait_until(Duration::from_secs(30), "the driver to answer", || {
         api.answers()
     });
-    let job = api.get(&format!("/v1/jobs/{id}"));
+    let job = api.get(&format!("/v1/jobs/{id}")).1;
     assert_eq!(
         job["state"], "succeeded",
         "kept as it ended, nothing to run: {job}"
     );
-    for task in api.get(&format!("/v1/jobs/{id}/tasks"))["items"]
+    for task in api.get(&format!("/v1/jobs/{id}/tasks")).1["items"]
         .as_array()
         .unwrap()
     {
         assert_eq!(task["attempts"], 1, "no task ran twice: {task}");
     }
     for (index, input) in inputs.iter().enumerate() {
-        assert_eq!(api.result(&id, index), input.as_bytes(), "task {index}");
+        assert_eq!(
+            api.result(&job, index as u64),
+            input.as_bytes(),
+            "task {index}"
+        );
     }
     drop((driver, executor));
 }

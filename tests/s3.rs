@@ -12,22 +12,18 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DevCluster, guests, signal, wait_until};
+use common::{
+    DevCluster, Process, free_port, guests, sha256_hex, signal, splitmix_stream, wait_until,
+};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-
-fn hex_sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
 
 /// A moto server on a free loopback port; killed on drop.
 struct Moto {
-    child: Child,
+    _server: Process,
     endpoint: String,
     http: reqwest::blocking::Client,
     _logs: tempfile::TempDir,
@@ -57,11 +53,7 @@ impl Moto {
         );
         // moto_server cannot take port 0: find a free port, free it, hand it over. Another
         // process could take it in between; the readiness check below would then fail.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let logs = tempfile::tempdir().unwrap();
         let log = std::fs::File::create(logs.path().join("moto.log")).unwrap();
         let mut command = Command::new(&binary);
@@ -78,9 +70,7 @@ impl Moto {
                 Ok(())
             });
         }
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+        let mut child = Process::spawn(&mut command);
         let endpoint = format!("http://127.0.0.1:{port}");
         let http = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(60))
@@ -103,7 +93,7 @@ impl Moto {
             std::thread::sleep(Duration::from_millis(50));
         }
         Moto {
-            child,
+            _server: child,
             endpoint,
             http,
             _logs: logs,
@@ -179,13 +169,6 @@ impl Moto {
     }
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Per executor, a counter from the driver's /metrics (reported by heartbeats).
 fn per_executor(cluster: &DevCluster, metric: &str) -> BTreeMap<String, u64> {
     let (status, text) = cluster.get_bytes("/metrics");
@@ -255,7 +238,7 @@ fn s3_inputs_and_files_are_fetched_once_per_executor_and_a_missing_key_names_its
             "module": module,
             "files": {"words.txt": {"url": "s3://flint-in/data/words.txt"}},
             "args": ["echo"],
-            "inputs": vec![json!({"url": input_url, "sha256": hex_sha(&input)}); tasks],
+            "inputs": vec![json!({"url": input_url, "sha256": sha256_hex(&input)}); tasks],
         }));
         assert_eq!(job["state"], "succeeded", "{job}");
         job
@@ -263,8 +246,8 @@ fn s3_inputs_and_files_are_fetched_once_per_executor_and_a_missing_key_names_its
     let first = run(12);
     for index in [0, 11] {
         assert_eq!(
-            hex_sha(&cluster.result(&first, index)),
-            hex_sha(&input),
+            sha256_hex(&cluster.result(&first, index)),
+            sha256_hex(&input),
             "task {index}"
         );
     }
@@ -331,20 +314,6 @@ fn s3_inputs_and_files_are_fetched_once_per_executor_and_a_missing_key_names_its
     }
 }
 
-/// hashgen's output for `seed` and `mib`, made here independently.
-fn splitmix_stream(seed: u64, mib: usize) -> Vec<u8> {
-    let mut state = seed;
-    let mut out = Vec::with_capacity(mib << 20);
-    while out.len() < mib << 20 {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-    }
-    out
-}
-
 #[test]
 fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
     // 12 MiB: past object_store's 10 MiB buffer, so each block is a multipart upload.
@@ -367,7 +336,7 @@ fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
     assert_eq!(job["state"], "succeeded", "{job}");
     let expected: Vec<String> = seeds
         .iter()
-        .map(|&s| hex_sha(&splitmix_stream(s, MIB)))
+        .map(|&s| sha256_hex(&splitmix_stream(s, MIB)))
         .collect();
     let id = job["id"].as_str().unwrap();
 
@@ -376,7 +345,7 @@ fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
     assert_eq!(keys.len(), seeds.len(), "{keys:?}");
     let by_sha: HashMap<String, String> = keys
         .iter()
-        .map(|key| (hex_sha(&moto.get("flint-blocks", key)), key.clone()))
+        .map(|key| (sha256_hex(&moto.get("flint-blocks", key)), key.clone()))
         .collect();
     for (index, sha) in expected.iter().enumerate() {
         let key = by_sha
@@ -392,7 +361,7 @@ fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
         "inputs": [{"result": {"job": id, "task": 2}}],
     }));
     assert_eq!(chained["state"], "succeeded", "{chained}");
-    assert_eq!(hex_sha(&cluster.result(&chained, 0)), expected[2]);
+    assert_eq!(sha256_hex(&cluster.result(&chained, 0)), expected[2]);
 
     // Every executor gone: the driver streams the results from the bucket.
     let executors = cluster.executors();
@@ -405,7 +374,7 @@ fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
     for (index, task) in cluster.tasks(&job).iter().enumerate() {
         let bytes = cluster.result(&job, index as u64);
         assert_eq!(bytes.len(), MIB << 20, "task {index}");
-        assert_eq!(hex_sha(&bytes), expected[index], "task {index}");
+        assert_eq!(sha256_hex(&bytes), expected[index], "task {index}");
         assert_eq!(task["result"]["sha256"], expected[index].as_str(), "{task}");
     }
 }

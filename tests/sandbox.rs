@@ -7,15 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DevCluster, guests, spec};
+use common::{DevCluster, guests, peak_rss, spec};
 use serde_json::{Value, json};
-
-/// Uploads a WAT module and returns its id.
-fn upload_wat(cluster: &DevCluster, wat: &str) -> String {
-    let (status, body) = cluster.put_module_bytes(wat::parse_str(wat).unwrap());
-    assert_eq!(status, 201, "{body}");
-    body["id"].as_str().unwrap().to_owned()
-}
 
 /// Runs `hostile` next to a wordcount job on a 2 x 1-core cluster; returns the hostile
 /// job's only task after checking that the cluster came through unharmed.
@@ -71,8 +64,7 @@ fn with_resources(mut job: Value, resources: Value) -> Value {
 #[test]
 fn an_infinite_loop_times_out() {
     let cluster = DevCluster::start(2, 1);
-    let module = upload_wat(
-        &cluster,
+    let module = cluster.upload_wat(
         r#"(module (memory (export "memory") 1)
                    (func (export "_start") (loop $l (br $l))))"#,
     );
@@ -97,10 +89,8 @@ fn a_memory_growing_loop_hits_the_memory_limit() {
 fn a_huge_initial_memory_hits_the_memory_limit() {
     let cluster = DevCluster::start(2, 1);
     // 30,000 pages of 64 KiB: 1.8 GiB before the first instruction.
-    let module = upload_wat(
-        &cluster,
-        r#"(module (memory (export "memory") 30000) (func (export "_start")))"#,
-    );
+    let module =
+        cluster.upload_wat(r#"(module (memory (export "memory") 30000) (func (export "_start")))"#);
     let job = with_resources(spec(&module, &[], &[""]), json!({"memory_mb": 64}));
     let task = run_beside_a_good_job(&cluster, job);
     assert_failed_with(&task, "memory_limit", "64 MiB memory limit");
@@ -109,8 +99,7 @@ fn a_huge_initial_memory_hits_the_memory_limit() {
 #[test]
 fn unbounded_recursion_is_a_clean_stack_overflow() {
     let cluster = DevCluster::start(2, 1);
-    let module = upload_wat(
-        &cluster,
+    let module = cluster.upload_wat(
         r#"(module (memory (export "memory") 1)
                    (func $f (call $f))
                    (func (export "_start") (call $f)))"#,
@@ -167,8 +156,7 @@ fn a_stderr_flood_is_truncated_and_marked_and_the_task_succeeds() {
 #[test]
 fn an_unknown_import_fails_as_unknown_import() {
     let cluster = DevCluster::start(2, 1);
-    let module = upload_wat(
-        &cluster,
+    let module = cluster.upload_wat(
         r#"(module (import "env" "launch_missiles" (func))
                    (memory (export "memory") 1)
                    (func (export "_start") (call 0)))"#,
@@ -226,7 +214,7 @@ fn slow_to_compile_wat() -> String {
 #[test]
 fn a_module_too_slow_to_compile_is_stopped_at_the_compile_limit() {
     let cluster = DevCluster::start_with(2, 1, &["--executor-arg=--compile-timeout-ms=1000"]);
-    let module = upload_wat(&cluster, &slow_to_compile_wat());
+    let module = cluster.upload_wat(&slow_to_compile_wat());
     let started = Instant::now();
     let task = run_beside_a_good_job(&cluster, spec(&module, &[], &[""]));
     assert_failed_with(&task, "compile_limit", "1000 ms limit");
@@ -300,14 +288,6 @@ fn a_killed_spinning_task_reports_killed_quickly_and_frees_its_core() {
     assert_eq!(cluster.result(&job, 0), b"after");
 }
 
-/// Peak resident set of a process, from the kernel's own accounting.
-fn peak_rss_bytes(pid: u64) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
-}
-
 /// What an executor holds besides its tasks' linear memories: the runtime, the engine,
 /// the compiler's peak while compiling the module, and the pooling allocator's
 /// keep-resident pages. Documented in README.md ("Limits and defaults").
@@ -333,7 +313,7 @@ fn memory_bombs_keep_executor_rss_under_cores_times_limit_plus_overhead() {
     // No locality wait and no launches ahead: the bombs must fill both executors' cores,
     // not queue on the first one to have compiled the module.
     let cluster = DevCluster::start_with(2, 2, &["--locality-wait-ms", "0", "--launch-ahead", "0"]);
-    let module = upload_wat(&cluster, GROW_LOOP);
+    let module = cluster.upload_wat(GROW_LOOP);
     // Separate jobs, so that one bomb failing does not kill the others: all four cores
     // hold a full 64 MiB at once, twice over.
     let ids: Vec<String> = (0..8)
@@ -351,7 +331,7 @@ fn memory_bombs_keep_executor_rss_under_cores_times_limit_plus_overhead() {
     }
     let limit = 2 * (64 << 20) + EXECUTOR_OVERHEAD_BYTES;
     for executor in cluster.executors() {
-        let rss = peak_rss_bytes(executor["pid"].as_u64().unwrap());
+        let rss = peak_rss(executor["pid"].as_u64().unwrap() as u32);
         eprintln!("{}: peak RSS {} MiB", executor["id"], rss >> 20);
         assert!(
             rss < limit,

@@ -10,16 +10,17 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{DevCluster, guests, spec, wait_until};
+use common::{DevCluster, Process, free_port, guests, spec, wait_until};
 use serde_json::{Value, json};
 
 /// A chromedriver process and one headless Chromium session; both end on drop.
 struct Browser {
-    driver: Child,
+    /// chromedriver, ended on drop after the session.
+    _driver: Process,
     base: String,
     session: String,
     http: reqwest::blocking::Client,
@@ -27,24 +28,21 @@ struct Browser {
 
 impl Browser {
     fn start() -> Browser {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting chromedriver (apt-get install chromium chromium-driver; see scripts/test)");
+        let driver = Process::from(driver);
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap();
         let mut browser = Browser {
-            driver,
+            _driver: driver,
             base,
             session: String::new(),
             http,
@@ -172,6 +170,7 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    // The session first, so that Chromium goes with it; then `_driver` drops.
     fn drop(&mut self) {
         if !self.session.is_empty() {
             let _ = self
@@ -179,8 +178,6 @@ impl Drop for Browser {
                 .delete(format!("{}/session/{}", self.base, self.session))
                 .send();
         }
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
     }
 }
 
