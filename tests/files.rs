@@ -3,20 +3,8 @@
 
 mod common;
 
-use common::{DevCluster, guests};
+use common::{DevCluster, Origin, Reply, guests};
 use serde_json::{Value, json};
-
-fn put_file(cluster: &DevCluster, bytes: &[u8]) -> String {
-    let response = cluster
-        .client
-        .put(cluster.url("/v1/files"))
-        .body(bytes.to_vec())
-        .send()
-        .unwrap();
-    assert_eq!(response.status(), 201);
-    let body: Value = response.json().unwrap();
-    body["id"].as_str().unwrap().to_owned()
-}
 
 fn job_with_files(module: &str, files: Value, tasks: Vec<Vec<&str>>) -> Value {
     json!({
@@ -30,7 +18,7 @@ fn job_with_files(module: &str, files: Value, tasks: Vec<Vec<&str>>) -> Value {
 fn job_files_are_readable_at_slash_files_by_modules_and_components() {
     let cluster = DevCluster::start(2, 1);
     let contents = b"the stop words: a an the\n".repeat(1000);
-    let file = put_file(&cluster, &contents);
+    let file = cluster.upload_file(contents.clone());
     for module in [&guests().testkit, &guests().testkit_component] {
         let module = cluster.upload(module);
         // Every task of a job sees the same bytes.
@@ -55,7 +43,7 @@ fn job_files_are_readable_at_slash_files_by_modules_and_components() {
 #[test]
 fn writes_and_escapes_fail_one_by_one() {
     let cluster = DevCluster::start(1, 1);
-    let file = put_file(&cluster, b"read me");
+    let file = cluster.upload_file(b"read me".as_slice());
     let module = cluster.upload(&guests().testkit);
     for args in [
         vec!["write", "/files/data"],
@@ -83,7 +71,7 @@ fn writes_and_escapes_fail_one_by_one() {
 fn bad_file_references_are_refused_by_name() {
     let cluster = DevCluster::start(1, 1);
     let module = cluster.upload(&guests().testkit);
-    let file = put_file(&cluster, b"x");
+    let file = cluster.upload_file(b"x".as_slice());
     let unknown = format!("sha256:{}", "cd".repeat(32));
     for (files, kind, mentions) in [
         (
@@ -93,10 +81,17 @@ fn bad_file_references_are_refused_by_name() {
         ),
         (json!({"a/b": file}), "invalid_spec", "is not a file name"),
         (json!({"..": file}), "invalid_spec", "is not a file name"),
+        // A plain string that is not a URL is taken for an id (a URL string is a URL:
+        // `a_file_named_by_a_plain_url_string_is_fetched`).
         (
-            json!({"ok.txt": "https://example.com/x"}),
+            json!({"ok.txt": "stopwords.txt"}),
             "invalid_spec",
             "is not a file id",
+        ),
+        (
+            json!({"ok.txt": "ftp://example.com/x"}),
+            "invalid_spec",
+            "scheme `ftp` is not fetchable",
         ),
         (
             json!({"ok.txt": unknown}),
@@ -121,4 +116,22 @@ fn bad_file_references_are_refused_by_name() {
         (status, body["error"]["kind"].as_str()),
         (404, Some("file_not_found"))
     );
+}
+
+/// API.md's sketch writes a file by URL as a plain string; it means what `{"url": ...}`
+/// means.
+#[test]
+fn a_file_named_by_a_plain_url_string_is_fetched() {
+    let words = b"a plain string, fetched\n".to_vec();
+    let server = Origin::start(&[("/words.txt", Reply::Body(words.clone()))]);
+    let cluster = DevCluster::start_with(1, 1, &["--fetch-allow", &server.origin]);
+    let module = cluster.upload(&guests().testkit);
+    let job = cluster.run_job(job_with_files(
+        &module,
+        json!({"words.txt": server.url("/words.txt")}),
+        vec![vec!["read", "/files/words.txt"]],
+    ));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0), words);
+    assert_eq!(server.hits("/words.txt"), 1);
 }
