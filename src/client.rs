@@ -51,7 +51,7 @@ impl Client {
     }
 
     pub async fn upload_file(&self, bytes: Vec<u8>) -> anyhow::Result<Uploaded> {
-        let request = self.http.put(self.url("/v1/files")).body(bytes);
+        let request = self.request(reqwest::Method::PUT, "/v1/files").body(bytes);
         self.send(request).await
     }
 
@@ -71,6 +71,17 @@ impl Client {
             url.push_str(&format!("?wait={}", wait.as_secs_f64()));
         }
         self.send(self.request(reqwest::Method::GET, &url)).await
+    }
+
+    /// Opens a job's event stream (`text/event-stream`), to be read as it arrives.
+    pub async fn job_events(&self, id: &str) -> anyhow::Result<reqwest::Response> {
+        let response = self
+            .request(reqwest::Method::GET, &format!("/v1/jobs/{id}/events"))
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        check(response).await
     }
 
     pub async fn tasks(&self, id: &str) -> anyhow::Result<Vec<TaskView>> {

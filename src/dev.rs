@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use flint_driver::Driver;
-use flint_driver::service::Listeners;
+use flint_driver::{Driver, Listeners};
 use flint_protocol::ExecutorId;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::DriverArgs;
+use crate::flags::DriverArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DevArgs {

@@ -97,7 +97,7 @@ fn print_job(job: &JobView) {
         "{} {} ({}): {} tasks: {} succeeded, {} failed, {} killed, {} running, {} pending",
         job.id,
         job.name,
-        wire_name(job.state),
+        job.state.as_str(),
         job.tasks,
         c.succeeded,
         c.failed,
@@ -107,14 +107,6 @@ fn print_job(job: &JobView) {
     );
     if let Some(error) = &job.error {
         println!("  {}: {}", error.kind, error.message);
-    }
-}
-
-/// A state as the API spells it (`succeeded`, `alive`, ...).
-fn wire_name(state: impl serde::Serialize) -> String {
-    match serde_json::to_value(state) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => "?".into(),
     }
 }
 
@@ -218,7 +210,7 @@ pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
         println!(
             "{:<12} {:<8} {:>5} {:>5} {:>7} {:>7}ms  {}",
             e.id,
-            wire_name(e.state),
+            e.state.as_str(),
             e.cores,
             e.free_cores,
             e.running,

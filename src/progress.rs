@@ -89,7 +89,7 @@ impl Progress {
                 bar.set_position(u64::from(job.tasks));
                 bar.abandon_with_message(format!(
                     "{}, {} failed",
-                    wire_state(job),
+                    job.state.as_str(),
                     job.counts.failed
                 ));
             }
@@ -110,13 +110,6 @@ pub fn plain_line(job: &JobView) -> String {
         c.running,
         c.failed,
         c.pending,
-        wire_state(job)
+        job.state.as_str()
     )
-}
-
-fn wire_state(job: &JobView) -> String {
-    match serde_json::to_value(job.state) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => "?".into(),
-    }
 }

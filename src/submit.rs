@@ -1,21 +1,23 @@
 //! `flint submit`: upload a module and the job's files, submit one task per input, then
 //! (with `--wait`, `--out` or `--json --wait`) follow the job with a progress display and
-//! print or save the results.
+//! print or save the results; `--json` gives small results inline.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
+use base64::Engine as _;
 use clap::ArgMatches;
 use flint_protocol::JobId;
 use flint_protocol::api::{
-    FileSpec, InputSpec, JobSpec, JobState, JobView, ResourcesSpec, ResultsRef,
+    FileSpec, InputSpec, JobSpec, JobState, ResourcesSpec, ResultsRef, TaskView,
 };
+use serde_json::Value;
 
 use crate::client::Client;
+use crate::follow::follow;
 use crate::jobs;
-use crate::progress::{Progress, ProgressMode};
+use crate::progress::ProgressMode;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SubmitArgs {
@@ -75,7 +77,9 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Print JSON for scripts instead of text: the job (without --wait), or
-    /// `{"job": ..., "tasks": [...]}` once it ended (with --wait or --out).
+    /// `{"job": ..., "tasks": [...]}` once it ended (with --wait or --out), where a
+    /// result of up to 64 KiB carries its bytes: `result.text` when they are UTF-8,
+    /// `result.base64` otherwise.
     #[arg(long)]
     json: bool,
     /// How to show progress on stderr while waiting.
@@ -110,10 +114,7 @@ fn inputs_in_order(args: &SubmitArgs, matches: &ArgMatches) -> anyhow::Result<Ve
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let input = match String::from_utf8(bytes) {
             Ok(text) => InputSpec::Text(text),
-            Err(e) => {
-                use base64::Engine as _;
-                InputSpec::Base64(base64::engine::general_purpose::STANDARD.encode(e.as_bytes()))
-            }
+            Err(e) => InputSpec::Base64(BASE64.encode(e.as_bytes())),
         };
         ordered.push((position, input));
     }
@@ -218,6 +219,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         if let Some(dir) = &args.out {
             jobs::write_results(&client, &job.id.0, &tasks, Some(dir)).await?;
         }
+        let tasks = with_inline_results(&client, &job.id.0, &tasks).await?;
         let both = serde_json::json!({"job": job, "tasks": tasks});
         println!("{}", serde_json::to_string_pretty(&both)?);
     } else {
@@ -229,7 +231,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
     eprintln!(
         "job {} {}: {}",
         job.id,
-        serde_json::to_string(&job.state)?.trim_matches('"'),
+        job.state.as_str(),
         job.error.map(|e| e.message).unwrap_or_default()
     );
     for task in tasks.iter().filter(|t| t.error.is_some()) {
@@ -239,23 +241,33 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
     Ok(1)
 }
 
-/// How often the progress display asks for the job's counts.
-const POLL_EVERY: Duration = Duration::from_millis(250);
+/// `--json` prints results up to this size with the tasks; larger ones are left to
+/// `flint results` or `--out`.
+const INLINE_JSON_RESULT_BYTES: u64 = 64 << 10;
 
-/// Follows a job until it ends, showing its progress; returns its final view.
-async fn follow(client: &Client, mut job: JobView, mode: ProgressMode) -> anyhow::Result<JobView> {
-    let mut progress = Progress::new(mode, &job);
-    while !job.state.is_final() {
-        progress.update(&job);
-        job = match progress {
-            // Nothing to show: let the driver answer when the job ends.
-            Progress::Off => client.job(&job.id.0, Some(Duration::from_secs(30))).await?,
-            _ => {
-                tokio::time::sleep(POLL_EVERY).await;
-                client.job(&job.id.0, None).await?
-            }
-        };
+const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// The tasks as JSON, each result of up to [`INLINE_JSON_RESULT_BYTES`] with its bytes:
+/// `"result": {"size", "sha256", "text"}`, or `"base64"` for bytes that are not UTF-8.
+async fn with_inline_results(
+    client: &Client,
+    job: &str,
+    tasks: &[TaskView],
+) -> anyhow::Result<Vec<Value>> {
+    let mut values = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let mut value = serde_json::to_value(task)?;
+        if let Some(result) = &task.result
+            && result.size <= INLINE_JSON_RESULT_BYTES
+            && let Some(fields) = value["result"].as_object_mut()
+        {
+            let bytes = client.result(job, task.index).await?;
+            match String::from_utf8(bytes) {
+                Ok(text) => fields.insert("text".into(), text.into()),
+                Err(e) => fields.insert("base64".into(), BASE64.encode(e.as_bytes()).into()),
+            };
+        }
+        values.push(value);
     }
-    progress.finish(&job);
-    Ok(job)
+    Ok(values)
 }

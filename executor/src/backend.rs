@@ -30,6 +30,8 @@ pub struct ExecutorOptions {
     pub executor_id: ExecutorId,
     pub cores: u32,
     pub hostname: String,
+    /// Spark's application id, sent with the registration; the driver ignores it until
+    /// it has a cluster manager (issue 16).
     pub app_id: Option<String>,
     pub work_dir: PathBuf,
     pub cluster_secret: Option<String>,
@@ -232,6 +234,8 @@ async fn serve(
                     tracing::info!(task = %task, attempt, reason, "killing task");
                     runner.kill(&task, attempt);
                 }
+                // The driver never sends it yet: it will once it has a cluster manager
+                // that retires executors (issue 16).
                 Some(Ok(DriverMessage::StopExecutor)) => {
                     tracing::info!("driver asked this executor to stop");
                     break ExitReason::Stopped;
@@ -278,7 +282,7 @@ async fn serve(
 /// but a refusal is tried again.
 async fn reconnect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
     let deadline = tokio::time::Instant::now() + options.reconnect_timeout;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::until(deadline);
     loop {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let why = match connect(options, remaining).await {
@@ -294,29 +298,66 @@ async fn reconnect(options: &ExecutorOptions) -> Result<Connection, ExitReason> 
             }
             Err(other) => format!("{other:?}"),
         };
-        if tokio::time::Instant::now() + backoff >= deadline {
+        if !backoff.wait().await {
             return Err(ExitReason::DriverLost(format!("reconnecting: {why}")));
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }
 
+/// The pauses between attempts to reach the driver: 50 ms, doubling up to 1 s, for as
+/// long as the next pause ends before the deadline.
+struct Backoff {
+    next: Duration,
+    deadline: tokio::time::Instant,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn until(deadline: tokio::time::Instant) -> Backoff {
+        Backoff {
+            next: Self::FIRST,
+            deadline,
+        }
+    }
+
+    /// Sleeps before the next attempt; `false` at once, without sleeping, when the
+    /// pause would reach the deadline: time to give up.
+    async fn wait(&mut self) -> bool {
+        match self.next_pause(tokio::time::Instant::now()) {
+            Some(pause) => {
+                tokio::time::sleep(pause).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn next_pause(&mut self, now: tokio::time::Instant) -> Option<Duration> {
+        let pause = self.next;
+        if now + pause >= self.deadline {
+            return None;
+        }
+        self.next = (pause * 2).min(Self::MAX);
+        Some(pause)
+    }
+}
+
+/// Opens a connection and says hello, retrying refused TCP connections (a driver not
+/// listening yet) with [`Backoff`] for up to `timeout`.
 async fn connect(options: &ExecutorOptions, timeout: Duration) -> Result<Connection, ExitReason> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::until(tokio::time::Instant::now() + timeout);
     let stream = loop {
         match TcpStream::connect(&options.driver_addr).await {
             Ok(stream) => break stream,
-            Err(e) if tokio::time::Instant::now() + backoff >= deadline => {
-                return Err(ExitReason::DriverUnreachable(format!(
-                    "cannot connect to the driver at {}: {e}",
-                    options.driver_addr
-                )));
-            }
-            Err(_) => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+            Err(e) => {
+                if !backoff.wait().await {
+                    return Err(ExitReason::DriverUnreachable(format!(
+                        "cannot connect to the driver at {}: {e}",
+                        options.driver_addr
+                    )));
+                }
             }
         }
     };
@@ -357,6 +398,7 @@ async fn register(
         executor_id: options.executor_id.clone(),
         hostname: options.hostname.clone(),
         cores: options.cores,
+        // The driver drops it until it has a cluster manager (issue 16).
         app_id: options.app_id.clone(),
         pid: std::process::id(),
         meters_fuel: options.fuel,
@@ -390,5 +432,28 @@ async fn heartbeat_loop(
         {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    #[test]
+    fn backoff_doubles_from_50_ms_to_1_s_and_gives_up_when_a_pause_would_reach_the_deadline() {
+        let start = Instant::now();
+        let mut backoff = Backoff::until(start + Duration::from_millis(3_550));
+        let mut now = start;
+        let mut pauses = Vec::new();
+        while let Some(pause) = backoff.next_pause(now) {
+            pauses.push(pause.as_millis());
+            now += pause;
+        }
+        // 2,550 ms in, a 1 s pause would end exactly at the deadline.
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000]);
+        assert_eq!(now - start, Duration::from_millis(2_550));
+        let mut backoff = Backoff::until(start + Duration::from_millis(50));
+        assert_eq!(backoff.next_pause(start), None);
     }
 }

@@ -1,139 +1,24 @@
-//! `flint bench`: starts a local cluster and measures the whole path (HTTP submit,
-//! scheduling, the executor wire, wasmtime, results) with no-op tasks of the testkit guest.
-//! The numbers go to BENCHMARKS.md.
+//! The measurements: throughput and latency of no-op tasks against the executor-only
+//! floor, large results through the block store, and the driver's memory per pending
+//! task. Each prints its figures in the shape BENCHMARKS.md quotes.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flint_protocol::api::{ExecutorState, InputSpec, JobSpec, JobState};
 
-use crate::DriverArgs;
+use super::NOOP_WASM;
+use super::args::BenchArgs;
+use super::procfs::{CpuTimes, cpu_model, num_cpus, process_cpu, resident_bytes};
 use crate::client::Client;
-use crate::dev::{Cluster, DevArgs};
+use crate::dev::Cluster;
 
-/// `(module (memory (export "memory") 1) (func (export "_start")))`, assembled.
-const NOOP_WASM: &[u8] = &[
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version 1
-    0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // types: () -> ()
-    0x03, 0x02, 0x01, 0x00, // functions: one of type 0
-    0x05, 0x03, 0x01, 0x00, 0x01, // memories: one of 1 page
-    0x07, 0x13, 0x02, // exports: two
-    0x06, b'm', b'e', b'm', b'o', b'r', b'y', 0x02, 0x00, // "memory", memory 0
-    0x06, b'_', b's', b't', b'a', b'r', b't', 0x00, 0x00, // "_start", function 0
-    0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code: one body, no locals, end
-];
-
-#[derive(clap::Args, Clone, Debug)]
-pub struct BenchArgs {
-    /// The task: the testkit guest (guest-examples/testkit built for wasm32-wasip1),
-    /// run as `noop`, or any module. Without it, a minimal core module whose `_start`
-    /// returns at once (the WAT no-op of the task_cost bench's floor), which measures
-    /// Flint rather than a guest's start-up. `--results-mib` needs testkit.
-    #[arg(long)]
-    module: Option<PathBuf>,
-    #[arg(long, default_value_t = 2)]
-    executors: u32,
-    #[arg(long, default_value_t = 1)]
-    cores: u32,
-    /// No-op tasks in the throughput job.
-    #[arg(long, default_value_t = 20_000)]
-    tasks: usize,
-    /// Single-task jobs submitted one after another for the latency figures.
-    #[arg(long, default_value_t = 500)]
-    latency_jobs: usize,
-    /// The driver's `--launch-ahead`.
-    #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD)]
-    launch_ahead: u32,
-    /// The driver's `--launch-ahead-max`.
-    #[arg(long, default_value_t = flint_protocol::defaults::LAUNCH_AHEAD_MAX)]
-    launch_ahead_max: u32,
-    /// The driver's `--commit-interval-ms`.
-    #[arg(long, default_value_t = flint_protocol::defaults::COMMIT_INTERVAL_MS)]
-    commit_interval_ms: u64,
-    /// Instead of the throughput and latency figures: start a driver with no executors,
-    /// submit one job of this many no-op tasks (all stay pending) and print the driver's
-    /// resident memory per pending task.
-    #[arg(long, value_name = "TASKS")]
-    pending_memory: Option<usize>,
-    /// Instead: the large-result path's throughput. One job of `--result-tasks` tasks
-    /// each writing this many MiB (testkit `print`) through the block store in the
-    /// driver's data dir, then every result streamed to this client and hashed; printed
-    /// next to a plain write of as many bytes to a file on the same file system.
-    #[arg(long, value_name = "MIB")]
-    results_mib: Option<usize>,
-    #[arg(long, default_value_t = 8)]
-    result_tasks: usize,
-    /// The driver's `--block-store` for `--results-mib`: `driver` (uploads through the
-    /// driver), or `local` for a directory beside the data dir that the executors, on
-    /// this machine, write themselves (`file://`), or any object store URL.
-    #[arg(long, default_value = "driver")]
-    block_store: String,
-}
-
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let wasm = match &args.module {
-        Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-        None if args.results_mib.is_some() => {
-            bail!("--results-mib needs --module testkit.wasm (its `print` writes the results)")
-        }
-        None => NOOP_WASM.to_vec(),
-    };
-    let data_dir = tempfile::tempdir()?;
-    let block_store = match args.block_store.as_str() {
-        "local" => {
-            let dir = data_dir.path().join("local-blocks");
-            std::fs::create_dir_all(&dir)?;
-            format!("file://{}", dir.display())
-        }
-        other => other.to_owned(),
-    };
-    let dev = DevArgs {
-        executors: if args.pending_memory.is_some() {
-            0
-        } else {
-            args.executors
-        },
-        driver: DriverArgs {
-            listen: "127.0.0.1:0".parse()?,
-            executor_listen: "127.0.0.1:0".parse()?,
-            advertise_url: None,
-            data_dir: data_dir.path().to_owned(),
-            cluster_secret: None,
-            token: None,
-            insecure: false,
-            header_read_timeout_ms: flint_protocol::defaults::HEADER_READ_TIMEOUT_MS,
-            body_idle_timeout_ms: flint_protocol::defaults::BODY_IDLE_TIMEOUT_MS,
-            max_concurrent_requests: flint_protocol::defaults::MAX_CONCURRENT_REQUESTS as u64,
-            max_event_streams: flint_protocol::defaults::MAX_EVENT_STREAMS as u64,
-            executor_timeout_ms: flint_protocol::defaults::EXECUTOR_TIMEOUT_MS,
-            fetch_allow: Vec::new(),
-            block_store,
-            inline_result_bytes: flint_protocol::defaults::INLINE_RESULT_BYTES,
-            locality_wait_ms: flint_protocol::defaults::LOCALITY_WAIT_MS,
-            scheduling_mode: crate::SchedulingModeArg::Fifo,
-            speculation: false,
-            launch_ahead: args.launch_ahead,
-            launch_ahead_max: args.launch_ahead_max,
-            queue_budget_us: flint_protocol::defaults::QUEUE_BUDGET_US,
-            commit_interval_ms: args.commit_interval_ms,
-            speculation_quantile: 0.75,
-            speculation_multiplier: 1.5,
-        },
-        cores: args.cores,
-        executor_args: Vec::new(),
-    };
-    let cluster = Cluster::start(&dev).await?;
-    let result = match (args.pending_memory, args.results_mib) {
-        (Some(tasks), _) => measure_pending(&cluster, wasm, tasks).await,
-        (None, Some(mib)) => measure_results(&args, &cluster, wasm, mib, data_dir.path()).await,
-        (None, None) => measure(&args, &cluster, wasm).await,
-    };
-    cluster.stop().await?;
-    result
-}
-
-async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::Result<()> {
+pub async fn throughput_and_latency(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    wasm: Vec<u8>,
+) -> anyhow::Result<()> {
     let client = Client::new(&cluster.http_url);
     wait_for_executors(args, cluster).await?;
     let module = client.upload_module(wasm.clone()).await?;
@@ -190,7 +75,7 @@ async fn measure(args: &BenchArgs, cluster: &Cluster, wasm: Vec<u8>) -> anyhow::
     let (local_elapsed, mut local_trips) = tokio::task::spawn_blocking(move || {
         let config = flint_executor::sandbox::SandboxConfig {
             slots: threads as u32,
-            max_memory_bytes: 4096 << 20,
+            max_memory_bytes: (crate::flags::MAX_MEMORY_MB as usize) << 20,
             fuel: false,
         };
         let sandbox = std::sync::Arc::new(flint_executor::sandbox::Sandbox::new(config)?);
@@ -284,12 +169,12 @@ async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Resu
 /// data dir, timed without and then with fsync: the block store does not fsync (it
 /// writes through object_store's local file system), so the fair comparison is the
 /// first.
-async fn measure_results(
+pub async fn results(
     args: &BenchArgs,
     cluster: &Cluster,
     wasm: Vec<u8>,
     mib: usize,
-    data_dir: &std::path::Path,
+    data_dir: &Path,
 ) -> anyhow::Result<()> {
     use futures_util::StreamExt;
     use sha2::Digest as _;
@@ -432,7 +317,7 @@ async fn measure_results(
 /// The driver's memory per pending task: resident set size before and after one job of
 /// `tasks` no-op tasks is accepted, with freed heap handed back to the system before each
 /// reading so that what the request parsing used and dropped is not counted.
-async fn measure_pending(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyhow::Result<()> {
+pub async fn pending_memory(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyhow::Result<()> {
     let client = Client::new(&cluster.http_url);
     let module = client.upload_module(wasm).await?;
     let before = resident_bytes()?;
@@ -466,78 +351,6 @@ async fn measure_pending(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> anyh
     Ok(())
 }
 
-/// CPU seconds (user + system) the given processes used so far; on a shared machine
-/// this, unlike wall time, does not grow with other people's load.
-fn process_cpu(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .map(|stat| {
-            // Fields after the command name (which may hold spaces): utime and stime are
-            // the 12th and 13th of them.
-            let rest = stat.rsplit(')').next().unwrap_or("");
-            let fields: Vec<u64> = rest
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            fields.iter().sum::<u64>() as f64 / hz
-        })
-        .sum()
-}
-
-/// The whole machine's CPU time from /proc/stat, to tell a phase bound by the CPUs
-/// (every process here, and anyone else's) from one waiting on something else.
-struct CpuTimes {
-    busy: u64,
-    total: u64,
-}
-
-impl CpuTimes {
-    fn now() -> anyhow::Result<CpuTimes> {
-        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
-        let ticks: Vec<u64> = stat
-            .lines()
-            .next()
-            .context("an empty /proc/stat")?
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|t| t.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
-        let total: u64 = ticks.iter().take(8).sum();
-        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-        Ok(CpuTimes {
-            busy: total - idle,
-            total,
-        })
-    }
-
-    /// The share of the machine's CPU time that was busy since `self`.
-    fn busy_since(&self) -> anyhow::Result<f64> {
-        let now = CpuTimes::now()?;
-        let total = now.total.saturating_sub(self.total).max(1);
-        Ok(now.busy.saturating_sub(self.busy) as f64 / total as f64)
-    }
-}
-
-/// This process's resident set, after returning freed heap pages to the system.
-fn resident_bytes() -> anyhow::Result<u64> {
-    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
-    unsafe { libc::malloc_trim(0) };
-    let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .context("parsing /proc/self/statm")?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
-    Ok(pages * page)
-}
-
 fn ensure_succeeded(state: JobState, what: &str) -> anyhow::Result<()> {
     if state != JobState::Succeeded {
         bail!("{what} ended {state:?}");
@@ -547,40 +360,4 @@ fn ensure_succeeded(state: JobState, what: &str) -> anyhow::Result<()> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown cpu".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::NOOP_WASM;
-
-    #[test]
-    fn the_built_in_noop_module_runs_through_the_task_runner() {
-        let config = flint_executor::sandbox::SandboxConfig {
-            slots: 1,
-            max_memory_bytes: 64 << 20,
-            fuel: false,
-        };
-        let sandbox = std::sync::Arc::new(flint_executor::sandbox::Sandbox::new(config).unwrap());
-        let mut local =
-            flint_executor::local::LocalRunner::new(sandbox, config, 1, NOOP_WASM, Vec::new())
-                .unwrap();
-        local.throughput(10).unwrap();
-        assert_eq!(local.round_trips(3).unwrap().len(), 3);
-    }
 }

@@ -1,0 +1,67 @@
+//! `flint bench`: starts a local cluster and measures the whole path (HTTP submit,
+//! scheduling, the executor wire, wasmtime, results) with no-op tasks of the testkit guest.
+//! The numbers go to BENCHMARKS.md.
+//!
+//! `args` holds the flags and turns them into the `flint dev` cluster to measure,
+//! `measure` the measurements, `procfs` what they read from `/proc`.
+
+mod args;
+mod measure;
+mod procfs;
+
+use anyhow::{Context, bail};
+
+pub use args::BenchArgs;
+
+use crate::dev::Cluster;
+
+/// `(module (memory (export "memory") 1) (func (export "_start")))`, assembled.
+const NOOP_WASM: &[u8] = &[
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version 1
+    0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // types: () -> ()
+    0x03, 0x02, 0x01, 0x00, // functions: one of type 0
+    0x05, 0x03, 0x01, 0x00, 0x01, // memories: one of 1 page
+    0x07, 0x13, 0x02, // exports: two
+    0x06, b'm', b'e', b'm', b'o', b'r', b'y', 0x02, 0x00, // "memory", memory 0
+    0x06, b'_', b's', b't', b'a', b'r', b't', 0x00, 0x00, // "_start", function 0
+    0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code: one body, no locals, end
+];
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let wasm = match &args.module {
+        Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        None if args.results_mib.is_some() => {
+            bail!("--results-mib needs --module testkit.wasm (its `print` writes the results)")
+        }
+        None => NOOP_WASM.to_vec(),
+    };
+    let data_dir = tempfile::tempdir()?;
+    let cluster = Cluster::start(&args.dev_args(data_dir.path())?).await?;
+    let result = match (args.pending_memory, args.results_mib) {
+        (Some(tasks), _) => measure::pending_memory(&cluster, wasm, tasks).await,
+        (None, Some(mib)) => measure::results(&args, &cluster, wasm, mib, data_dir.path()).await,
+        (None, None) => measure::throughput_and_latency(&args, &cluster, wasm).await,
+    };
+    cluster.stop().await?;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NOOP_WASM;
+
+    #[test]
+    fn the_built_in_noop_module_runs_through_the_task_runner() {
+        let config = flint_executor::sandbox::SandboxConfig {
+            slots: 1,
+            max_memory_bytes: 64 << 20,
+            fuel: false,
+        };
+        let sandbox = std::sync::Arc::new(flint_executor::sandbox::Sandbox::new(config).unwrap());
+        let mut local =
+            flint_executor::local::LocalRunner::new(sandbox, config, 1, NOOP_WASM, Vec::new())
+                .unwrap();
+        local.throughput(10).unwrap();
+        assert_eq!(local.round_trips(3).unwrap().len(), 3);
+    }
+}
