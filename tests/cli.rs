@@ -6,12 +6,8 @@ mod common;
 
 use std::process::Command;
 
-use common::{DevCluster, FLINT, free_port, guests};
+use common::{DevCluster, FLINT, free_port, guests, text};
 use serde_json::Value;
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 #[test]
 fn submit_mounts_files_saves_results_and_prints_json_for_scripts() {

@@ -8,6 +8,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// A command's output as text, any bad UTF-8 replaced (for messages and `contains`).
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
 /// What the hashgen guest writes for `seed` and `mib`: a splitmix64 stream.
 pub fn splitmix_stream(seed: u64, mib: usize) -> Vec<u8> {
     let mut state = seed;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use self::{
     cluster::{Api, DevCluster, is_final, spec},
-    data::{sha256_hex, splitmix_stream},
+    data::{sha256_hex, splitmix_stream, text},
     guests::{Guests, c_wc, guests, zig_sha256},
     origin::{Origin, Reply},
     process::{Process, free_port, peak_rss, process_exists, signal},

@@ -93,6 +93,9 @@ async fn handle(
                 cores,
                 pid,
                 meters_fuel,
+                // `app_id` is left unchecked until the driver has a cluster manager that
+                // launches executors for one app (issue 16); so is `StopExecutor`, which
+                // the driver never sends yet.
                 ..
             })) => {
                 let host = if hostname.is_empty() { host } else { hostname };
