@@ -18,7 +18,7 @@ pub struct DriverConfig {
     /// token) on module and file downloads.
     pub cluster_secret: Option<String>,
     /// Bearer token every API request must carry when set (`/healthz`,
-    /// `/v1/openapi.json` and the web UI's page `/ui` excepted).
+    /// `/v1/openapi.json`, the web UI's page `/ui` and `GET /`, its redirect, excepted).
     pub api_token: Option<String>,
     /// Timeouts and concurrency of the HTTP edge.
     pub edge: EdgeLimits,

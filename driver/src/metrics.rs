@@ -54,11 +54,10 @@ impl Metrics {
     }
 }
 
-/// The text of `/metrics`: the scheduler's figures read from `state` as it is now, the
-/// counters of `metrics`, and the job store's `commits`.
-pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
+/// The first part of `/metrics`: the scheduler's figures, read from `state` as it is
+/// now (the caller holds the scheduler's lock for this part only).
+pub fn render_state(state: &ClusterState, now: Instant) -> String {
     let mut out = String::new();
-    let now = Instant::now();
     {
         let s = state;
         let mut tasks = TaskCounts::default();
@@ -219,10 +218,15 @@ pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
             }
         }
     }
+    out
+}
 
+/// The rest of `/metrics`, appended to `out`: the counters fed as tasks end, and the job
+/// store's group `commits`. Needs no lock.
+pub fn render_counters(out: &mut String, metrics: &Metrics, commits: u64) {
     let m = metrics;
     family(
-        &mut out,
+        out,
         "flint_task_duration_seconds",
         "histogram",
         "Guest run time of tasks that succeeded or failed (executor clock).",
@@ -248,7 +252,7 @@ pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
         m.duration_count.load(Ordering::Relaxed)
     );
     family(
-        &mut out,
+        out,
         "flint_result_bytes_total",
         "counter",
         "Bytes of task results received.",
@@ -259,7 +263,7 @@ pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
         m.result_bytes.load(Ordering::Relaxed)
     );
     family(
-        &mut out,
+        out,
         "flint_results_total",
         "counter",
         "Task results received.",
@@ -270,13 +274,12 @@ pub fn render(state: &ClusterState, metrics: &Metrics, commits: u64) -> String {
         m.results.load(Ordering::Relaxed)
     );
     family(
-        &mut out,
+        out,
         "flint_job_store_commits_total",
         "counter",
         "Group commits of task and job ends to the job store (at most one per --commit-interval-ms).",
     );
     let _ = writeln!(out, "flint_job_store_commits_total {}", commits);
-    out
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

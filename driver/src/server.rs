@@ -25,6 +25,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
+    // Dropping `run` (its caller gone) stops the listeners too, as a stop would.
+    let _stop_on_drop = stop.clone().drop_guard();
     let executor_server = tokio::spawn(crate::cluster::serve(
         listeners.executors,
         driver.clone(),

@@ -64,7 +64,9 @@ impl Credentials {
         let Some(token) = &self.api_token else {
             return Ok(());
         };
-        if is_open(path) {
+        // `/` only redirects a browser's GET to the UI; anything else there is asked
+        // for the token like the rest of the API.
+        if is_open(path) && (path != "/" || *method == Method::GET) {
             return Ok(());
         }
         let Some(given) = bearer(headers) else {
@@ -135,6 +137,9 @@ mod tests {
         assert!(credentials.check(&get, "/v1/openapi.json", &none).is_ok());
         assert!(credentials.check(&get, "/ui", &none).is_ok());
         assert!(credentials.check(&get, "/ui/", &none).is_err());
+        // `/` is open only to the browser's GET that it redirects.
+        assert!(credentials.check(&get, "/", &none).is_ok());
+        assert!(credentials.check(&Method::POST, "/", &none).is_err());
         assert!(credentials.check(&get, "/ui/x", &none).is_err());
         assert!(credentials.check(&get, "/v1/jobs", &none).is_err());
         assert!(

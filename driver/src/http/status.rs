@@ -33,7 +33,12 @@ pub(super) async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoR
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        driver.read(|s| metrics::render(s, &driver.metrics, driver.store_commits())),
+        {
+            let now = Instant::now();
+            let mut text = driver.read(|s| metrics::render_state(s, now));
+            metrics::render_counters(&mut text, &driver.metrics, driver.store_commits());
+            text
+        },
     )
 }
 
