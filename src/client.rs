@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use flint_driver::service::IdempotencyKey;
 use flint_protocol::api::{
     ErrorResponse, ExecutorView, JobSpec, JobView, List, TaskView, Uploaded,
 };
@@ -57,12 +58,26 @@ impl Client {
 
     /// Submits a job; with `wait`, the answer comes when the job ends or the time passes.
     pub async fn submit(&self, spec: &JobSpec, wait: Option<Duration>) -> anyhow::Result<JobView> {
+        self.submit_with_key(spec, wait, None).await
+    }
+
+    /// [`Self::submit`] with an `Idempotency-Key`: a repeat with the same key and spec
+    /// gets the job the first submission made.
+    pub async fn submit_with_key(
+        &self,
+        spec: &JobSpec,
+        wait: Option<Duration>,
+        key: Option<&IdempotencyKey>,
+    ) -> anyhow::Result<JobView> {
         let mut url = self.url("/v1/jobs");
         if let Some(wait) = wait {
             url.push_str(&format!("?wait={}", wait.as_secs_f64()));
         }
-        self.send(self.request(reqwest::Method::POST, &url).json(spec))
-            .await
+        let mut request = self.request(reqwest::Method::POST, &url).json(spec);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key.as_str());
+        }
+        self.send(request).await
     }
 
     pub async fn job(&self, id: &str, wait: Option<Duration>) -> anyhow::Result<JobView> {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use clap::ArgMatches;
+use flint_driver::service::IdempotencyKey;
 use flint_protocol::JobId;
 use flint_protocol::api::{
     FileSpec, InputSpec, JobSpec, JobState, ResourcesSpec, ResultsRef, TaskView,
@@ -82,6 +83,13 @@ pub struct SubmitArgs {
     /// `result.base64` otherwise.
     #[arg(long)]
     json: bool,
+    /// Makes the submission safe to retry: run again with the same key and the same job,
+    /// it gets the job the first run made (its id, or with --wait its results) instead of
+    /// running it twice; the same key with another job is refused
+    /// (`idempotency_conflict`). The key lives as long as its job. 1 to 255 bytes of
+    /// visible ASCII, such as a UUID.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<IdempotencyKey>,
     /// How to show progress on stderr while waiting.
     #[arg(long, value_enum, default_value = "auto")]
     progress: ProgressMode,
@@ -204,7 +212,9 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         },
         ..JobSpec::default()
     };
-    let job = client.submit(&spec, None).await?;
+    let job = client
+        .submit_with_key(&spec, None, args.idempotency_key.as_ref())
+        .await?;
     if !args.wait && args.out.is_none() {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&job)?);

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{ErrorBody, ErrorResponse};
 
 use crate::admission::{INVALID_JSON, Rejection};
+use crate::service::SubmitError;
 use crate::store::blobs::ModuleError;
 use crate::store::blocks::BlockError;
 
@@ -123,6 +124,24 @@ impl From<BlockError> for ApiError {
             }
             BlockError::Store(_) | BlockError::Io(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
+            }
+        }
+    }
+}
+
+/// A submission that made no job: refused by admission (400 or 422), not stored (503),
+/// or its idempotency key taken by another spec (422).
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Rejected(rejection) => rejection.into(),
+            SubmitError::Storage(e) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage",
+                format!("job not accepted: {e}"),
+            ),
+            e @ SubmitError::Conflict { .. } => {
+                ApiError::invalid("idempotency_conflict", e.to_string())
             }
         }
     }

@@ -18,9 +18,11 @@ use super::blobs::stream_block;
 use super::edge;
 use super::error::{ApiError, ApiResult};
 use crate::scheduler::{ClusterState, Task};
-use crate::service::Driver;
+use crate::service::{Driver, IdempotencyKey, Submitted};
 use crate::views::{job_view, task_view};
 
+/// The header that makes a submission safe to retry.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Longest `?wait=` honoured, so a client cannot pin a connection forever.
 const MAX_WAIT: Duration = Duration::from_secs(300);
 /// Default and largest page of a list.
@@ -36,14 +38,27 @@ pub(super) struct WaitQuery {
 }
 
 /// Submits a job. It is stored before the answer, so an accepted job survives a driver
-/// restart. With `?wait=S` the answer comes when the job ends or S seconds pass.
-#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", params(WaitQuery),
+/// restart. With `?wait=S` the answer comes when the job ends or S seconds pass. With an
+/// `Idempotency-Key`, a repeat of the same spec gets the job the first made (200), not
+/// a second one, for as long as the job exists.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
+    params(
+        WaitQuery,
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255, pattern = "^[!-~]+$",
+            description = "Makes the submission safe to retry: the first submission with a key creates \
+                the job (202); a repeat with the same key and the same spec (the same JSON once \
+                object keys are sorted and whitespace dropped) answers 200 with that job, even one \
+                arriving while the first is still being stored; with another spec, 422 \
+                `idempotency_conflict`. A key lives as long as its job. 1 to 255 bytes of visible \
+                ASCII (0x21-0x7e), else 400 `bad_idempotency_key`."),
+    ),
     request_body = JobSpec,
     responses(
+        (status = 200, description = "a repeat of an earlier submission with the same `Idempotency-Key` and spec: that job (with `wait`, maybe ended)", body = JobView),
         (status = 202, description = "accepted (and, with `wait`, maybe ended)", body = JobView),
-        (status = 400, description = "not JSON (`invalid_json`), or a bad query", body = ErrorResponse),
+        (status = 400, description = "not JSON (`invalid_json`), a bad query, or a bad `Idempotency-Key` (`bad_idempotency_key`: empty, over 255 bytes, a byte outside 0x21-0x7e, or given twice)", body = ErrorResponse),
         (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
-        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`", body = ErrorResponse),
+        (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`; or `idempotency_conflict`: the `Idempotency-Key` belongs to a job submitted with another spec (the message names it)", body = ErrorResponse),
     ))]
 pub(super) async fn submit_job(
     State(driver): State<Arc<Driver>>,
@@ -52,6 +67,7 @@ pub(super) async fn submit_job(
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<JobView>)> {
     let Query(query) = query.map_err(ApiError::query)?;
+    let key = idempotency_key(&headers)?;
     let limit = defaults::MAX_JOB_SPEC_BYTES;
     let body = edge::read_body(
         &headers,
@@ -61,18 +77,36 @@ pub(super) async fn submit_job(
         "job spec",
     )
     .await?;
-    let job = driver.admit(&body)?;
-    let id = job.def.id.clone();
-    driver.submit(job).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "storage",
-            format!("job not accepted: {e}"),
-        )
-    })?;
-    tracing::info!(job = %id, "job accepted");
+    let (status, id) = match driver.submit_spec(body, key).await? {
+        Submitted::Accepted(id) => {
+            tracing::info!(job = %id, "job accepted");
+            (StatusCode::ACCEPTED, id)
+        }
+        Submitted::Repeated(id) => {
+            tracing::info!(job = %id, "repeated submission answered with its job");
+            (StatusCode::OK, id)
+        }
+    };
     let view = wait_for_job(&driver, &id, query.wait).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(view)))
+    Ok((status, axum::Json(view)))
+}
+
+/// The request's `Idempotency-Key`, if it has one (and only one) that follows the rule.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<IdempotencyKey>> {
+    let bad =
+        |message: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_idempotency_key", message);
+    let mut given = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = given.next() else {
+        return Ok(None);
+    };
+    if given.next().is_some() {
+        return Err(bad(
+            "the Idempotency-Key header is given more than once; give it once".into(),
+        ));
+    }
+    IdempotencyKey::parse(value.as_bytes())
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// A job's state, counts per task state, timings and error; with `?wait=S`, once it

@@ -2,6 +2,7 @@
 //! never held across an `.await`), the actions its changes ask for carried out under
 //! that lock (messages to executors, events, job store writes), and the entry points
 //! the front ends call: admit and submit, register, heartbeat, status updates, lose.
+//! Submissions under an idempotency key are [`idempotency`]'s.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,49 +11,62 @@ use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::{Digest, DriverMessage, ExecutorId, TaskId, defaults};
+use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId, TaskId, defaults};
 use tokio::sync::{mpsc, watch};
 
-use crate::admission::{self, Catalog, Rejection, UrlTimestamps};
+use crate::admission::{self, Rejection, UrlTimestamps};
 use crate::config::DriverConfig;
 use crate::events::{JobEvent, JobEvents};
 use crate::scheduler::{Action, ClusterState, NewJob};
-use crate::store::blobs::{ModuleInfo, ModuleStore};
+use crate::store::blobs::ModuleStore;
 use crate::store::blocks::BlockStore;
 use crate::store::durable;
-use crate::store::{JobStore, StoreError};
+use crate::store::{JobStore, StoreError, Stored};
 
-/// Where executors reach the HTTP API: the advertised URL if there is one; else the
-/// listen address, unless that is a wildcard (0.0.0.0, ::), which means "this host" to
-/// a local client only: then this machine's host name, as Spark's driver host defaults
-/// to it.
-fn advertised_base(
-    advertise: Option<&str>,
-    listen: SocketAddr,
-    host_name: impl FnOnce() -> Option<String>,
-) -> String {
-    if let Some(url) = advertise {
-        return url.trim_end_matches('/').to_owned();
-    }
-    if listen.ip().is_unspecified()
-        && let Some(host) = host_name().filter(|h| !h.is_empty())
-    {
-        return format!("http://{host}:{}", listen.port());
-    }
-    format!("http://{listen}")
-}
+mod catalog;
+pub mod idempotency;
 
-/// This machine's host name, as the kernel has it.
-fn host_name() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-}
+use idempotency::IdempotencyKeys;
+pub use idempotency::{BadKey, IdempotencyKey};
+
+use catalog::{advertised_base, host_name};
 
 /// A live connection's outbox, tagged with the registration it belongs to.
 struct Link {
     generation: u64,
     outbox: mpsc::UnboundedSender<DriverMessage>,
+}
+
+/// What a submission came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    /// A new job, stored.
+    Accepted(JobId),
+    /// The job an earlier submission with the same idempotency key and spec made.
+    Repeated(JobId),
+}
+
+/// Why a submission made no job.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The spec is not a job Flint can run.
+    #[error("{}", .0.message)]
+    Rejected(Rejection),
+    /// The job could not be stored, so it was not accepted.
+    #[error(transparent)]
+    Storage(#[from] StoreError),
+    /// The key belongs to a job submitted with another spec.
+    #[error(
+        "Idempotency-Key {key:?} belongs to job {job}, which was submitted with another \
+         spec; use a new key for a new job"
+    )]
+    Conflict { key: IdempotencyKey, job: JobId },
+}
+
+impl From<Rejection> for SubmitError {
+    fn from(r: Rejection) -> Self {
+        SubmitError::Rejected(r)
+    }
 }
 
 struct Inner {
@@ -68,6 +82,8 @@ pub struct Driver {
     /// The fetch timestamps of the URLs jobs named.
     url_timestamps: UrlTimestamps,
     store: JobStore,
+    /// The idempotency keys in use, and the job each stored one belongs to.
+    idempotency: IdempotencyKeys,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
     inner: Mutex<Inner>,
@@ -88,7 +104,7 @@ impl Driver {
         let files = ModuleStore::open_files(config.data_dir.join("files"))?;
         std::fs::create_dir_all(&config.data_dir)?;
         let store = JobStore::open(&config.data_dir.join("jobs.redb"), config.commit_interval)?;
-        let stored = store.load()?;
+        let Stored { jobs: stored, keys } = store.load()?;
         let restored = stored.len();
         let http_base = advertised_base(config.advertise_url.as_deref(), http_addr, host_name);
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
@@ -101,6 +117,7 @@ impl Driver {
             blocks,
             url_timestamps: UrlTimestamps::default(),
             store,
+            idempotency: IdempotencyKeys::restore(keys),
             http_base,
             inner: Mutex::new(Inner {
                 state: ClusterState::new(
@@ -144,10 +161,41 @@ impl Driver {
     /// nothing outside (a guest's only effect is its result); one that already ended
     /// stays as it ended, in memory only.
     pub async fn submit(self: &Arc<Self>, job: NewJob) -> Result<(), StoreError> {
+        self.submit_keyed(job, None).await
+    }
+
+    /// Submits the job spec in `body`: admitted and stored ([`Self::submit`]), or with an
+    /// idempotency `key`, that and no more than once per key (see [`idempotency`]).
+    pub async fn submit_spec(
+        self: &Arc<Self>,
+        body: bytes::Bytes,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Submitted, SubmitError> {
+        match key {
+            Some(key) => self.submit_once(body, key).await,
+            None => {
+                let job = self.admit(&body)?;
+                let id = job.def.id.clone();
+                self.submit(job).await?;
+                Ok(Submitted::Accepted(id))
+            }
+        }
+    }
+
+    /// [`Self::submit`], storing the idempotency key and its spec's digest (if any) with
+    /// the job, in the one write.
+    async fn submit_keyed(
+        self: &Arc<Self>,
+        job: NewJob,
+        key: Option<(String, Digest)>,
+    ) -> Result<(), StoreError> {
         let record = durable::job_record(&job);
         let id = job.def.id.clone();
         let driver = self.clone();
-        let commit = tokio::task::spawn_blocking(move || driver.store.put_job(&record));
+        let commit = tokio::task::spawn_blocking(move || {
+            let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
+            driver.store.put_job(&record, key)
+        });
         self.apply(|s| ((), s.submit_job(job)));
         let stored = match commit.await {
             Ok(stored) => stored,
@@ -419,32 +467,6 @@ impl Driver {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().expect("driver state lock poisoned")
-    }
-}
-
-impl Catalog for Driver {
-    fn module(&self, digest: &Digest) -> Option<ModuleInfo> {
-        self.modules.get(digest)
-    }
-
-    fn file(&self, digest: &Digest) -> Option<ModuleInfo> {
-        self.files.get(digest)
-    }
-
-    fn http_base(&self) -> &str {
-        &self.http_base
-    }
-
-    fn block_url(&self, id: &str) -> String {
-        self.blocks.fetch_url(id)
-    }
-
-    fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
-        Driver::url_timestamp(self, url, given)
-    }
-
-    fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
-        Driver::read(self, f)
     }
 }
 

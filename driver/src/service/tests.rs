@@ -19,7 +19,7 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
         .submit(crate::scheduler::tests::job("kept", 3, 1))
         .await
         .unwrap();
-    let stored = driver.store.load().unwrap();
+    let stored = driver.store.load().unwrap().jobs;
     assert_eq!(stored.len(), 1, "committed before submit returned");
     assert_eq!(stored[0].job.def.id, JobId("kept".into()));
 
@@ -42,7 +42,7 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
     );
     assert_eq!(pending, 0, "nothing of it left to run");
     assert_eq!(
-        driver.store.load().unwrap().len(),
+        driver.store.load().unwrap().jobs.len(),
         1,
         "only the first is stored"
     );
@@ -64,4 +64,123 @@ fn executors_get_the_advertised_url_or_a_reachable_host() {
     );
     assert_eq!(advertised_base(None, local, name), "http://127.0.0.1:7070");
     assert_eq!(advertised_base(None, any, || None), "http://0.0.0.0:7070");
+}
+
+/// The smallest WASI command: a type, a function and its `_start` export.
+const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\
+    \x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
+
+fn keyed(key: &str) -> Option<IdempotencyKey> {
+    Some(key.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_makes_one_job_however_many_submit_it_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Driver::new(
+        DriverConfig::new(dir.path().to_owned()),
+        "127.0.0.1:7070".parse().unwrap(),
+    )
+    .unwrap();
+    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let spec = bytes::Bytes::from(format!(
+        r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
+    ));
+    let submissions: Vec<_> = (0..20)
+        .map(|_| {
+            let (driver, spec) = (driver.clone(), spec.clone());
+            tokio::spawn(async move { driver.submit_spec(spec, keyed("k")).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for submission in submissions {
+        outcomes.push(submission.await.unwrap().unwrap());
+    }
+    let accepted: Vec<&JobId> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Submitted::Accepted(id) => Some(id),
+            Submitted::Repeated(_) => None,
+        })
+        .collect();
+    assert_eq!(accepted.len(), 1, "{outcomes:?}");
+    let id = accepted[0].clone();
+    assert!(outcomes.contains(&Submitted::Repeated(id.clone())));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Submitted::Accepted(j) | Submitted::Repeated(j) if *j == id))
+    );
+    assert_eq!(driver.read(|s| s.jobs.len()), 1);
+    let stored = driver.store.load().unwrap();
+    assert_eq!(stored.jobs.len(), 1);
+    assert_eq!(stored.keys.len(), 1);
+    assert_eq!(
+        (stored.keys[0].key.as_str(), &stored.keys[0].job),
+        ("k", &id)
+    );
+
+    let other = bytes::Bytes::from(format!(
+        r#"{{"module": "{module}", "inputs": [{{"text": "b"}}]}}"#
+    ));
+    match driver.submit_spec(other, keyed("k")).await {
+        Err(SubmitError::Conflict { key, job }) => assert_eq!((key.as_str(), job), ("k", id)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Driver::new(
+        DriverConfig::new(dir.path().to_owned()),
+        "127.0.0.1:7070".parse().unwrap(),
+    )
+    .unwrap();
+    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let spec = bytes::Bytes::from(format!(
+        r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
+    ));
+
+    // Refused by admission: the key is free, and forgotten.
+    let unknown = bytes::Bytes::from_static(br#"{"module": "sha256:0000000000000000000000000000000000000000000000000000000000000000", "inputs": [{"text": "a"}]}"#);
+    let refused = driver.submit_spec(unknown, keyed("k")).await.unwrap_err();
+    assert!(
+        matches!(&refused, SubmitError::Rejected(r) if r.kind == "unknown_module"),
+        "{refused:?}"
+    );
+    let not_json = driver
+        .submit_spec(bytes::Bytes::from_static(b"{"), keyed("k"))
+        .await;
+    assert!(matches!(not_json, Err(SubmitError::Rejected(r)) if r.kind == admission::INVALID_JSON));
+
+    // Not stored: the job is killed where it stands, and the key is free again.
+    driver.store.refuse_jobs.store(true, Ordering::Relaxed);
+    let lost = driver
+        .submit_spec(spec.clone(), keyed("k"))
+        .await
+        .unwrap_err();
+    assert!(matches!(lost, SubmitError::Storage(_)), "{lost:?}");
+    driver.store.refuse_jobs.store(false, Ordering::Relaxed);
+    assert_eq!(
+        driver.idempotency.in_use(),
+        0,
+        "unclaimed keys are forgotten"
+    );
+
+    let Submitted::Accepted(id) = driver.submit_spec(spec.clone(), keyed("k")).await.unwrap()
+    else {
+        panic!("the retry makes the job");
+    };
+    assert_eq!(
+        driver.submit_spec(spec, keyed("k")).await.unwrap(),
+        Submitted::Repeated(id)
+    );
+    assert_eq!(driver.idempotency.in_use(), 1);
+    assert_eq!(
+        driver.read(|s| s.jobs.len()),
+        2,
+        "the killed one and the stored one"
+    );
+    assert_eq!(driver.store.load().unwrap().jobs.len(), 1);
 }

@@ -8,4 +8,4 @@ pub mod blocks;
 pub mod durable;
 mod jobs;
 
-pub use jobs::{JobStore, StoreError, StoredJob};
+pub use jobs::{JobStore, StoreError, Stored, StoredJob, StoredKey};

@@ -7,7 +7,8 @@
 //! (5 ms by default): each costs a sync of the file and a few page writes whatever it
 //! holds, and at 100,000 task ends a second committing as fast as the disk allows spent
 //! more CPU than the tasks. After a crash, a task whose end was not yet committed simply
-//! runs again: results are kept at least once and served exactly once.
+//! runs again: results are kept at least once and served exactly once. A job submitted
+//! with an idempotency key is stored with its key, in one transaction.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -16,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use flint_protocol::JobId;
 use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord};
+use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 // v2: task inputs may be fetched (url / result inputs) and results may be blocks.
@@ -26,6 +27,14 @@ const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v3");
 // v4: task ends in batches, keyed by a sequence number in commit order.
 const TASK_END_BATCHES: TableDefinition<u64, &[u8]> = TableDefinition::new("task_ends.v4");
 const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v3");
+/// Idempotency keys: key -> (the SHA-256 of the canonical spec the key was given with,
+/// the job it made). Written in the job's own transaction, so a job and its key are
+/// stored together or not at all. Added after the tables above: a data dir without it
+/// opens with it empty. Deleting a job (issue 15's retention) must delete its key here,
+/// in the same transaction; the table is keyed by key, so the job's key will have to
+/// come from the driver's key map or a job -> key table beside this one.
+const IDEMPOTENCY_KEYS: TableDefinition<&str, (&[u8; 32], &str)> =
+    TableDefinition::new("idempotency_keys.v1");
 /// Tables of earlier layouts: a data dir holding them was written by an older Flint.
 const OLD_TABLES: [&str; 3] = ["jobs.v1", "jobs.v2", "task_ends.v3"];
 
@@ -46,6 +55,21 @@ pub enum StoreError {
 
 fn db_error<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Db(e.to_string())
+}
+
+/// Everything the store holds, as `load` reads it at start.
+pub struct Stored {
+    pub jobs: Vec<StoredJob>,
+    /// The idempotency keys of those jobs.
+    pub keys: Vec<StoredKey>,
+}
+
+/// An idempotency key, the digest of the spec it was given with, and the job it made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub key: String,
+    pub spec: Digest,
+    pub job: JobId,
 }
 
 /// One stored job with what is known of its end.
@@ -106,6 +130,7 @@ impl JobStore {
         for table in [JOBS, JOB_ENDS] {
             txn.open_table(table).map_err(db_error)?;
         }
+        txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;
         let next_batch = txn
             .open_table(TASK_END_BATCHES)
             .map_err(db_error)?
@@ -131,18 +156,27 @@ impl JobStore {
         })
     }
 
-    /// Stores an accepted job durably. Blocks for the commit: call it off the runtime.
-    pub fn put_job(&self, job: &JobRecord) -> Result<(), StoreError> {
+    /// Stores an accepted job durably, with the idempotency key it was submitted under
+    /// (if any) and its spec's digest, in one transaction. Blocks for the commit: call
+    /// it off the runtime.
+    pub fn put_job(&self, job: &JobRecord, key: Option<(&str, &Digest)>) -> Result<(), StoreError> {
         #[cfg(test)]
         if self.refuse_jobs.load(Ordering::Relaxed) {
             return Err(StoreError::Db("No space left on device (a test's)".into()));
         }
         let bytes = postcard::to_stdvec(job)?;
+        let id = job.def.id.0.as_str();
         let txn = self.db.begin_write().map_err(db_error)?;
         txn.open_table(JOBS)
             .map_err(db_error)?
-            .insert(job.def.id.0.as_str(), bytes.as_slice())
+            .insert(id, bytes.as_slice())
             .map_err(db_error)?;
+        if let Some((key, spec)) = key {
+            txn.open_table(IDEMPOTENCY_KEYS)
+                .map_err(db_error)?
+                .insert(key, (&spec.0, id))
+                .map_err(db_error)?;
+        }
         txn.commit().map_err(db_error)
     }
 
@@ -174,10 +208,29 @@ impl JobStore {
         self.writer.commits.load(Ordering::Relaxed)
     }
 
-    /// Everything stored, for rebuilding the scheduler's state at start.
-    pub fn load(&self) -> Result<Vec<StoredJob>, StoreError> {
+    /// Everything stored, for rebuilding the scheduler's state at start: the jobs, and
+    /// the idempotency keys of those jobs.
+    pub fn load(&self) -> Result<Stored, StoreError> {
         let txn = self.db.begin_read().map_err(db_error)?;
         let jobs = txn.open_table(JOBS).map_err(db_error)?;
+        let mut keys = Vec::new();
+        for entry in txn
+            .open_table(IDEMPOTENCY_KEYS)
+            .map_err(db_error)?
+            .iter()
+            .map_err(db_error)?
+        {
+            let (key, value) = entry.map_err(db_error)?;
+            let (spec, job) = value.value();
+            // Only a key whose job is stored: one left over would claim a job that is gone.
+            if jobs.get(job).map_err(db_error)?.is_some() {
+                keys.push(StoredKey {
+                    key: key.value().to_owned(),
+                    spec: Digest(*spec),
+                    job: JobId(job.to_owned()),
+                });
+            }
+        }
         let batches = txn.open_table(TASK_END_BATCHES).map_err(db_error)?;
         let job_ends = txn.open_table(JOB_ENDS).map_err(db_error)?;
         // Every task end, by job and index; in commit order, so a later end of a task
@@ -205,7 +258,7 @@ impl JobStore {
                 .transpose()?;
             stored.push(StoredJob { job, tasks, end });
         }
-        Ok(stored)
+        Ok(Stored { jobs: stored, keys })
     }
 }
 
@@ -306,130 +359,4 @@ fn commit(db: &Database, batch: &[Write], next_batch: &mut u64) -> Result<(), St
 }
 
 #[cfg(test)]
-mod tests {
-    use flint_protocol::TaskResult;
-    use flint_protocol::api::{JobState, TaskState};
-
-    use super::*;
-
-    fn end(attempts: u32, result_bytes: usize) -> TaskEndRecord {
-        TaskEndRecord {
-            state: TaskState::Succeeded,
-            attempts,
-            executor: None,
-            failure: None,
-            started_at_us: Some(1),
-            finished_at_us: Some(2),
-            result: Some(TaskResult::Inline(vec![attempts as u8; result_bytes])),
-            log: Vec::new(),
-        }
-    }
-
-    /// Waits for the writer thread's group commits to show `ready`.
-    fn load_until(store: &JobStore, ready: impl Fn(&[StoredJob]) -> bool) -> Vec<StoredJob> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stored = store.load().unwrap();
-            if ready(&stored) {
-                return stored;
-            }
-            assert!(Instant::now() < deadline, "the ends were never committed");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    #[test]
-    fn ends_within_the_commit_interval_share_a_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3)).unwrap();
-        let new = crate::scheduler::tests::job("j", 20, 1);
-        store
-            .put_job(&crate::store::durable::job_record(&new))
-            .unwrap();
-        let job = JobId("j".into());
-        // 20 ends over about 100 ms, far less than the interval: the first is committed
-        // at once, the other 19 wait for the interval to pass and go in one commit.
-        for index in 0..20 {
-            store.task_ended(job.clone(), index, end(1, 1));
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let stored = load_until(&store, |s| s[0].tasks.len() == 20);
-        assert_eq!(stored[0].tasks.len(), 20);
-        assert_eq!(
-            store.commits(),
-            2,
-            "one commit for the first end, one for the rest"
-        );
-    }
-
-    #[test]
-    fn a_flush_commits_at_once_whatever_the_interval() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3600)).unwrap();
-        let new = crate::scheduler::tests::job("j", 3, 1);
-        store
-            .put_job(&crate::store::durable::job_record(&new))
-            .unwrap();
-        let job = JobId("j".into());
-        store.task_ended(job.clone(), 0, end(1, 1));
-        // The first end is committed at once; the next two would wait an hour.
-        load_until(&store, |s| s[0].tasks.len() == 1);
-        store.task_ended(job.clone(), 1, end(1, 1));
-        store.task_ended(job.clone(), 2, end(1, 1));
-        let started = Instant::now();
-        store.flush();
-        assert!(started.elapsed() < Duration::from_secs(60));
-        assert_eq!(store.load().unwrap()[0].tasks.len(), 3, "flushed");
-    }
-
-    #[test]
-    fn task_ends_come_back_after_a_reopen_latest_first_and_split_when_large() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("jobs.redb");
-        let store = JobStore::open(&path, Duration::ZERO).unwrap();
-        let new = crate::scheduler::tests::job("j", 4, 1);
-        store
-            .put_job(&crate::store::durable::job_record(&new))
-            .unwrap();
-        let job = JobId("j".into());
-        // 700 KiB results: two of them pass BATCH_VALUE_BYTES, so the commit splits.
-        for index in 0..3 {
-            store.task_ended(job.clone(), index, end(1, 700 << 10));
-        }
-        store.task_ended(job.clone(), 0, end(2, 3));
-        store.job_ended(
-            job.clone(),
-            JobEndRecord {
-                state: JobState::Succeeded,
-                finished_at_ms: 5,
-                error: None,
-            },
-        );
-        load_until(&store, |s| s[0].end.is_some());
-        drop(store);
-        // The writer thread lets go of the database once its queue closes.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let store = loop {
-            match JobStore::open(&path, Duration::ZERO) {
-                Ok(store) => break store,
-                Err(e) => assert!(Instant::now() < deadline, "reopen: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let stored = store.load().unwrap();
-        assert_eq!(stored.len(), 1);
-        let indices: Vec<u32> = stored[0].tasks.iter().map(|(i, _)| *i).collect();
-        assert_eq!(indices, [0, 1, 2], "by index, once each");
-        assert_eq!(
-            stored[0].tasks[0].1,
-            end(2, 3),
-            "the later end of task 0 wins"
-        );
-        assert_eq!(stored[0].tasks[2].1, end(1, 700 << 10));
-        // New ends after a reopen go after the old ones, not over them.
-        store.task_ended(job.clone(), 3, end(1, 1));
-        let stored = load_until(&store, |s| s[0].tasks.len() == 4);
-        assert_eq!(stored[0].tasks[1].1, end(1, 700 << 10));
-    }
-}
+mod tests;
