@@ -135,14 +135,14 @@ impl Tally {
         if left == event.state {
             return;
         }
-        let from = count_of(counts, left);
+        let from = counts.of_mut(left);
         if *from == 0 {
             // Counted elsewhere already (the view was older than the event): the
             // totals must still add up to the job's tasks.
             return;
         }
         *from -= 1;
-        *count_of(counts, event.state) += 1;
+        *counts.of_mut(event.state) += 1;
         if self.view.state == JobState::Queued {
             self.view.state = JobState::Running;
         }
@@ -157,16 +157,6 @@ fn likely_previous(counts: &TaskCounts, now: TaskState) -> TaskState {
         // A killed job's pending tasks end killed without running.
         TaskState::Killed if counts.pending > 0 => TaskState::Pending,
         TaskState::Killed => TaskState::Running,
-    }
-}
-
-fn count_of(counts: &mut TaskCounts, state: TaskState) -> &mut u32 {
-    match state {
-        TaskState::Pending => &mut counts.pending,
-        TaskState::Running => &mut counts.running,
-        TaskState::Succeeded => &mut counts.succeeded,
-        TaskState::Failed => &mut counts.failed,
-        TaskState::Killed => &mut counts.killed,
     }
 }
 

@@ -366,6 +366,19 @@ pub struct TaskCounts {
     pub killed: u32,
 }
 
+impl TaskCounts {
+    /// The count of tasks in `state`.
+    pub fn of_mut(&mut self, state: TaskState) -> &mut u32 {
+        match state {
+            TaskState::Pending => &mut self.pending,
+            TaskState::Running => &mut self.running,
+            TaskState::Succeeded => &mut self.succeeded,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Killed => &mut self.killed,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {

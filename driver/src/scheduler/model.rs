@@ -182,17 +182,8 @@ pub struct Job {
 
 /// The one way a task's state changes, so that its job's counts stay true.
 pub(crate) fn set_state(counts: &mut TaskCounts, task: &mut Task, to: TaskState) {
-    fn slot(counts: &mut TaskCounts, state: TaskState) -> &mut u32 {
-        match state {
-            TaskState::Pending => &mut counts.pending,
-            TaskState::Running => &mut counts.running,
-            TaskState::Succeeded => &mut counts.succeeded,
-            TaskState::Failed => &mut counts.failed,
-            TaskState::Killed => &mut counts.killed,
-        }
-    }
-    *slot(counts, task.state) -= 1;
-    *slot(counts, to) += 1;
+    *counts.of_mut(task.state) -= 1;
+    *counts.of_mut(to) += 1;
     task.state = to;
 }
 

@@ -7,14 +7,20 @@ use flint_protocol::api::JobState;
 
 use super::*;
 
-#[tokio::test]
-async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
+/// A driver on a fresh data dir, listening nowhere.
+fn driver() -> (tempfile::TempDir, Arc<Driver>) {
     let dir = tempfile::tempdir().unwrap();
     let driver = Driver::new(
         DriverConfig::new(dir.path().to_owned()),
         "127.0.0.1:7070".parse().unwrap(),
     )
     .unwrap();
+    (dir, driver)
+}
+
+#[tokio::test]
+async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
+    let (_dir, driver) = driver();
     driver
         .submit(crate::scheduler::tests::job("kept", 3, 1))
         .await
@@ -76,12 +82,7 @@ fn keyed(key: &str) -> Option<IdempotencyKey> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_key_makes_one_job_however_many_submit_it_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Driver::new(
-        DriverConfig::new(dir.path().to_owned()),
-        "127.0.0.1:7070".parse().unwrap(),
-    )
-    .unwrap();
+    let (_dir, driver) = driver();
     let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
     let spec = bytes::Bytes::from(format!(
         r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
@@ -131,12 +132,7 @@ async fn one_key_makes_one_job_however_many_submit_it_at_once() {
 
 #[tokio::test]
 async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Driver::new(
-        DriverConfig::new(dir.path().to_owned()),
-        "127.0.0.1:7070".parse().unwrap(),
-    )
-    .unwrap();
+    let (_dir, driver) = driver();
     let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
     let spec = bytes::Bytes::from(format!(
         r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
