@@ -2,8 +2,6 @@
 //! listens nowhere: what a job may give its guests, and which refs the executors may
 //! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin).
 
-use std::sync::Arc;
-
 use axum::http::StatusCode;
 use flint_protocol::api::{InputSpec, ResultRef, ResultsRef, TaskState};
 use flint_protocol::{BlockRef, Digest, FetchRef, InputPart, JobId, TaskInput, TaskResult};
@@ -12,23 +10,9 @@ use serde_json::json;
 use super::error::{ApiError, ApiResult};
 use crate::admission::inputs::InputBudget;
 use crate::admission::{accept, decode_input, parse_job_spec};
-use crate::config::DriverConfig;
 use crate::scheduler::{NewJob, set_state};
 use crate::service::Driver;
-
-/// The smallest WASI command: a type, a function and its `_start` export.
-const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\
-    \x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
-
-fn driver() -> (tempfile::TempDir, Arc<Driver>) {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Driver::new(
-        DriverConfig::new(dir.path().to_owned()),
-        "127.0.0.1:7070".parse().unwrap(),
-    )
-    .unwrap();
-    (dir, driver)
-}
+use crate::service::tests::{EMPTY_MODULE, driver};
 
 fn submit(driver: &Driver, spec: serde_json::Value) -> ApiResult<NewJob> {
     Ok(accept(

@@ -483,4 +483,4 @@ impl Inner {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -8,7 +8,7 @@ use flint_protocol::api::JobState;
 use super::*;
 
 /// A driver on a fresh data dir, listening nowhere.
-fn driver() -> (tempfile::TempDir, Arc<Driver>) {
+pub(crate) fn driver() -> (tempfile::TempDir, Arc<Driver>) {
     let dir = tempfile::tempdir().unwrap();
     let driver = Driver::new(
         DriverConfig::new(dir.path().to_owned()),
@@ -73,7 +73,7 @@ fn executors_get_the_advertised_url_or_a_reachable_host() {
 }
 
 /// The smallest WASI command: a type, a function and its `_start` export.
-const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\
+pub(crate) const EMPTY_MODULE: &[u8] = b"\0asm\x01\0\0\0\x01\x04\x01\x60\0\0\x03\x02\x01\0\
     \x07\x0a\x01\x06_start\0\0\x0a\x04\x01\x02\0\x0b";
 
 fn keyed(key: &str) -> Option<IdempotencyKey> {
