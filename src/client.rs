@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use flint_driver::service::IdempotencyKey;
 use flint_protocol::api::{
     ErrorResponse, ExecutorView, JobSpec, JobView, List, TaskView, Uploaded,
@@ -140,6 +140,18 @@ impl Client {
         self.send(self.request(reqwest::Method::POST, &url)).await
     }
 
+    /// Deletes a finished job and everything it owns.
+    pub async fn delete(&self, id: &str) -> anyhow::Result<()> {
+        let url = self.url(&format!("/v1/jobs/{id}"));
+        let response = self
+            .request(reqwest::Method::DELETE, &url)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        check(response).await?;
+        Ok(())
+    }
+
     pub async fn executors(&self) -> anyhow::Result<Vec<ExecutorView>> {
         let list: List<ExecutorView> = self
             .send(self.request(reqwest::Method::GET, "/v1/executors"))
@@ -176,21 +188,93 @@ impl Client {
     }
 }
 
-/// Turns an error status into an error carrying the API's own kind and message.
+/// An error answer of the API, inside the `anyhow::Error` a request returns: callers
+/// that branch on it (`flint bench --soak` retries a 503) downcast to it; the rest print it.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// The API's error kind (`overloaded`, `not_found`, ...), when the body had one.
+    pub kind: Option<String>,
+    /// The `Retry-After` of an overloaded driver (whole seconds).
+    pub retry_after: Option<Duration>,
+    message: String,
+}
+
+impl ApiError {
+    /// How long to wait before sending the request again, when the driver answered
+    /// that it is at its limit (503 `overloaded`): its `Retry-After`, else 1 s. `None`
+    /// for every other error, a 503 `storage` (no job store to write to) among them.
+    pub fn overloaded_retry_after(&self) -> Option<Duration> {
+        (self.status == StatusCode::SERVICE_UNAVAILABLE
+            && self.kind.as_deref() == Some("overloaded"))
+        .then(|| self.retry_after.unwrap_or(Duration::from_secs(1)))
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Turns an error status into an [`ApiError`] carrying the API's own kind and message.
 async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
     }
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok())
+        .map(Duration::from_secs);
     let body = response.text().await.unwrap_or_default();
-    match serde_json::from_str::<ErrorResponse>(&body) {
-        Ok(e) if status == StatusCode::UNAUTHORIZED => bail!(
+    let parsed = serde_json::from_str::<ErrorResponse>(&body);
+    let message = match &parsed {
+        Ok(e) if status == StatusCode::UNAUTHORIZED => format!(
             "{} ({status}): {}\n(give the driver's token with --token or FLINT_TOKEN)",
-            e.error.kind,
-            e.error.message
+            e.error.kind, e.error.message
         ),
-        Ok(e) => bail!("{} ({status}): {}", e.error.kind, e.error.message),
-        Err(_) if status == StatusCode::NOT_FOUND => bail!("not found ({status})"),
-        Err(_) => bail!("driver answered {status}: {body}"),
+        Ok(e) => format!("{} ({status}): {}", e.error.kind, e.error.message),
+        Err(_) if status == StatusCode::NOT_FOUND => format!("not found ({status})"),
+        Err(_) => format!("driver answered {status}: {body}"),
+    };
+    Err(ApiError {
+        status,
+        kind: parsed.ok().map(|e| e.error.kind),
+        retry_after,
+        message,
+    }
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: StatusCode, kind: &str, retry_after: Option<u64>) -> ApiError {
+        ApiError {
+            status,
+            kind: Some(kind.into()),
+            retry_after: retry_after.map(Duration::from_secs),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn only_an_overloaded_answer_is_retried() {
+        let overloaded = answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded", Some(3));
+        assert_eq!(
+            overloaded.overloaded_retry_after(),
+            Some(Duration::from_secs(3))
+        );
+        let bare = answer(StatusCode::SERVICE_UNAVAILABLE, "overloaded", None);
+        assert_eq!(bare.overloaded_retry_after(), Some(Duration::from_secs(1)));
+        let storage = answer(StatusCode::SERVICE_UNAVAILABLE, "storage", None);
+        assert_eq!(storage.overloaded_retry_after(), None);
+        let limit = answer(StatusCode::TOO_MANY_REQUESTS, "overloaded", Some(1));
+        assert_eq!(limit.overloaded_retry_after(), None);
     }
 }

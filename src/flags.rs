@@ -47,6 +47,8 @@ pub enum Command {
     Logs(jobs::LogsArgs),
     /// Kill a job: pending tasks never start, running ones stop.
     Kill(jobs::KillArgs),
+    /// Delete finished jobs with their results, logs and blocks.
+    Delete(jobs::DeleteArgs),
     /// The executors, their cores and state.
     Executors(jobs::ExecutorsArgs),
     /// Print a shell completion script: `flint completions bash > /etc/bash_completion.d/flint`,
@@ -189,6 +191,20 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_COMMIT_INTERVAL_MS", default_value_t = flint_protocol::defaults::COMMIT_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub commit_interval_ms: u64,
+    /// Finished jobs are deleted this long after they ended, with their task records,
+    /// results, logs and blocks (e.g. `7d`, `12h`, `30s`); `0` keeps them forever.
+    #[arg(long, env = "FLINT_JOB_RETENTION", default_value = "7d", value_parser = parse_retention)]
+    pub job_retention: Retention,
+    /// Uploaded modules and files that no kept job names are deleted once this old
+    /// (e.g. `1d`); `0` keeps them forever.
+    #[arg(long, env = "FLINT_BLOB_RETENTION", default_value = "1d", value_parser = parse_retention)]
+    pub blob_retention: Retention,
+    /// Most bytes the data dir may hold (modules, files, blocks kept by the driver, the
+    /// job store); uploads that would pass it and submissions once it is reached get 507
+    /// `storage_full`. Results of jobs already accepted are stored whatever it says.
+    /// 0: no quota.
+    #[arg(long, env = "FLINT_DATA_DIR_MAX_BYTES", default_value_t = flint_protocol::defaults::DATA_DIR_MAX_BYTES)]
+    pub data_dir_max_bytes: u64,
     /// With --speculation: the fraction of a job's tasks that must have succeeded before
     /// any of its tasks is copied.
     #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = SpeculationConfig::default().quantile,
@@ -213,6 +229,23 @@ fn parse_http_url(s: &str) -> Result<String, String> {
         return Err(format!("{s}: an http:// or https:// URL with a host"));
     }
     Ok(s.trim_end_matches('/').to_owned())
+}
+
+/// A retention: `None` is forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention(pub Option<Duration>);
+
+fn parse_retention(s: &str) -> Result<Retention, String> {
+    if s.trim() == "0" {
+        return Ok(Retention(None));
+    }
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Ok(Retention(None)),
+        Ok(d) => Ok(Retention(Some(d))),
+        Err(e) => Err(format!(
+            "{s:?}: {e} (a duration such as 7d, 12h or 30s, or 0 to keep forever)"
+        )),
+    }
 }
 
 fn parse_quantile(s: &str) -> Result<f64, String> {
@@ -258,6 +291,9 @@ impl DriverArgs {
         config.scheduling.launch_ahead_max = self.launch_ahead_max;
         config.scheduling.queue_budget = Duration::from_micros(self.queue_budget_us);
         config.commit_interval = Duration::from_millis(self.commit_interval_ms);
+        config.job_retention = self.job_retention.0;
+        config.blob_retention = self.blob_retention.0;
+        config.data_dir_max_bytes = self.data_dir_max_bytes;
         config.scheduling.speculation = self.speculation.then(|| SpeculationConfig {
             quantile: self.speculation_quantile,
             multiplier: self.speculation_multiplier,

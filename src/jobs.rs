@@ -67,6 +67,15 @@ pub struct KillArgs {
 }
 
 #[derive(clap::Args, Clone, Debug)]
+pub struct DeleteArgs {
+    /// The jobs to delete (each must have ended: kill it first).
+    #[arg(required = true)]
+    jobs: Vec<String>,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
 pub struct ExecutorsArgs {
     /// Print the executors as JSON.
     #[arg(long)]
@@ -193,6 +202,22 @@ pub async fn kill(args: KillArgs) -> anyhow::Result<i32> {
     }
     print_job(&job);
     Ok(0)
+}
+
+/// Deletes each job; exits 1 if any could not be deleted, after trying them all.
+pub async fn delete(args: DeleteArgs) -> anyhow::Result<i32> {
+    let client = args.url.client();
+    let mut failed = 0;
+    for job in &args.jobs {
+        match client.delete(job).await {
+            Ok(()) => println!("deleted {job}"),
+            Err(e) => {
+                eprintln!("{job}: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
 }
 
 pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {

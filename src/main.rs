@@ -109,6 +109,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Results(args) => jobs::results(args).await,
         Command::Logs(args) => jobs::logs(args).await,
         Command::Kill(args) => jobs::kill(args).await,
+        Command::Delete(args) => jobs::delete(args).await,
         Command::Executors(args) => jobs::executors(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
         Command::CompileModule(_) | Command::Completions { .. } => {

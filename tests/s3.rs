@@ -378,3 +378,66 @@ fn large_results_go_to_s3_and_come_back_byte_exact_after_their_executors_die() {
         assert_eq!(task["result"]["sha256"], expected[index].as_str(), "{task}");
     }
 }
+
+#[test]
+fn deleting_a_job_deletes_its_blocks_in_the_bucket_and_retention_does_too() {
+    let moto = Moto::start();
+    moto.create_bucket("flint-blocks");
+    // Results over 1 KiB go to the bucket; finished jobs go 3 s after they end.
+    let cluster = DevCluster::start_with_env(
+        1,
+        2,
+        &[
+            "--block-store",
+            "s3://flint-blocks/results",
+            "--inline-result-bytes",
+            "1024",
+            "--job-retention",
+            "3s",
+        ],
+        &moto.env(),
+    );
+    let module = cluster.upload(&guests().testkit);
+    let spec = json!({"module": module, "args": ["print", "5000"], "inputs": [{"text": "a"}, {"text": "b"}]});
+    let deleted = cluster.run_job(spec.clone());
+    let retained = cluster.run_job(spec);
+    let (deleted, retained) = (
+        deleted["id"].as_str().unwrap().to_owned(),
+        retained["id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(
+        moto.keys("flint-blocks", &format!("results/{deleted}/"))
+            .len(),
+        2
+    );
+    assert_eq!(
+        moto.keys("flint-blocks", &format!("results/{retained}/"))
+            .len(),
+        2
+    );
+
+    // By request: its blocks go at once, the other job's stay.
+    let response = cluster
+        .client
+        .delete(cluster.url(&format!("/v1/jobs/{deleted}")))
+        .send()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 204);
+    assert_eq!(
+        moto.keys("flint-blocks", &format!("results/{deleted}/")),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        moto.keys("flint-blocks", &format!("results/{retained}/"))
+            .len(),
+        2
+    );
+
+    // By retention: nothing of the other job is left in the bucket either.
+    wait_until(
+        Duration::from_secs(30),
+        "retention to delete the job",
+        || cluster.get(&format!("/v1/jobs/{retained}")).0 == 404,
+    );
+    assert_eq!(moto.keys("flint-blocks", "results/"), Vec::<String>::new());
+}

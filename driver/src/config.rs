@@ -44,9 +44,29 @@ pub struct DriverConfig {
     /// Task and job ends are group-committed to the job store at most this often
     /// (`--commit-interval-ms`).
     pub commit_interval: Duration,
+    /// Finished jobs older than this are deleted with everything they own
+    /// (`--job-retention`); `None` keeps them forever.
+    pub job_retention: Option<Duration>,
+    /// Uploads no stored job names are deleted once older than this (`--blob-retention`);
+    /// `None` keeps them forever.
+    pub blob_retention: Option<Duration>,
+    /// Most bytes the data dir may hold (modules, files, the driver's own blocks, the
+    /// job store) before uploads and submissions are refused; 0: no quota
+    /// (`--data-dir-max-bytes`).
+    pub data_dir_max_bytes: u64,
 }
 
 impl DriverConfig {
+    /// How often retention looks for what to delete: a tenth of the shorter retention,
+    /// between a second and a minute.
+    pub fn sweep_interval(&self) -> Option<Duration> {
+        let shortest = [self.job_retention, self.blob_retention]
+            .into_iter()
+            .flatten()
+            .min()?;
+        Some((shortest / 10).clamp(Duration::from_secs(1), Duration::from_secs(60)))
+    }
+
     pub fn new(data_dir: PathBuf) -> Self {
         DriverConfig {
             data_dir,
@@ -64,6 +84,9 @@ impl DriverConfig {
             max_event_streams: defaults::MAX_EVENT_STREAMS,
             advertise_url: None,
             commit_interval: Duration::from_millis(defaults::COMMIT_INTERVAL_MS),
+            job_retention: Some(Duration::from_secs(defaults::JOB_RETENTION_SECS)),
+            blob_retention: Some(Duration::from_secs(defaults::BLOB_RETENTION_SECS)),
+            data_dir_max_bytes: defaults::DATA_DIR_MAX_BYTES,
         }
     }
 }

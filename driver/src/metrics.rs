@@ -13,9 +13,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use flint_protocol::api::{ExecutorState, JobState, TaskCounts, TaskState};
+use flint_protocol::api::{ExecutorState, JobState, TaskState};
 
 use crate::scheduler::{ClusterState, Task};
+use crate::store::Totals;
+use crate::store::usage::DataDirUsage;
 
 /// Upper bounds of the task duration buckets, in seconds.
 const DURATION_BUCKETS: [f64; 14] = [
@@ -31,9 +33,15 @@ pub struct Metrics {
     duration_count: AtomicU64,
     result_bytes: AtomicU64,
     results: AtomicU64,
+    jobs_deleted: AtomicU64,
 }
 
 impl Metrics {
+    /// Records a job deleted (by request or by retention).
+    pub fn job_deleted(&self) {
+        self.jobs_deleted.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records a task that reached `succeeded` or `failed`.
     pub fn task_ended(&self, task: &Task) {
         if let (Some(start), Some(end)) = (task.started_at_us, task.finished_at_us) {
@@ -56,13 +64,22 @@ impl Metrics {
 
 /// The first part of `/metrics`: the scheduler's figures, read from `state` as it is
 /// now (the caller holds the scheduler's lock for this part only).
-pub fn render_state(state: &ClusterState, now: Instant) -> String {
+/// `finished` are the stored finished jobs' figures (the state holds live jobs only) and
+/// `archive` the finished jobs held in memory: not yet committed, cached, cached bytes.
+pub fn render_state(
+    state: &ClusterState,
+    now: Instant,
+    finished: &Totals,
+    archive: (usize, usize, usize),
+) -> String {
     let mut out = String::new();
     {
         let s = state;
-        let mut tasks = TaskCounts::default();
-        let mut jobs = [0u64; 5];
-        for job in s.jobs.values() {
+        let mut tasks = finished.tasks;
+        let mut jobs = finished.jobs;
+        // A final job still in the state (its killed attempts stopping) is among the
+        // finished ones already.
+        for job in s.jobs.values().filter(|j| !j.state.is_final()) {
             let c = job.counts();
             tasks.pending += c.pending;
             tasks.running += c.running;
@@ -78,7 +95,7 @@ pub fn render_state(state: &ClusterState, now: Instant) -> String {
             &mut out,
             "flint_tasks",
             "gauge",
-            "Tasks of the jobs the driver holds, by state.",
+            "Tasks of the jobs the driver holds (live, and finished ones kept in the job store), by state.",
         );
         for (state, n) in TaskState::ALL.into_iter().zip([
             tasks.pending,
@@ -100,11 +117,33 @@ pub fn render_state(state: &ClusterState, now: Instant) -> String {
             &mut out,
             "flint_jobs",
             "gauge",
-            "Jobs the driver holds, by state.",
+            "Jobs the driver holds (live, and finished ones kept in the job store), by state.",
         );
         for (state, n) in JobState::ALL.into_iter().zip(jobs) {
             let _ = writeln!(out, "flint_jobs{{state=\"{}\"}} {n}", state.as_str());
         }
+        family(
+            &mut out,
+            "flint_finished_jobs_in_memory",
+            "gauge",
+            "Finished jobs held in memory: `unsaved` until their end is committed, `cached` read or finished recently.",
+        );
+        let (unsaved, cached, cached_bytes) = archive;
+        let _ = writeln!(
+            out,
+            "flint_finished_jobs_in_memory{{kind=\"unsaved\"}} {unsaved}"
+        );
+        let _ = writeln!(
+            out,
+            "flint_finished_jobs_in_memory{{kind=\"cached\"}} {cached}"
+        );
+        family(
+            &mut out,
+            "flint_finished_jobs_cache_bytes",
+            "gauge",
+            "About how many bytes the cache of finished jobs holds.",
+        );
+        let _ = writeln!(out, "flint_finished_jobs_cache_bytes {cached_bytes}");
 
         let mut by_state = [0u64; 3];
         let (mut cores, mut free) = (0u64, 0u64);
@@ -280,6 +319,39 @@ pub fn render_counters(out: &mut String, metrics: &Metrics, commits: u64) {
         "Group commits of task and job ends to the job store (at most one per --commit-interval-ms).",
     );
     let _ = writeln!(out, "flint_job_store_commits_total {}", commits);
+    family(
+        out,
+        "flint_jobs_deleted_total",
+        "counter",
+        "Jobs deleted, by request (DELETE /v1/jobs/{id}) or by --job-retention.",
+    );
+    let _ = writeln!(
+        out,
+        "flint_jobs_deleted_total {}",
+        m.jobs_deleted.load(Ordering::Relaxed)
+    );
+}
+
+/// The data dir's figure against its quota, appended to `out`. Needs no lock.
+pub fn render_data_dir(out: &mut String, usage: &DataDirUsage) {
+    family(
+        out,
+        "flint_data_dir_bytes",
+        "gauge",
+        "Bytes the driver holds in its data dir (modules, files, its own blocks, the job store), as counted against --data-dir-max-bytes.",
+    );
+    let _ = writeln!(out, "flint_data_dir_bytes {}", usage.used());
+    family(
+        out,
+        "flint_data_dir_max_bytes",
+        "gauge",
+        "The data dir's quota (--data-dir-max-bytes); 0: none.",
+    );
+    let _ = writeln!(
+        out,
+        "flint_data_dir_max_bytes {}",
+        usage.limit().unwrap_or(0)
+    );
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -33,6 +33,10 @@ pub async fn run(
         stop.clone(),
     ));
     let reviver = tokio::spawn(revive_loop(driver.clone()));
+    let retention = driver
+        .config
+        .sweep_interval()
+        .map(|every| tokio::spawn(retention_loop(driver.clone(), every)));
     let app = crate::http::router(driver.clone());
     let limits = driver.config.edge.clone();
     let http = tokio::spawn({
@@ -44,6 +48,9 @@ pub async fn run(
     driver.shutdown_executors();
     stop.cancel();
     reviver.abort();
+    if let Some(retention) = retention {
+        retention.abort();
+    }
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
@@ -56,6 +63,19 @@ pub async fn run(
     )
     .await;
     Ok(())
+}
+
+/// Deletes what retention says is old enough, every `every` (a first round at start).
+async fn retention_loop(driver: Arc<Driver>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (jobs, blobs) = driver.sweep().await;
+        if jobs + blobs > 0 {
+            tracing::info!(jobs, blobs, "retention deleted old jobs and unused uploads");
+        }
+    }
 }
 
 /// Periodic offers (Spark's revive), the heartbeat deadline, the end of locality waits

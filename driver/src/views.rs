@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use flint_protocol::ExecutorId;
 use flint_protocol::api::{ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView};
+use flint_protocol::records::JobSummaryRecord;
+use flint_protocol::{ExecutorId, JobId};
 
 use crate::scheduler::exclusion::ExclusionConfig;
 use crate::scheduler::{ExecutorData, Job};
@@ -16,10 +17,7 @@ pub fn job_view(job: &Job) -> JobView {
         id: job.def.id.clone(),
         name: job.def.name.clone(),
         state: job.state,
-        created_at: humantime::format_rfc3339_millis(
-            SystemTime::UNIX_EPOCH + Duration::from_millis(job.def.created_at_ms),
-        )
-        .to_string(),
+        created_at: rfc3339_ms(job.def.created_at_ms),
         finished_at: job
             .finished_at
             .map(|t| humantime::format_rfc3339_millis(t).to_string()),
@@ -30,6 +28,27 @@ pub fn job_view(job: &Job) -> JobView {
             message: message.clone(),
         }),
     }
+}
+
+/// A stored job as listed from its summary (a finished job, not read whole).
+pub fn summary_view(id: &JobId, summary: &JobSummaryRecord) -> JobView {
+    JobView {
+        id: id.clone(),
+        name: summary.name.clone(),
+        state: summary.state,
+        created_at: rfc3339_ms(summary.created_at_ms),
+        finished_at: summary.finished_at_ms.map(rfc3339_ms),
+        tasks: summary.tasks,
+        counts: summary.counts,
+        error: summary.error.as_ref().map(|(kind, message)| ErrorBody {
+            kind: kind.clone(),
+            message: message.clone(),
+        }),
+    }
+}
+
+fn rfc3339_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 /// Task `index` of a job as `GET /v1/jobs/{id}/tasks` lists it.
@@ -101,8 +120,6 @@ pub fn executor_view(
 
 #[cfg(test)]
 mod tests {
-    use flint_protocol::JobId;
-
     use super::*;
     use crate::scheduler::tests::job;
     use crate::scheduler::{ClusterState, SchedulingConfig, set_state};

@@ -368,6 +368,17 @@ pub struct TaskCounts {
 
 impl TaskCounts {
     /// The count of tasks in `state`.
+    pub fn of(&self, state: TaskState) -> u32 {
+        match state {
+            TaskState::Pending => self.pending,
+            TaskState::Running => self.running,
+            TaskState::Succeeded => self.succeeded,
+            TaskState::Failed => self.failed,
+            TaskState::Killed => self.killed,
+        }
+    }
+
+    /// The count of tasks in `state`, to change.
     pub fn of_mut(&mut self, state: TaskState) -> &mut u32 {
         match state {
             TaskState::Pending => &mut self.pending,

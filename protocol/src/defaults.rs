@@ -46,6 +46,15 @@ pub const QUEUE_BUDGET_US: u64 = 1_000;
 /// commit costs a sync and some page writes, so committing as often as the disk allows
 /// costs more CPU than 100,000 no-op tasks a second.
 pub const COMMIT_INTERVAL_MS: u64 = 5;
+/// How long finished jobs are kept (`--job-retention`): a week, as a history server
+/// keeps a week of applications by default; `0` keeps them forever.
+pub const JOB_RETENTION_SECS: u64 = 7 * 24 * 3600;
+/// How long an upload no stored job names is kept (`--blob-retention`): a day, so that
+/// a module uploaded for a job submitted later is still there.
+pub const BLOB_RETENTION_SECS: u64 = 24 * 3600;
+/// Most bytes the driver's data dir may hold before uploads and submissions are refused
+/// (507 `storage_full`); 0 is no quota.
+pub const DATA_DIR_MAX_BYTES: u64 = 0;
 /// Largest module the driver accepts.
 pub const MAX_MODULE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest file the driver accepts (`PUT /v1/files`); held in memory while uploading.

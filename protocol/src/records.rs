@@ -60,3 +60,16 @@ pub struct JobEndRecord {
     pub finished_at_ms: u64,
     pub error: Option<(String, String)>,
 }
+
+/// What listing a job needs, kept apart from its (large) record: written when the job
+/// is accepted (state `queued`, every task pending) and again when it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSummaryRecord {
+    pub name: String,
+    pub state: JobState,
+    pub created_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    pub tasks: u32,
+    pub counts: crate::api::TaskCounts,
+    pub error: Option<(String, String)>,
+}

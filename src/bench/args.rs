@@ -1,13 +1,14 @@
 //! `flint bench`'s flags, and the local cluster they describe: built by `flint dev`'s own
 //! parser, so that every driver and executor setting the bench does not name has the
-//! default a user's cluster has.
+//! default a user's cluster has, unless `--driver-arg` gives it.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, FromArgMatches};
 
 use crate::dev::DevArgs;
+use crate::flags::DriverArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
@@ -54,6 +55,28 @@ pub struct BenchArgs {
     /// this machine, write themselves (`file://`), or any object store URL.
     #[arg(long, default_value = "driver")]
     pub block_store: String,
+    /// Instead: a soak. This many jobs of `--soak-tasks` testkit `echo` tasks (needs
+    /// `--module testkit.wasm`), each task with its own `--soak-input-bytes` of text,
+    /// `--soak-concurrency` jobs in flight; at every tenth of them (and at 1,000) the
+    /// driver's resident set, the data dir and the job store on disk.
+    #[arg(long, value_name = "JOBS", conflicts_with_all = ["pending_memory", "results_mib"],
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub soak: Option<u64>,
+    /// Tasks per soak job.
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub soak_tasks: u32,
+    /// Bytes of text each soak task gets as its input (and echoes back as its result).
+    #[arg(long, default_value_t = 2048)]
+    pub soak_input_bytes: usize,
+    /// Jobs in flight at once: each submitted, then waited for until it ends.
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub soak_concurrency: u32,
+    /// A `flint driver` flag for the bench's driver, e.g. `--driver-arg=--job-retention=30s`;
+    /// repeatable. The bench's own flags (`--launch-ahead`, ...) cannot be given twice.
+    #[arg(long = "driver-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub driver_args: Vec<String>,
 }
 
 impl BenchArgs {
@@ -94,9 +117,58 @@ impl BenchArgs {
             format!("--executors={executors}"),
             format!("--cores={}", self.cores),
         ])
+        .chain(self.checked_driver_args()?)
         .collect();
         parse_dev_args(&argv)
     }
+
+    /// `--driver-arg`s, refused unless every one is a `flint driver` flag: `flint dev`'s
+    /// parser, which gets them, would also take its executor flags.
+    fn checked_driver_args(&self) -> anyhow::Result<Vec<String>> {
+        let command = DriverArgs::augment_args(clap::Command::new("--driver-arg"))
+            .mut_args(|arg| arg.env(None::<&'static str>));
+        command
+            .try_get_matches_from(
+                std::iter::once("--driver-arg").chain(self.driver_args.iter().map(String::as_str)),
+            )
+            .context("--driver-arg takes `flint driver` flags")?;
+        Ok(self.driver_args.clone())
+    }
+
+    /// The soak's shape, checked before a cluster starts: `None` without `--soak`.
+    pub fn soak(&self) -> anyhow::Result<Option<Soak>> {
+        let Some(jobs) = self.soak else {
+            return Ok(None);
+        };
+        if self.module.is_none() {
+            bail!("--soak needs --module testkit.wasm (its `echo` runs the tasks)");
+        }
+        // JSON escapes nothing in the generated text; the rest of a spec is well under this.
+        let spec_bytes = self.soak_tasks as usize * (self.soak_input_bytes + 16) + 4096;
+        if spec_bytes > flint_protocol::defaults::MAX_JOB_SPEC_BYTES {
+            bail!(
+                "--soak-tasks {} x --soak-input-bytes {} makes a job spec beyond the driver's {} MiB limit",
+                self.soak_tasks,
+                self.soak_input_bytes,
+                flint_protocol::defaults::MAX_JOB_SPEC_BYTES >> 20
+            );
+        }
+        Ok(Some(Soak {
+            jobs,
+            tasks: self.soak_tasks,
+            input_bytes: self.soak_input_bytes,
+            concurrency: self.soak_concurrency,
+        }))
+    }
+}
+
+/// What `--soak` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Soak {
+    pub jobs: u64,
+    pub tasks: u32,
+    pub input_bytes: usize,
+    pub concurrency: u32,
 }
 
 /// `flint dev`'s flags parsed from `argv` alone, with no `FLINT_*` variable read.
@@ -148,6 +220,59 @@ mod tests {
             .dev_args(data.path())
             .unwrap();
         assert_eq!(dev.executors, 0);
+    }
+
+    #[test]
+    fn driver_args_reach_the_driver_and_only_driver_flags_are_taken() {
+        let data = tempfile::tempdir().unwrap();
+        let dev = bench(&[
+            "--driver-arg=--locality-wait-ms=7",
+            "--driver-arg",
+            "--speculation",
+        ])
+        .dev_args(data.path())
+        .unwrap();
+        assert_eq!(dev.driver.locality_wait_ms, 7);
+        assert!(dev.driver.speculation);
+        // A `flint dev` flag that is not the driver's, and one the bench sets itself.
+        let executors = bench(&["--driver-arg=--executors=3"]).dev_args(data.path());
+        assert!(format!("{:#}", executors.unwrap_err()).contains("--driver-arg"));
+        let twice = bench(&["--driver-arg=--launch-ahead=9"]).dev_args(data.path());
+        assert!(format!("{:#}", twice.unwrap_err()).contains("--launch-ahead"));
+    }
+
+    #[test]
+    fn a_soak_needs_a_module_and_jobs_the_driver_accepts() {
+        assert_eq!(bench(&[]).soak().unwrap(), None);
+        let soak = bench(&["--soak", "100", "--module", "t.wasm"])
+            .soak()
+            .unwrap();
+        assert_eq!(
+            soak,
+            Some(Soak {
+                jobs: 100,
+                tasks: 10,
+                input_bytes: 2048,
+                concurrency: 8
+            })
+        );
+        let no_module = bench(&["--soak", "100"]).soak().unwrap_err();
+        assert!(no_module.to_string().contains("--module testkit.wasm"));
+        let too_big = bench(&[
+            "--soak=1",
+            "--module=t.wasm",
+            "--soak-tasks=1000",
+            "--soak-input-bytes=1048576",
+        ])
+        .soak();
+        assert!(too_big.unwrap_err().to_string().contains("MiB limit"));
+        let parse = |argv: &[&str]| {
+            Bench::try_parse_from(std::iter::once("bench").chain(argv.iter().copied())).is_ok()
+        };
+        assert!(!parse(&["--soak", "0"]));
+        assert!(!parse(&["--soak", "10", "--soak-concurrency", "0"]));
+        assert!(!parse(&["--soak", "10", "--pending-memory", "10"]));
+        assert!(!parse(&["--soak", "10", "--results-mib", "1"]));
     }
 
     #[test]

@@ -140,7 +140,7 @@ pub async fn throughput_and_latency(
     Ok(())
 }
 
-async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<()> {
+pub(super) async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         let alive = cluster.driver.read(|s| {

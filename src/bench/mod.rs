@@ -3,11 +3,13 @@
 //! The numbers go to BENCHMARKS.md.
 //!
 //! `args` holds the flags and turns them into the `flint dev` cluster to measure,
-//! `measure` the measurements, `procfs` what they read from `/proc`.
+//! `measure` the measurements, `soak` the long run of many jobs (`--soak`), `procfs`
+//! what they read from `/proc`.
 
 mod args;
 mod measure;
 mod procfs;
+mod soak;
 
 use anyhow::{Context, bail};
 
@@ -35,12 +37,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => NOOP_WASM.to_vec(),
     };
+    let soak = args.soak()?;
     let data_dir = tempfile::tempdir()?;
     let cluster = Cluster::start(&args.dev_args(data_dir.path())?).await?;
-    let result = match (args.pending_memory, args.results_mib) {
-        (Some(tasks), _) => measure::pending_memory(&cluster, wasm, tasks).await,
-        (None, Some(mib)) => measure::results(&args, &cluster, wasm, mib, data_dir.path()).await,
-        (None, None) => measure::throughput_and_latency(&args, &cluster, wasm).await,
+    if let Some(soak) = soak {
+        let module = soak::soak(&args, soak, &cluster, wasm, data_dir.path()).await;
+        cluster.stop().await?;
+        return soak::restart(&args, data_dir.path(), &module?).await;
+    }
+    let result = match (soak, args.pending_memory, args.results_mib) {
+        (Some(_), _, _) => unreachable!("the soak returned above"),
+        (None, Some(tasks), _) => measure::pending_memory(&cluster, wasm, tasks).await,
+        (None, None, Some(mib)) => {
+            measure::results(&args, &cluster, wasm, mib, data_dir.path()).await
+        }
+        (None, None, None) => measure::throughput_and_latency(&args, &cluster, wasm).await,
     };
     cluster.stop().await?;
     result

@@ -75,6 +75,26 @@ pub fn resident_bytes() -> anyhow::Result<u64> {
     Ok(pages * page)
 }
 
+/// A process's resident set as the kernel reports it (`VmRSS` in `/proc/PID/status`),
+/// with nothing trimmed first: what a soak watches grow.
+pub fn vm_rss(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    parse_vm_rss(&status).with_context(|| format!("no VmRSS in {path}"))
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 pub fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -89,4 +109,17 @@ pub fn cpu_model() -> String {
                 .map(|m| m.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown cpu".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_rss_is_read_from_the_status_file() {
+        let status = "Name:\tflint\nVmHWM:\t   20000 kB\nVmRSS:\t   12345 kB\nRssAnon:\t 1 kB\n";
+        assert_eq!(parse_vm_rss(status), Some(12345 * 1024));
+        assert_eq!(parse_vm_rss("Name:\tkthreadd\n"), None);
+        assert!(vm_rss(std::process::id()).unwrap() > 0);
+    }
 }

@@ -81,15 +81,20 @@ impl Api {
 
     /// Uploads a file for jobs' `files` and returns its id.
     pub fn upload_file(&self, bytes: impl Into<Vec<u8>>) -> String {
+        let (status, body) = self.put_file_bytes(bytes.into());
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    pub fn put_file_bytes(&self, bytes: Vec<u8>) -> (u16, Value) {
         let response = self
             .client
             .put(self.url("/v1/files"))
-            .body(bytes.into())
+            .body(bytes)
             .send()
             .unwrap();
-        assert_eq!(response.status().as_u16(), 201);
-        let body: Value = response.json().unwrap();
-        body["id"].as_str().unwrap().to_owned()
+        let status = response.status().as_u16();
+        (status, response.json().unwrap_or(Value::Null))
     }
 
     pub fn put_module_bytes(&self, bytes: Vec<u8>) -> (u16, Value) {
@@ -278,8 +283,46 @@ impl DevCluster {
         Self::spawn("driver", &args, &[])
     }
 
+    /// `flint driver` alone over an existing data dir, with extra environment.
+    pub fn driver_in(
+        args: &[&str],
+        env: &[(String, String)],
+        data_dir: tempfile::TempDir,
+    ) -> DevCluster {
+        Self::spawn_in("driver", args, env, data_dir)
+    }
+
+    /// Stops this `flint dev` (SIGTERM) and starts another on the same data dir, with
+    /// `executors` executors of `cores` cores.
+    pub fn restart(mut self, executors: u32, cores: u32) -> DevCluster {
+        self.stop();
+        let DevCluster { data_dir, .. } = self;
+        let (executors_arg, cores_arg) = (executors.to_string(), cores.to_string());
+        let args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--executor-listen",
+            "127.0.0.1:0",
+            "--executors",
+            &executors_arg,
+            "--cores",
+            &cores_arg,
+        ];
+        let cluster = Self::spawn_in("dev", &args, &[], data_dir);
+        cluster.wait_for_alive_executors(executors as usize);
+        cluster
+    }
+
     fn spawn(subcommand: &str, args: &[&str], env: &[(String, String)]) -> DevCluster {
-        let data_dir = tempfile::tempdir().unwrap();
+        Self::spawn_in(subcommand, args, env, tempfile::tempdir().unwrap())
+    }
+
+    fn spawn_in(
+        subcommand: &str,
+        args: &[&str],
+        env: &[(String, String)],
+        data_dir: tempfile::TempDir,
+    ) -> DevCluster {
         let mut child = Process::spawn(
             process::server(subcommand, args, data_dir.path())
                 .envs(env.iter().map(|(k, v)| (k, v)))

@@ -88,7 +88,10 @@ impl Drop for Process {
 /// `flint <subcommand> <args> --data-dir <data_dir>`, the way every driver is started
 /// (`flint dev` holds one too); the caller picks its output and environment.
 pub fn server(subcommand: &str, args: &[&str], data_dir: &Path) -> Command {
-    let mut command = Command::new(FLINT);
+    server_args(Command::new(FLINT), subcommand, args, data_dir)
+}
+
+fn server_args(mut command: Command, subcommand: &str, args: &[&str], data_dir: &Path) -> Command {
     command
         .arg(subcommand)
         .args(args)
@@ -101,6 +104,15 @@ pub fn server(subcommand: &str, args: &[&str], data_dir: &Path) -> Command {
 /// `flint driver` with `args`, over `data_dir`, with no executors: tests start their own.
 pub fn driver(args: &[&str], data_dir: &Path) -> Command {
     server("driver", args, data_dir)
+}
+
+/// As `driver`, inside the mount namespace of the process `holder` (`data_dir` is a
+/// path as that namespace sees it). `nsenter` execs the driver, so the child's pid is
+/// the driver's.
+pub fn driver_in_mount_ns(holder: u32, args: &[&str], data_dir: &Path) -> Command {
+    let mut nsenter = Command::new("nsenter");
+    nsenter.args(["--target", &holder.to_string(), "--mount", "--", FLINT]);
+    server_args(nsenter, "driver", args, data_dir)
 }
 
 /// `flint executor --executor-id <id>` with one core, connecting to `driver_url` (as it

@@ -8,7 +8,7 @@ use flint_protocol::api::{ResultsRef, TaskState};
 use flint_protocol::{Digest, FetchRef, InputPart, TaskInput, TaskResult, defaults};
 
 use super::{Catalog, Rejection};
-use crate::scheduler::{ClusterState, Job};
+use crate::scheduler::Job;
 
 /// What a job's `results` inputs may still take, counted down as they are decoded.
 pub(crate) struct InputBudget {
@@ -25,15 +25,11 @@ pub(crate) struct InputBudget {
 /// being reduced.
 pub(crate) fn results_input(
     catalog: &impl Catalog,
-    s: &ClusterState,
+    job: &Job,
     r: &ResultsRef,
     at: &str,
     budget: &mut InputBudget,
 ) -> Result<TaskInput, Rejection> {
-    let job = s
-        .jobs
-        .get(&r.job)
-        .ok_or_else(|| Rejection::new("unknown_result", format!("{at}: no job {}", r.job)))?;
     let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
     if count == 0 {
         return Err(Rejection::new(

@@ -15,7 +15,7 @@ use flint_protocol::{
 };
 use serde::Deserialize;
 
-use crate::scheduler::{ClusterState, JobDef, NewJob, NewTask};
+use crate::scheduler::{Job, JobDef, NewJob, NewTask};
 use crate::store::blobs::ModuleInfo;
 
 pub mod guest_env;
@@ -27,6 +27,8 @@ use inputs::{InputBudget, block_fetch, ready_result, results_input};
 /// The kind of a spec that is not JSON at all (HTTP 400); every other rejection is a
 /// spec that is JSON but not a job Flint can run (422).
 pub const INVALID_JSON: &str = "invalid_json";
+/// The kind of a rejection that is the driver's fault: its job store could not be read.
+pub const STORAGE: &str = "storage";
 
 /// Why a spec was not accepted: a kind callers can branch on (`invalid_spec`,
 /// `unknown_module`, `too_many_tasks`, ...) and a message that says where and what.
@@ -63,9 +65,11 @@ pub trait Catalog {
     fn block_url(&self, id: &str) -> String;
     /// See [`UrlTimestamps::timestamp`].
     fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64;
-    /// Reads the scheduler's state; called once per input that names earlier results,
-    /// so a large spec never holds the scheduler's lock for long.
-    fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R;
+    /// Runs `f` on a job the driver holds (live, or finished and kept in the job store),
+    /// `Ok(None)` when there is none; a store that cannot be read is a [`STORAGE`]
+    /// rejection. Called once per input that names earlier results, so a large spec
+    /// never holds the scheduler's lock for long.
+    fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, Rejection>;
 }
 
 /// When the driver was first given each URL a job referred to (a module, a file or an
@@ -445,17 +449,26 @@ pub(crate) fn decode_input(
                 url,
             })))
         }
-        InputSpec::Result(r) => catalog.read(|s| {
-            let job = s.jobs.get(&r.job).ok_or_else(|| {
-                Rejection::new("unknown_result", format!("{at}: no job {}", r.job))
-            })?;
-            Ok(match ready_result(job, r.task, at)? {
-                TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
-                TaskResult::Block(block) => TaskInput::Fetch(Box::new(block_fetch(catalog, block))),
-            })
-        }),
-        InputSpec::Results(r) => catalog.read(|s| results_input(catalog, s, &r, at, budget)),
+        InputSpec::Result(r) => catalog
+            .job(&r.job, |job| {
+                Ok(match ready_result(job, r.task, at)? {
+                    TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
+                    TaskResult::Block(block) => {
+                        TaskInput::Fetch(Box::new(block_fetch(catalog, block)))
+                    }
+                })
+            })?
+            .unwrap_or_else(|| Err(unknown_result(at, &r.job))),
+        InputSpec::Results(r) => catalog
+            .job(&r.job, |job| results_input(catalog, job, &r, at, budget))?
+            .unwrap_or_else(|| Err(unknown_result(at, &r.job))),
     }
+}
+
+/// A `result`/`results` input naming a job the driver does not hold (never submitted,
+/// or deleted).
+fn unknown_result(at: &str, job: &JobId) -> Rejection {
+    Rejection::new("unknown_result", format!("{at}: no job {job}"))
 }
 
 /// An uploaded module's (or file's) id, `sha256:<hex>`.

@@ -23,6 +23,7 @@ use crate::store::blobs::ModuleStore;
         (status = 201, description = "stored", body = Uploaded),
         (status = 413, description = "larger than the module limit", body = ErrorResponse),
         (status = 422, description = "not a valid wasm module (`invalid_module`)", body = ErrorResponse),
+        (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
     ))]
 pub(super) async fn put_module(
     State(driver): State<Arc<Driver>>,
@@ -43,6 +44,7 @@ pub(super) async fn put_module(
     responses(
         (status = 201, description = "stored", body = Uploaded),
         (status = 413, description = "larger than the file limit", body = ErrorResponse),
+        (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
     ))]
 pub(super) async fn put_file(
     State(driver): State<Arc<Driver>>,
@@ -70,10 +72,25 @@ async fn put_blob(
     body: Body,
     upload: Upload,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
-    let body = edge::read_body(
+    // Stop reading an upload as soon as it cannot fit under the quota; the store checks
+    // again when it writes, against uploads running beside this one.
+    let usage = &driver.usage;
+    let refusal = |adding: u64| {
+        ApiError::storage_full(format!(
+            "the {} is not stored: {}",
+            upload.what,
+            usage.over_quota(adding)
+        ))
+    };
+    let room = usage.room().map(|bytes| edge::Room {
+        bytes,
+        refusal: &refusal,
+    });
+    let body = edge::read_body_within(
         headers,
         body,
         upload.limit,
+        room,
         driver.config.edge.body_idle_timeout,
         upload.what,
     )
@@ -158,12 +175,10 @@ pub(super) async fn put_block(
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<ResultInfo>)> {
     let job_id = JobId(job.clone());
+    // A job that ended meanwhile still takes its attempts' uploads (they are deleted
+    // with it); a deleted one does not.
     let max = driver
-        .read(|s| {
-            s.jobs
-                .get(&job_id)
-                .map(|j| j.def.resources.max_output_bytes)
-        })
+        .job(&job_id, |j| j.def.resources.max_output_bytes)?
         .ok_or_else(|| ApiError::not_found("job", format!("no job {job_id}")))?;
     let id = format!("{job}/{name}");
     let (size, digest) = driver

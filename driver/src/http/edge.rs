@@ -134,6 +134,30 @@ pub async fn read_body(
     idle: Duration,
     what: &str,
 ) -> Result<Bytes, ApiError> {
+    read_body_within(headers, body, limit, None, idle, what).await
+}
+
+/// The most an upload may add to the data dir (what is left of its quota), and the
+/// refusal of an upload of that many bytes or more.
+pub struct Room<'a> {
+    pub bytes: u64,
+    pub refusal: &'a (dyn Fn(u64) -> ApiError + Sync),
+}
+
+/// [`read_body`], refusing also a body that would not fit in `room`: before a byte is
+/// read when its declared length passes it, else as soon as what arrived does.
+pub async fn read_body_within(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    room: Option<Room<'_>>,
+    idle: Duration,
+    what: &str,
+) -> Result<Bytes, ApiError> {
+    let check_room = |len: u64| match &room {
+        Some(room) if len > room.bytes => Err((room.refusal)(len)),
+        _ => Ok(()),
+    };
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -147,6 +171,9 @@ pub async fn read_body(
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
+    }
+    if let Some(len) = declared {
+        check_room(len)?;
     }
     let mut stream = body.into_data_stream();
     let mut buffer = Vec::with_capacity(declared.map_or(0, |len| len as usize));
@@ -169,6 +196,7 @@ pub async fn read_body(
                 if buffer.len() + bytes.len() > limit {
                     return Err(too_large());
                 }
+                check_room((buffer.len() + bytes.len()) as u64)?;
                 buffer.extend_from_slice(&bytes);
             }
             Some(Err(e)) => {
@@ -226,6 +254,43 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_room_left_is_refused_before_or_while_reading() {
+        let refusal = |n: u64| ApiError::storage_full(format!("{n} bytes do not fit"));
+        let room = || {
+            Some(Room {
+                bytes: 5,
+                refusal: &refusal,
+            })
+        };
+        let body = chunks(vec![b"abc", b"de"]);
+        let read = read_body_within(&HeaderMap::new(), body, 6, room(), IDLE, "module").await;
+        assert_eq!(
+            read.unwrap(),
+            Bytes::from_static(b"abcde"),
+            "exactly the room"
+        );
+
+        let body = chunks(vec![b"abc", b"def"]);
+        let err = read_body_within(&HeaderMap::new(), body, 6, room(), IDLE, "module")
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(err.message, "6 bytes do not fit");
+
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("6"));
+        let untouched = Body::from_stream(futures_util::stream::poll_fn(
+            |_| -> std::task::Poll<Option<Result<Bytes, std::io::Error>>> {
+                panic!("the body was read")
+            },
+        ));
+        let err = read_body_within(&headers, untouched, 6, room(), IDLE, "module")
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), StatusCode::INSUFFICIENT_STORAGE);
     }
 
     #[tokio::test]

@@ -15,7 +15,6 @@ use tokio::sync::broadcast::error::RecvError;
 use super::error::ApiError;
 use crate::events::JobEvent;
 use crate::service::Driver;
-use crate::views::job_view;
 
 /// A job's events as they happen (server-sent events). First `job` (the job as it is
 /// now), then a `task` event for each task state change (launched, ended, back to
@@ -54,7 +53,7 @@ pub async fn job_events(
         return Ok(response);
     };
     let view = driver
-        .read(|s| s.jobs.get(&id).map(job_view))
+        .job_view(&id)?
         .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
     let first = match view.state.is_final() {
         true => sse("end", &view),

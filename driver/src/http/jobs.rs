@@ -9,7 +9,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorResponse, JobSpec, JobView, List, TaskState, TaskView};
+use flint_protocol::api::{ErrorResponse, JobSpec, JobState, JobView, List, TaskState, TaskView};
 use flint_protocol::{JobId, TaskResult, defaults};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -17,9 +17,10 @@ use utoipa::IntoParams;
 use super::blobs::stream_block;
 use super::edge;
 use super::error::{ApiError, ApiResult};
-use crate::scheduler::{ClusterState, Task};
-use crate::service::{Driver, IdempotencyKey, Submitted};
-use crate::views::{job_view, task_view};
+use crate::scheduler::Task;
+use crate::service::{Driver, IdempotencyKey, ListError, Submitted};
+use crate::store::JobFilter;
+use crate::views::task_view;
 
 /// The header that makes a submission safe to retry.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -59,6 +60,7 @@ pub(super) struct WaitQuery {
         (status = 400, description = "not JSON (`invalid_json`), a bad query, or a bad `Idempotency-Key` (`bad_idempotency_key`: empty, over 255 bytes, a byte outside 0x21-0x7e, or given twice)", body = ErrorResponse),
         (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
         (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`; or `idempotency_conflict`: the `Idempotency-Key` belongs to a job submitted with another spec (the message names it)", body = ErrorResponse),
+        (status = 507, description = "`storage_full`: the data dir holds its quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds) or the driver's disk is full; the job is not accepted (a repeat under an `Idempotency-Key` is still answered)", body = ErrorResponse),
     ))]
 pub(super) async fn submit_job(
     State(driver): State<Arc<Driver>>,
@@ -140,7 +142,7 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
     let mut endings = driver.job_endings();
     loop {
         let view = driver
-            .read(|s| s.jobs.get(id).map(job_view))
+            .job_view(id)?
             .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
         let Some(deadline) = deadline else {
             return Ok(view);
@@ -151,7 +153,7 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
         let changed = tokio::time::timeout_at(deadline.into(), endings.changed()).await;
         if !matches!(changed, Ok(Ok(()))) {
             return driver
-                .read(|s| s.jobs.get(id).map(job_view))
+                .job_view(id)?
                 .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")));
         }
     }
@@ -170,28 +172,55 @@ pub(super) async fn kill_job(
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, axum::Json<JobView>)> {
     let id = JobId(id);
-    let found = driver.apply(|s| match s.kill_job(&id, SystemTime::now()) {
+    let live = driver.apply(|s| match s.kill_job(&id, SystemTime::now()) {
         Some(actions) => (true, actions),
         None => (false, Vec::new()),
     });
-    if !found {
-        return Err(ApiError::not_found("job", format!("no job {id}")));
+    if live {
+        tracing::info!(job = %id, "job killed by request");
     }
-    tracing::info!(job = %id, "job killed by request");
+    // A job already over (live or not) is left as it is.
     let view = driver
-        .read(|s| s.jobs.get(&id).map(job_view))
+        .job_view(&id)?
         .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
     Ok((StatusCode::ACCEPTED, axum::Json(view)))
 }
 
+/// Deletes a finished job with everything it owns: its task records, results, logs and
+/// blocks; its idempotency key is free again. A running job is refused: kill it first.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "no such job (`job_not_found`), or already deleted", body = ErrorResponse),
+        (status = 409, description = "the job has not ended (`job_running`; kill it first), or a job that has not ended reads its results (`job_in_use`)", body = ErrorResponse),
+    ))]
+pub(super) async fn delete_job(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    driver.delete_job(&JobId(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub(super) struct PageQuery {
+pub(super) struct JobsQuery {
     /// Items per page, 1 to 10,000.
     #[param(minimum = 1, maximum = 10_000)]
     limit: Option<u64>,
     /// The `next` cursor of the previous page.
     after: Option<String>,
+    /// Only jobs in this state.
+    state: Option<JobState>,
+    /// Only jobs of this name (exactly).
+    name: Option<String>,
+    /// Only jobs created at or after this time (RFC 3339, e.g. `2026-12-01T00:00:00Z`).
+    #[param(format = DateTime)]
+    created_after: Option<String>,
+    /// Only jobs created before this time (RFC 3339).
+    #[param(format = DateTime)]
+    created_before: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -216,37 +245,61 @@ fn page_limit(limit: Option<u64>, default: usize) -> ApiResult<usize> {
     }
 }
 
-/// Jobs, newest first, a page at a time.
-#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(PageQuery),
+/// Jobs, newest first, a page at a time, optionally filtered by state, name and
+/// creation time; served from the job store's indexes.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(JobsQuery),
     responses(
         (status = 200, description = "a page of jobs", body = List<JobView>),
-        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 400, description = "a bad query (`bad_query`): a limit out of range, a time that is not RFC 3339", body = ErrorResponse),
     ))]
 pub(super) async fn list_jobs(
     State(driver): State<Arc<Driver>>,
-    page: Result<Query<PageQuery>, QueryRejection>,
+    query: Result<Query<JobsQuery>, QueryRejection>,
 ) -> ApiResult<axum::Json<List<JobView>>> {
-    let Query(page) = page.map_err(ApiError::query)?;
-    let limit = page_limit(page.limit, PAGE)?;
-    Ok(axum::Json(driver.read(|s| {
-        let newest_first = s.job_order.iter().rev();
-        let start: Vec<&JobId> = match &page.after {
-            Some(after) => newest_first
-                .skip_while(|id| id.0 != *after)
-                .skip(1)
-                .collect(),
-            None => newest_first.collect(),
-        };
-        let items: Vec<JobView> = start
-            .iter()
-            .take(limit)
-            .map(|id| job_view(&s.jobs[*id]))
-            .collect();
-        let next = (start.len() > limit)
-            .then(|| items.last().map(|j| j.id.0.clone()))
-            .flatten();
-        List { items, next }
-    })))
+    let Query(query) = query.map_err(ApiError::query)?;
+    let limit = page_limit(query.limit, PAGE)?;
+    let filter = JobFilter {
+        state: query.state,
+        name: query.name,
+        created_after: query
+            .created_after
+            .as_deref()
+            .map(|t| unix_ms("created_after", t))
+            .transpose()?,
+        created_before: query
+            .created_before
+            .as_deref()
+            .map(|t| unix_ms("created_before", t))
+            .transpose()?,
+    };
+    let after = query.after;
+    let listed =
+        tokio::task::spawn_blocking(move || driver.list_jobs(&filter, after.as_deref(), limit))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "storage",
+                    format!("listing jobs: {e}"),
+                )
+            })?;
+    let (items, next) = listed.map_err(|ListError::Store(e)| ApiError::from(e))?;
+    Ok(axum::Json(List { items, next }))
+}
+
+/// An RFC 3339 time as Unix milliseconds.
+fn unix_ms(name: &str, text: &str) -> ApiResult<u64> {
+    // Times before 1970 are before every job.
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis().max(0) as u64)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_query",
+                format!("{name}={text:?}: not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)"),
+            )
+        })
 }
 
 /// A job's tasks in index order, a page at a time (`after` is a task index).
@@ -266,16 +319,14 @@ pub(super) async fn list_tasks(
     let limit = page_limit(page.limit, MAX_PAGE)?;
     let first = page.after.map_or(0, |after| after as usize + 1);
     let id = JobId(id);
-    driver.read(|s| {
-        let job = s
-            .jobs
-            .get(&id)
-            .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
-        let end = job.tasks.len().min(first.saturating_add(limit));
-        let items: Vec<TaskView> = (first.min(end)..end).map(|i| task_view(job, i)).collect();
-        let next = (end < job.tasks.len()).then(|| (end - 1).to_string());
-        Ok(axum::Json(List { items, next }))
-    })
+    driver
+        .job(&id, |job| {
+            let end = job.tasks.len().min(first.saturating_add(limit));
+            let items: Vec<TaskView> = (first.min(end)..end).map(|i| task_view(job, i)).collect();
+            let next = (end < job.tasks.len()).then(|| (end - 1).to_string());
+            axum::Json(List { items, next })
+        })?
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))
 }
 
 /// A succeeded task's result bytes.
@@ -293,8 +344,7 @@ pub(super) async fn get_result(
 ) -> ApiResult<Response> {
     let Path((id, index)) = path.map_err(ApiError::path)?;
     let id = JobId(id);
-    let result = driver.read(|s| {
-        let task = find_task(s, &id, index)?;
+    let result = with_task(&driver, &id, index, |task| {
         match (&task.result, task.state) {
             (Some(result), TaskState::Succeeded) => Ok(result.clone()),
             (_, state) => Err(ApiError::new(
@@ -331,16 +381,24 @@ pub(super) async fn get_log(
 ) -> ApiResult<Response> {
     let Path((id, index)) = path.map_err(ApiError::path)?;
     let id = JobId(id);
-    let log = driver.read(|s| find_task(s, &id, index).map(|t| t.log.clone()))?;
+    let log = with_task(&driver, &id, index, |t| Ok(t.log.clone()))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log).into_response())
 }
 
-fn find_task<'s>(s: &'s ClusterState, id: &JobId, index: u32) -> ApiResult<&'s Task> {
-    let job = s
-        .jobs
-        .get(id)
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
-    job.tasks
-        .get(index as usize)
-        .ok_or_else(|| ApiError::not_found("task", format!("job {id} has no task {index}")))
+/// Runs `f` on task `index` of a job, live or finished.
+fn with_task<R>(
+    driver: &Driver,
+    id: &JobId,
+    index: u32,
+    f: impl FnOnce(&Task) -> ApiResult<R>,
+) -> ApiResult<R> {
+    driver
+        .job(id, |job| match job.tasks.get(index as usize) {
+            Some(task) => f(task),
+            None => Err(ApiError::not_found(
+                "task",
+                format!("job {id} has no task {index}"),
+            )),
+        })?
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?
 }

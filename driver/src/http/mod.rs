@@ -42,7 +42,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(blobs::put_file))
         .routes(routes!(blobs::get_file))
         .routes(routes!(jobs::list_jobs, jobs::submit_job))
-        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::get_job, jobs::delete_job))
         .routes(routes!(jobs::kill_job))
         .routes(routes!(events::job_events))
         .routes(routes!(jobs::list_tasks))

@@ -35,8 +35,10 @@ pub(super) async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoR
         )],
         {
             let now = Instant::now();
-            let mut text = driver.read(|s| metrics::render_state(s, now));
+            let (finished, archive) = driver.finished_figures();
+            let mut text = driver.read(|s| metrics::render_state(s, now, &finished, archive));
             metrics::render_counters(&mut text, &driver.metrics, driver.store_commits());
+            metrics::render_data_dir(&mut text, &driver.usage);
             text
         },
     )

@@ -36,11 +36,15 @@ pub use model::*;
 
 pub struct ClusterState {
     pub executors: BTreeMap<ExecutorId, ExecutorData>,
+    /// The live jobs: accepted and not yet ended. A job that ends is taken out by the
+    /// service ([`Self::remove_job`]) once its end is handed to the job store.
     pub jobs: FastMap<JobId, Job>,
-    /// Jobs in submission order, newest last.
-    pub job_order: Vec<JobId>,
     /// Jobs that may still have tasks to launch, oldest first.
     pub(crate) queue: VecDeque<JobId>,
+    /// Final jobs with attempts still running (being killed): they leave the state once
+    /// the last of those reports its end ([`Self::take_drained`]), so that its times and
+    /// log are the task's.
+    retiring: std::collections::HashSet<JobId>,
     next_generation: u64,
     next_job_key: u64,
     pub config: SchedulingConfig,
@@ -64,8 +68,8 @@ impl ClusterState {
         ClusterState {
             executors: BTreeMap::new(),
             jobs: FastMap::default(),
-            job_order: Vec::new(),
             queue: VecDeque::new(),
+            retiring: Default::default(),
             next_generation: first_generation,
             next_job_key: 0,
             config,
@@ -99,6 +103,53 @@ impl ClusterState {
             .filter(|e| e.state == ExecutorState::Alive)
             .map(|e| e.cores)
             .max()
+    }
+
+    /// Takes a final job out of the state once none of its attempts runs any more: now,
+    /// or when the last one reports its end (see [`Self::take_drained`]).
+    pub fn retire_job(&mut self, job: &JobId) -> Option<Job> {
+        if self
+            .executors
+            .values()
+            .any(|e| e.running.keys().any(|t| t.job == *job))
+        {
+            self.retiring.insert(job.clone());
+            return None;
+        }
+        self.remove_job(job)
+    }
+
+    /// Retiring jobs whose last attempt has ended, taken out of the state.
+    pub fn take_drained(&mut self) -> Vec<Job> {
+        if self.retiring.is_empty() {
+            return Vec::new();
+        }
+        let drained: Vec<JobId> = self
+            .retiring
+            .iter()
+            .filter(|job| {
+                !self
+                    .executors
+                    .values()
+                    .any(|e| e.running.keys().any(|t| t.job == **job))
+            })
+            .cloned()
+            .collect();
+        drained
+            .iter()
+            .filter_map(|job| {
+                self.retiring.remove(job);
+                self.remove_job(job)
+            })
+            .collect()
+    }
+
+    fn remove_job(&mut self, job: &JobId) -> Option<Job> {
+        let removed = self.jobs.remove(job)?;
+        if let Some(at) = self.queue.iter().position(|q| q == job) {
+            self.queue.remove(at);
+        }
+        Some(removed)
     }
 
     /// The job ended: the executors it was defined on may forget it. Those executors.
@@ -274,7 +325,6 @@ impl ClusterState {
             pending: tasks.len() as u32,
             ..TaskCounts::default()
         };
-        self.job_order.push(job.def.id.clone());
         self.queue.push_back(job.def.id.clone());
         self.next_job_key += 1;
         self.jobs.insert(

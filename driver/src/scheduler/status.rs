@@ -44,33 +44,30 @@ impl ClusterState {
     ) {
         let clock = self.now;
         let exclusion = self.config.exclusion;
-        let Some(cores) = self
-            .jobs
-            .get(&status.task.job)
-            .map(|j| j.def.resources.cores)
-        else {
-            return;
-        };
         let Some(executor) = self.live_executor(executor_id, generation) else {
             return;
         };
-        if executor.running.get(&status.task).map(|r| r.attempt) != Some(status.attempt)
-            || status.generation != generation
-        {
+        let Some(running) = executor
+            .running
+            .get(&status.task)
+            .filter(|r| r.attempt == status.attempt && status.generation == generation)
+            .copied()
+        else {
             return;
-        }
+        };
         executor.running.remove(&status.task);
         executor.tasks_finished += 1;
         if executor.queued_ahead > 0 {
             // A queued attempt takes the thread this one leaves.
             executor.queued_ahead -= 1;
         } else {
-            executor.free_cores += cores;
+            executor.free_cores += running.cores;
         }
-        let job = self
-            .jobs
-            .get_mut(&status.task.job)
-            .expect("job checked above");
+        // A job that ended has left the state (its attempts were killed with it): the
+        // cores above are all that this report still means.
+        let Some(job) = self.jobs.get_mut(&status.task.job) else {
+            return;
+        };
         let run = status
             .end
             .finished_at_us

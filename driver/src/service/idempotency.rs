@@ -263,6 +263,31 @@ impl IdempotencyKeys {
         slots.entry(key.clone()).or_default().clone()
     }
 
+    /// Frees the key of a deleted job: a submission with it makes a new job. Waits for
+    /// a submission holding the key's lock (a repeat being answered) to finish, so that
+    /// the claim cannot outlive its job. A key claimed by another job stays.
+    pub(super) async fn forget(&self, key: &str, job: &JobId) {
+        let Ok(key) = IdempotencyKey::parse(key.as_bytes()) else {
+            return;
+        };
+        let Some(slot) = self
+            .slots
+            .lock()
+            .expect("idempotency keys lock poisoned")
+            .get(&key)
+            .cloned()
+        else {
+            return;
+        };
+        {
+            let mut claim = slot.lock().await;
+            if claim.as_ref().is_some_and(|c| c.job == *job) {
+                *claim = None;
+            }
+        }
+        self.release(&key, slot);
+    }
+
     /// Forgets a key left unclaimed (its submission was refused or not stored) once no
     /// other submission holds or waits for its lock: refused submissions with ever new
     /// keys must not fill memory. Clones of a slot are only made under the map's lock,
@@ -320,6 +345,8 @@ impl Driver {
                 }),
             };
         }
+        // A repeat is answered at the quota too; only a new job is refused.
+        self.usage.check_not_full()?;
         let job = self.admit(body)?;
         let id = job.def.id.clone();
         self.submit_keyed(job, Some((key.as_str().to_owned(), spec)))

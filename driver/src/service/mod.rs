@@ -9,25 +9,32 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
-use flint_protocol::api::{TaskEvent, TaskState};
+use flint_protocol::api::{JobView, TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
+use flint_protocol::records::{JobEndRecord, JobSummaryRecord};
 use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId, TaskId, defaults};
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::{self, Rejection, UrlTimestamps};
 use crate::config::DriverConfig;
 use crate::events::{JobEvent, JobEvents};
-use crate::scheduler::{Action, ClusterState, NewJob};
+use crate::scheduler::{Action, ClusterState, Job, NewJob};
 use crate::store::blobs::ModuleStore;
 use crate::store::blocks::BlockStore;
 use crate::store::durable;
-use crate::store::{JobStore, StoreError, Stored};
+use crate::store::usage::{DataDirUsage, OverQuota};
+use crate::store::{JobStore, StoreError, Stored, Totals};
 
+mod archive;
 mod catalog;
+mod deletion;
 pub mod idempotency;
+mod listing;
 
+pub use deletion::DeleteError;
 use idempotency::IdempotencyKeys;
 pub use idempotency::{BadKey, IdempotencyKey};
+pub use listing::ListError;
 
 use catalog::{advertised_base, host_name};
 
@@ -55,6 +62,9 @@ pub enum SubmitError {
     /// The job could not be stored, so it was not accepted.
     #[error(transparent)]
     Storage(#[from] StoreError),
+    /// The data dir is at its quota: no new job until there is room.
+    #[error("job not accepted: {0}")]
+    OverQuota(#[from] OverQuota),
     /// The key belongs to a job submitted with another spec.
     #[error(
         "Idempotency-Key {key:?} belongs to job {job}, which was submitted with another \
@@ -72,6 +82,17 @@ impl From<Rejection> for SubmitError {
 struct Inner {
     state: ClusterState,
     links: HashMap<ExecutorId, Link>,
+    /// Finished jobs still in memory (see [`archive`]).
+    archive: archive::Archive,
+    /// Final jobs still in the scheduler's state (their attempts being killed), with
+    /// the number of their end's write to the job store.
+    ending: HashMap<JobId, u64>,
+    /// Jobs whose record is being committed (`submit_keyed`), and the ends of those
+    /// among them that ended meanwhile, sent once the record is in.
+    storing: std::collections::HashSet<JobId>,
+    deferred: HashMap<JobId, (JobEndRecord, JobSummaryRecord)>,
+    /// The stored finished jobs' figures, for `/metrics`.
+    finished: Totals,
 }
 
 pub struct Driver {
@@ -79,6 +100,8 @@ pub struct Driver {
     pub modules: ModuleStore,
     pub files: ModuleStore,
     pub blocks: BlockStore,
+    /// What the data dir holds, against its quota.
+    pub usage: Arc<DataDirUsage>,
     /// The fetch timestamps of the URLs jobs named.
     url_timestamps: UrlTimestamps,
     store: JobStore,
@@ -100,14 +123,26 @@ impl Driver {
     /// Opens the data dir and rebuilds every stored job: tasks that had ended keep their
     /// results, the rest run again once executors register.
     pub fn new(config: DriverConfig, http_addr: SocketAddr) -> anyhow::Result<Arc<Self>> {
-        let modules = ModuleStore::open(config.data_dir.join("modules"))?;
-        let files = ModuleStore::open_files(config.data_dir.join("files"))?;
+        let job_store = config.data_dir.join("jobs.redb");
+        let usage = Arc::new(DataDirUsage::new(
+            config.data_dir_max_bytes,
+            job_store.clone(),
+        ));
+        let modules = ModuleStore::open(config.data_dir.join("modules"), usage.clone())?;
+        let files = ModuleStore::open_files(config.data_dir.join("files"), usage.clone())?;
         std::fs::create_dir_all(&config.data_dir)?;
-        let store = JobStore::open(&config.data_dir.join("jobs.redb"), config.commit_interval)?;
-        let Stored { jobs: stored, keys } = store.load()?;
+        let store = JobStore::open(&job_store, config.commit_interval)?;
+        let Stored {
+            jobs: mut stored,
+            keys,
+        } = store.load()?;
+        let finished = store.totals()?;
         let restored = stored.len();
         let http_base = advertised_base(config.advertise_url.as_deref(), http_addr, host_name);
-        let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base)?;
+        for job in &mut stored {
+            catalog::rebase(&mut job.job, &http_base);
+        }
+        let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base, &usage)?;
         let scheduling = config.scheduling.clone();
         let events = JobEvents::new(config.max_event_streams);
         let driver = Arc::new(Driver {
@@ -115,6 +150,7 @@ impl Driver {
             modules,
             files,
             blocks,
+            usage,
             url_timestamps: UrlTimestamps::default(),
             store,
             idempotency: IdempotencyKeys::restore(keys),
@@ -129,6 +165,11 @@ impl Driver {
                     SystemTime::now(),
                 ),
                 links: HashMap::new(),
+                archive: archive::Archive::new(archive::CACHE_BYTES),
+                ending: HashMap::new(),
+                storing: Default::default(),
+                deferred: HashMap::new(),
+                finished,
             }),
             jobs_finished: watch::Sender::new(0),
             metrics: crate::metrics::Metrics::default(),
@@ -137,7 +178,7 @@ impl Driver {
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
-            tracing::info!(jobs = restored, "restored jobs from the job store");
+            tracing::info!(jobs = restored, "restored the live jobs from the job store");
         }
         Ok(driver)
     }
@@ -174,6 +215,7 @@ impl Driver {
         match key {
             Some(key) => self.submit_once(body, key).await,
             None => {
+                self.usage.check_not_full()?;
                 let job = self.admit(&body)?;
                 let id = job.def.id.clone();
                 self.submit(job).await?;
@@ -196,11 +238,30 @@ impl Driver {
             let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
             driver.store.put_job(&record, key)
         });
-        self.apply(|s| ((), s.submit_job(job)));
+        self.apply_inner(|inner| {
+            inner.storing.insert(id.clone());
+            ((), inner.state.submit_job(job))
+        });
         let stored = match commit.await {
             Ok(stored) => stored,
             Err(e) => Err(StoreError::Db(format!("job store thread: {e}"))),
         };
+        // A job that ended before its record was committed had its end held back: the
+        // writer could otherwise commit the end first and find no job to end.
+        let mut inner = self.lock();
+        inner.storing.remove(&id);
+        if let Some((end, summary)) = inner.deferred.remove(&id) {
+            let write = match &stored {
+                Ok(()) => self.store.job_ended(id.clone(), end, summary),
+                // Never accepted: nothing to store, and it is not among the totals.
+                Err(_) => {
+                    inner.finished.add(&summary, -1);
+                    0
+                }
+            };
+            inner.set_end_write(&id, write);
+        }
+        drop(inner);
         if let Err(e) = &stored {
             let reason = format!("not accepted: the job store could not record it: {e}");
             self.apply(|s| {
@@ -299,8 +360,8 @@ impl Driver {
                     if let Some(t) = inner
                         .state
                         .jobs
-                        .get(&task.job)
-                        .and_then(|j| j.tasks.get(task.index as usize))
+                        .get_mut(&task.job)
+                        .and_then(|j| j.tasks.get_mut(task.index as usize))
                     {
                         self.metrics.task_ended(t);
                         self.store.task_ended(
@@ -308,32 +369,120 @@ impl Driver {
                             task.index,
                             durable::task_end_record(t),
                         );
+                        // Nothing runs an ended task again: its input can go.
+                        t.input = flint_protocol::TaskInput::Inline(Vec::new());
+                        t.args = Vec::new();
+                        t.env = Vec::new();
                     }
                 }
                 Action::JobFinished(job) => {
-                    if let Some(j) = inner.state.jobs.get(&job) {
+                    for (executor, key) in inner.state.forget_job(&job) {
+                        inner.send(&executor, DriverMessage::ForgetJob { key });
+                    }
+                    let ended = inner.state.jobs.get(&job).map(|j| {
                         match &j.error {
                             Some((kind, message)) => {
                                 tracing::warn!(job = %job, state = ?j.state, kind, message, "job ended")
                             }
                             None => tracing::info!(job = %job, state = ?j.state, "job ended"),
                         }
-                        self.store
-                            .job_ended(job.clone(), durable::job_end_record(j));
+                        let summary = durable::job_summary(j);
+                        let end = durable::job_end_record(j);
                         self.publish_end(j);
-                    }
-                    for (executor, key) in inner.state.forget_job(&job) {
-                        inner.send(&executor, DriverMessage::ForgetJob { key });
+                        (summary, end)
+                    });
+                    if let Some((summary, end)) = ended {
+                        inner.finished.add(&summary, 1);
+                        let write = match inner.storing.contains(&job) {
+                            // Its record is still being committed (see `submit_keyed`).
+                            true => {
+                                inner.deferred.insert(job.clone(), (end, summary));
+                                u64::MAX
+                            }
+                            false => self.store.job_ended(job.clone(), end, summary),
+                        };
+                        inner.ending.insert(job.clone(), write);
+                        if let Some(j) = inner.state.retire_job(&job) {
+                            self.archive_job(&mut inner, j);
+                        }
                     }
                     finished = true;
                 }
             }
         }
+        for job in inner.state.take_drained() {
+            self.archive_job(&mut inner, job);
+        }
+        inner.archive.settle(|write| self.store.is_durable(write));
         drop(inner);
         if finished {
             self.jobs_finished.send_modify(|n| *n += 1);
         }
         result
+    }
+
+    /// Runs `f` on a job, live or finished: live and recently finished ones from memory,
+    /// others read from the job store (and kept in the small cache of finished jobs).
+    /// `Ok(None)` when there is no such job.
+    pub fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, StoreError> {
+        let deletions = {
+            let mut inner = self.lock();
+            inner.archive.settle(|write| self.store.is_durable(write));
+            if let Some(job) = inner.state.jobs.get(id) {
+                return Ok(Some(f(job)));
+            }
+            match inner.archive.get(id) {
+                Some(job) => {
+                    drop(inner);
+                    return Ok(Some(f(&job)));
+                }
+                None => inner.archive.deletions,
+            }
+        };
+        let Some(stored) = self.store.job(id)? else {
+            return Ok(None);
+        };
+        let job = Arc::new(durable::finished_job(stored));
+        let mut inner = self.lock();
+        // Ended and removed meanwhile? Only cache what no deletion may have raced.
+        if inner.archive.deletions == deletions && !inner.state.jobs.contains_key(id) {
+            inner.archive.cache(id.clone(), job.clone());
+        }
+        drop(inner);
+        Ok(Some(f(&job)))
+    }
+
+    /// The job's view, live or finished.
+    pub fn job_view(&self, id: &JobId) -> Result<Option<JobView>, StoreError> {
+        self.job(id, crate::views::job_view)
+    }
+
+    /// The figures of the finished jobs stored, and of those held in memory, for
+    /// `/metrics`: (totals, not yet committed, cached, cached bytes).
+    pub fn finished_figures(&self) -> (Totals, (usize, usize, usize)) {
+        let inner = self.lock();
+        (inner.finished, inner.archive.sizes())
+    }
+
+    /// Takes a drained final job out of the state. Its tasks killed while they ran are
+    /// stored now, with their last attempt's times and log (tasks killed before they
+    /// started are rebuilt as such from the job's end), so the job reads the same from
+    /// the store as it did from memory.
+    fn archive_job(&self, inner: &mut Inner, job: Job) {
+        let mut last = inner.ending.get(&job.def.id).copied().unwrap_or(0);
+        for (index, task) in job.tasks.iter().enumerate() {
+            if task.state == TaskState::Killed && task.attempts > 0 {
+                let write = self.store.task_ended(
+                    job.def.id.clone(),
+                    index as u32,
+                    durable::task_end_record(task),
+                );
+                if last != u64::MAX {
+                    last = last.max(write);
+                }
+            }
+        }
+        inner.archive(job, last);
     }
 
     /// Tells a job's watchers (if any) a task's new state.
@@ -471,6 +620,26 @@ impl Driver {
 }
 
 impl Inner {
+    /// Whether a job's end may not be in the store's indexes yet.
+    fn has_unsaved_ends(&self) -> bool {
+        self.archive.has_unsaved() || !self.ending.is_empty() || !self.deferred.is_empty()
+    }
+
+    /// The write that stores a job's end, now known.
+    fn set_end_write(&mut self, job: &JobId, write: u64) {
+        match self.ending.get_mut(job) {
+            Some(at) => *at = write,
+            None => self.archive.set_write(job, write),
+        }
+    }
+
+    /// A final job out of the scheduler's state, into the finished jobs in memory, once
+    /// `last_write` (its end, or later writes of its tasks) is committed.
+    fn archive(&mut self, job: Job, last_write: u64) {
+        self.ending.remove(&job.def.id);
+        self.archive.finished(last_write, archive::strip(job));
+    }
+
     fn send(&self, executor: &ExecutorId, message: DriverMessage) {
         match self.links.get(executor) {
             // A closed outbox means the connection is ending; its loss re-queues the task.

@@ -3,7 +3,10 @@
 //! file system, and executors upload to `PUT /v1/blocks/{id}`; with `--block-store
 //! s3://bucket/prefix` executors write to the bucket themselves and the driver reads
 //! from it. Either way the bytes outlive the executor that produced them, and reads are
-//! streamed, never loaded whole.
+//! streamed, never loaded whole. The driver's own blocks count towards the data dir's
+//! quota but are never refused by it: they are results of jobs already accepted. An
+//! upload that fails (a full disk) leaves no partial block: object_store writes to a
+//! staging file and renames it, and removes it on failure.
 
 use std::sync::Arc;
 
@@ -16,6 +19,8 @@ use object_store::path::Path;
 use object_store::{GetResult, GetResultPayload, ObjectStore};
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::usage::{DataDirUsage, bytes_under, is_disk_full};
 
 /// The default `--block-store`: the driver's data dir, uploads through the driver.
 pub const DRIVER_BLOCK_STORE: &str = "driver";
@@ -37,27 +42,51 @@ pub enum BlockError {
     Io(#[from] std::io::Error),
 }
 
+impl BlockError {
+    /// The disk (or a disk quota of the OS) is full: the block was not stored.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            BlockError::Store(e) => is_disk_full(e),
+            BlockError::Io(e) => is_disk_full(e),
+            _ => false,
+        }
+    }
+}
+
 pub struct BlockStore {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     /// `driver`, or the object store URL executors write to.
     spec: String,
+    /// The directory of the driver's own block store (`None` for an object store).
+    local_dir: Option<std::path::PathBuf>,
     /// Where executors fetch a block that is another task's input.
     fetch_base: String,
+    /// The data dir's figure, when the blocks are kept in it.
+    usage: Option<Arc<DataDirUsage>>,
 }
 
 impl BlockStore {
     /// `spec` is `driver` or an object store URL (`s3://bucket/prefix`, `file:///dir`).
-    pub fn open(spec: &str, data_dir: &std::path::Path, http_base: &str) -> anyhow::Result<Self> {
+    /// The driver's own blocks are counted in `usage`, from what is there at open on.
+    pub fn open(
+        spec: &str,
+        data_dir: &std::path::Path,
+        http_base: &str,
+        usage: &Arc<DataDirUsage>,
+    ) -> anyhow::Result<Self> {
         if spec == DRIVER_BLOCK_STORE {
             let dir = data_dir.join("blocks");
             std::fs::create_dir_all(&dir)?;
+            usage.stored(bytes_under(&dir)?);
             let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)?;
             return Ok(BlockStore {
                 store: Arc::new(store),
                 prefix: Path::default(),
                 spec: spec.to_owned(),
+                local_dir: Some(dir),
                 fetch_base: format!("{http_base}/v1/blocks"),
+                usage: Some(usage.clone()),
             });
         }
         let url = url::Url::parse(spec).map_err(|e| {
@@ -68,7 +97,9 @@ impl BlockStore {
             store,
             prefix,
             spec: spec.trim_end_matches('/').to_owned(),
+            local_dir: None,
             fetch_base: spec.trim_end_matches('/').to_owned(),
+            usage: None,
         })
     }
 
@@ -101,6 +132,36 @@ impl BlockStore {
             .fold(self.prefix.clone(), |path, part| path.child(*part)))
     }
 
+    /// Deletes every block of a job (they are named `<job>/<name>`: results, and the
+    /// uploads of attempts that lost), returning how many there were.
+    pub async fn delete_job(&self, job: &flint_protocol::JobId) -> Result<u64, BlockError> {
+        let dir = self.path(&format!("{}/x", job.0))?;
+        let dir = Path::from_iter(dir.parts().take(dir.parts().count() - 1));
+        let mut listed = self.store.list(Some(&dir));
+        let mut deleted = 0;
+        while let Some(meta) = listed.next().await.transpose()? {
+            match self.store.delete(&meta.location).await {
+                Ok(()) => {
+                    deleted += 1;
+                    if let Some(usage) = &self.usage {
+                        usage.released(meta.size);
+                    }
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(local) = &self.local_dir {
+            // The local store leaves the job's directory behind, empty.
+            match tokio::fs::remove_dir(local.join(&job.0)).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Streams an upload into the store, hashing as it goes; nothing is visible under
     /// `id` unless every byte arrived (the multipart upload is aborted otherwise).
     pub async fn put_stream<S, E>(
@@ -114,6 +175,11 @@ impl BlockStore {
         E: std::fmt::Display,
     {
         let path = self.path(id)?;
+        // A block uploaded again (a retried upload) replaces the one before.
+        let replaced = match &self.usage {
+            Some(_) => self.store.head(&path).await.map_or(0, |meta| meta.size),
+            None => 0,
+        };
         let mut writer = BufWriter::new(self.store.clone(), path);
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -141,6 +207,10 @@ impl BlockStore {
         if let Err(e) = result {
             let _ = writer.abort().await;
             return Err(e);
+        }
+        if let Some(usage) = &self.usage {
+            usage.stored(size);
+            usage.released(replaced);
         }
         Ok((size, Digest(hasher.finalize().into())))
     }

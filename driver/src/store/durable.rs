@@ -5,7 +5,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
-use flint_protocol::records::{JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
+use flint_protocol::records::{
+    JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord, TaskInputRecord,
+};
 
 use crate::scheduler::{Action, ClusterState, Job, NewJob, NewTask, Task};
 use crate::store::StoredJob;
@@ -44,6 +46,57 @@ pub fn job_end_record(job: &Job) -> JobEndRecord {
         finished_at_ms: job.finished_at.map_or(0, unix_ms),
         error: job.error.clone(),
     }
+}
+
+/// What listing the job shows, as of now.
+pub fn job_summary(job: &Job) -> JobSummaryRecord {
+    JobSummaryRecord {
+        name: job.def.name.clone(),
+        state: job.state,
+        created_at_ms: job.def.created_at_ms,
+        finished_at_ms: job.finished_at.map(unix_ms),
+        tasks: job.tasks.len() as u32,
+        counts: job.counts(),
+        error: job.error.clone(),
+    }
+}
+
+/// A finished job read back from the store, as the API shows it: its tasks' ends, no
+/// inputs (nothing runs it again).
+pub fn finished_job(stored: StoredJob) -> Job {
+    let StoredJob { job, tasks, end } = stored;
+    let mut state = ClusterState::new(
+        0,
+        crate::scheduler::SchedulingConfig::default(),
+        std::time::Instant::now(),
+        SystemTime::now(),
+    );
+    let id = job.def.id.clone();
+    let mut job = job;
+    for task in &mut job.tasks {
+        task.input = flint_protocol::TaskInput::Inline(Vec::new());
+        task.args = Vec::new();
+        task.env = Vec::new();
+    }
+    // A stored job always has an end once it is finished; one without is shown as its
+    // tasks leave it (pending ones killed), the way a restart would end it.
+    let end = end.unwrap_or(JobEndRecord {
+        state: JobState::Killed,
+        finished_at_ms: 0,
+        error: None,
+    });
+    state.restore(
+        vec![StoredJob {
+            job,
+            tasks,
+            end: Some(end),
+        }],
+        SystemTime::now(),
+    );
+    state
+        .jobs
+        .remove(&id)
+        .expect("a restored job is in the state")
 }
 
 impl ClusterState {

@@ -1,5 +1,7 @@
 //! The job store on a real redb file: round trips, group commits, reopening.
 
+use std::time::Instant;
+
 use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskState};
 
@@ -18,11 +20,11 @@ fn end(attempts: u32, result_bytes: usize) -> TaskEndRecord {
     }
 }
 
-/// Waits for the writer thread's group commits to show `ready`.
-fn load_until(store: &JobStore, ready: impl Fn(&[StoredJob]) -> bool) -> Vec<StoredJob> {
+/// Waits for the writer thread's group commits to show `ready` of job `id`.
+fn load_until(store: &JobStore, id: &str, ready: impl Fn(&StoredJob) -> bool) -> StoredJob {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let stored = store.load().unwrap().jobs;
+        let stored = store.job(&JobId(id.into())).unwrap().expect("stored");
         if ready(&stored) {
             return stored;
         }
@@ -96,7 +98,7 @@ fn a_data_dir_written_before_the_key_table_opens_with_no_keys() {
             .insert("old", bytes.as_slice())
             .unwrap();
         txn.open_table(JOB_ENDS).unwrap();
-        txn.open_table(TASK_END_BATCHES).unwrap();
+        txn.open_table(migrate::TASK_ENDS_V4).unwrap();
         txn.commit().unwrap();
     }
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
@@ -108,12 +110,14 @@ fn a_data_dir_written_before_the_key_table_opens_with_no_keys() {
     // The table is there now: keys go in, and one naming no stored job is not loaded.
     let spec = Digest::of(b"spec");
     store.put_job(&record("new"), Some(("k", &spec))).unwrap();
-    let txn = store.db.begin_write().unwrap();
+    let db = store.db.get().unwrap();
+    let txn = db.begin_write().unwrap();
     txn.open_table(IDEMPOTENCY_KEYS)
         .unwrap()
         .insert("stale", (&spec.0, "gone"))
         .unwrap();
     txn.commit().unwrap();
+    drop(db);
     let keys = reopen(store, &path).load().unwrap().keys;
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert_eq!((keys[0].key.as_str(), &keys[0].job.0[..]), ("k", "new"));
@@ -134,8 +138,8 @@ fn ends_within_the_commit_interval_share_a_commit() {
         store.task_ended(job.clone(), index, end(1, 1));
         std::thread::sleep(Duration::from_millis(5));
     }
-    let stored = load_until(&store, |s| s[0].tasks.len() == 20);
-    assert_eq!(stored[0].tasks.len(), 20);
+    let stored = load_until(&store, "j", |s| s.tasks.len() == 20);
+    assert_eq!(stored.tasks.len(), 20);
     assert_eq!(
         store.commits(),
         2,
@@ -154,7 +158,7 @@ fn a_flush_commits_at_once_whatever_the_interval() {
     let job = JobId("j".into());
     store.task_ended(job.clone(), 0, end(1, 1));
     // The first end is committed at once; the next two would wait an hour.
-    load_until(&store, |s| s[0].tasks.len() == 1);
+    load_until(&store, "j", |s| s.tasks.len() == 1);
     store.task_ended(job.clone(), 1, end(1, 1));
     store.task_ended(job.clone(), 2, end(1, 1));
     let started = Instant::now();
@@ -178,18 +182,10 @@ fn task_ends_come_back_after_a_reopen_latest_first_and_split_when_large() {
         store.task_ended(job.clone(), index, end(1, 700 << 10));
     }
     store.task_ended(job.clone(), 0, end(2, 3));
-    store.job_ended(
-        job.clone(),
-        JobEndRecord {
-            state: JobState::Succeeded,
-            finished_at_ms: 5,
-            error: None,
-        },
-    );
-    load_until(&store, |s| s[0].end.is_some());
+    store.flush();
     let store = reopen(store, &path);
     let stored = store.load().unwrap().jobs;
-    assert_eq!(stored.len(), 1);
+    assert_eq!(stored.len(), 1, "live, so loaded");
     let indices: Vec<u32> = stored[0].tasks.iter().map(|(i, _)| *i).collect();
     assert_eq!(indices, [0, 1, 2], "by index, once each");
     assert_eq!(
@@ -200,6 +196,442 @@ fn task_ends_come_back_after_a_reopen_latest_first_and_split_when_large() {
     assert_eq!(stored[0].tasks[2].1, end(1, 700 << 10));
     // New ends after a reopen go after the old ones, not over them.
     store.task_ended(job.clone(), 3, end(1, 1));
-    let stored = load_until(&store, |s| s[0].tasks.len() == 4);
-    assert_eq!(stored[0].tasks[1].1, end(1, 700 << 10));
+    let stored = load_until(&store, "j", |s| s.tasks.len() == 4);
+    assert_eq!(stored.tasks[1].1, end(1, 700 << 10));
+    assert_eq!(stored.tasks[0].1, end(2, 3));
+}
+
+fn job_end(state: JobState, finished_at_ms: u64) -> JobEndRecord {
+    JobEndRecord {
+        state,
+        finished_at_ms,
+        error: None,
+    }
+}
+
+/// A summary as the service makes it at a job's end.
+fn final_summary(record: &JobRecord, state: JobState, finished_at_ms: u64) -> JobSummaryRecord {
+    let mut summary = queued_summary(record);
+    summary.state = state;
+    summary.finished_at_ms = Some(finished_at_ms);
+    summary.counts.succeeded = summary.counts.pending;
+    summary.counts.pending = 0;
+    summary
+}
+
+/// A record of a job named `name`, created at `created`.
+fn record_at(id: &str, name: &str, created: u64) -> JobRecord {
+    let mut record = record(id);
+    record.def.name = name.into();
+    record.def.created_at_ms = created;
+    record
+}
+
+#[test]
+fn a_finished_job_is_not_loaded_at_start_but_read_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let done = record_at("done", "a", 1);
+    store.put_job(&done, None).unwrap();
+    store.put_job(&record_at("live", "a", 2), None).unwrap();
+    let id = JobId("done".into());
+    store.task_ended(id.clone(), 0, end(1, 1));
+    store.task_ended(id.clone(), 1, end(1, 2));
+    let write = store.job_ended(
+        id.clone(),
+        job_end(JobState::Succeeded, 10),
+        final_summary(&done, JobState::Succeeded, 10),
+    );
+    store.flush();
+    assert!(store.is_durable(write));
+    let store = reopen(store, &path);
+    let live: Vec<String> = store
+        .load()
+        .unwrap()
+        .jobs
+        .iter()
+        .map(|j| j.job.def.id.0.clone())
+        .collect();
+    assert_eq!(live, ["live"]);
+    let stored = store.job(&id).unwrap().unwrap();
+    assert_eq!(stored.tasks.len(), 2);
+    assert_eq!(stored.end.unwrap().state, JobState::Succeeded);
+    let totals = store.totals().unwrap();
+    assert_eq!(totals.jobs[state_code(JobState::Succeeded) as usize], 1);
+    assert_eq!(totals.tasks.succeeded, 2);
+    assert_eq!(
+        store.finished_before(11, 10).unwrap(),
+        std::slice::from_ref(&id)
+    );
+    assert!(
+        store.finished_before(10, 10).unwrap().is_empty(),
+        "ended at 10, not before"
+    );
+}
+
+#[test]
+fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
+    let gone = record_at("gone", "n", 1);
+    let spec = Digest::of(b"spec");
+    store.put_job(&gone, Some(("key-1", &spec))).unwrap();
+    store.put_job(&record_at("kept", "n", 2), None).unwrap();
+    let id = JobId("gone".into());
+    for index in 0..2 {
+        store.task_ended(id.clone(), index, end(1, 10));
+    }
+    store.job_ended(
+        id.clone(),
+        job_end(JobState::Succeeded, 5),
+        final_summary(&gone, JobState::Succeeded, 5),
+    );
+    store.flush();
+    let deleted = store.delete_job(&id).unwrap().expect("it was there");
+    assert_eq!(deleted.key.as_deref(), Some("key-1"));
+    assert!(store.delete_job(&id).unwrap().is_none(), "once");
+    assert!(store.job(&id).unwrap().is_none());
+    // Every table, read whole: no key or value names the job.
+    let db = store.db.get().unwrap();
+    let txn = db.begin_read().unwrap();
+    for table in txn.list_tables().unwrap() {
+        let name = table.name().to_owned();
+        let found = match name.as_str() {
+            "jobs.v3" | "job_ends.v3" | "job_summaries.v1" => txn
+                .open_table(TableDefinition::<&str, &[u8]>::new(&name))
+                .unwrap()
+                .get("gone")
+                .unwrap()
+                .is_some(),
+            "job_keys.v1" => txn
+                .open_table(JOB_KEYS)
+                .unwrap()
+                .get("gone")
+                .unwrap()
+                .is_some(),
+            "task_ends.v5" => txn
+                .open_table(TASK_ENDS)
+                .unwrap()
+                .range(("gone", 0)..=("gone", u64::MAX))
+                .unwrap()
+                .next()
+                .is_some(),
+            "jobs_by_created.v1" | "jobs_by_finished.v1" => {
+                let t = txn
+                    .open_table(TableDefinition::<(u64, &str), ()>::new(&name))
+                    .unwrap();
+                t.iter().unwrap().any(|e| e.unwrap().0.value().1 == "gone")
+            }
+            "jobs_by_state.v1" => txn
+                .open_table(BY_STATE)
+                .unwrap()
+                .iter()
+                .unwrap()
+                .any(|e| e.unwrap().0.value().2 == "gone"),
+            "jobs_by_name.v1" => txn
+                .open_table(BY_NAME)
+                .unwrap()
+                .iter()
+                .unwrap()
+                .any(|e| e.unwrap().0.value().2 == "gone"),
+            "idempotency_keys.v1" => txn
+                .open_table(IDEMPOTENCY_KEYS)
+                .unwrap()
+                .iter()
+                .unwrap()
+                .any(|e| e.unwrap().1.value().1 == "gone"),
+            "blob_refs.v1" | "meta" => false,
+            other => panic!("a table this test does not know: {other}; teach it to look there"),
+        };
+        assert!(!found, "{name} still names the deleted job");
+    }
+    assert!(store.job(&JobId("kept".into())).unwrap().is_some());
+}
+
+#[test]
+fn listing_uses_the_indexes_newest_first_with_filters_and_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
+    // Ten jobs, created at 10, 20, ... 100; names alternate; the odd ones failed.
+    for i in 1..=10u64 {
+        let name = if i % 2 == 0 { "even" } else { "odd" };
+        let id = format!("j{i:02}");
+        let record = record_at(&id, name, i * 10);
+        store.put_job(&record, None).unwrap();
+        let state = if i % 2 == 0 {
+            JobState::Succeeded
+        } else {
+            JobState::Failed
+        };
+        if i != 10 {
+            store.job_ended(
+                JobId(id.clone()),
+                job_end(state, i * 10 + 1),
+                final_summary(&record, state, i * 10 + 1),
+            );
+        }
+    }
+    store.flush();
+    let ids = |page: &JobPage| {
+        page.items
+            .iter()
+            .map(|(id, _)| id.0.clone())
+            .collect::<Vec<_>>()
+    };
+    let all = store.list(&JobFilter::default(), None, 100).unwrap();
+    assert_eq!(
+        ids(&all),
+        [
+            "j10", "j09", "j08", "j07", "j06", "j05", "j04", "j03", "j02", "j01"
+        ]
+    );
+    assert!(!all.more);
+    let failed = JobFilter {
+        state: Some(JobState::Failed),
+        ..JobFilter::default()
+    };
+    assert_eq!(
+        ids(&store.list(&failed, None, 100).unwrap()),
+        ["j09", "j07", "j05", "j03", "j01"]
+    );
+    let even = JobFilter {
+        name: Some("even".into()),
+        ..JobFilter::default()
+    };
+    assert_eq!(
+        ids(&store.list(&even, None, 100).unwrap()),
+        ["j10", "j08", "j06", "j04", "j02"]
+    );
+    let window = JobFilter {
+        created_after: Some(30),
+        created_before: Some(70),
+        ..JobFilter::default()
+    };
+    assert_eq!(
+        ids(&store.list(&window, None, 100).unwrap()),
+        ["j06", "j05", "j04", "j03"]
+    );
+    let even_in_window = JobFilter {
+        name: Some("even".into()),
+        ..window.clone()
+    };
+    assert_eq!(
+        ids(&store.list(&even_in_window, None, 100).unwrap()),
+        ["j06", "j04"]
+    );
+    // The live job is under `queued` until it ends.
+    let queued = JobFilter {
+        state: Some(JobState::Queued),
+        ..JobFilter::default()
+    };
+    assert_eq!(ids(&store.list(&queued, None, 100).unwrap()), ["j10"]);
+    // Pages of 3, each after the last of the one before.
+    let mut seen = Vec::new();
+    let mut before: Option<(u64, String)> = None;
+    loop {
+        let page = store
+            .list(
+                &JobFilter::default(),
+                before.as_ref().map(|(t, id)| (*t, id.as_str())),
+                3,
+            )
+            .unwrap();
+        seen.extend(ids(&page));
+        let Some((id, summary)) = page.items.last() else {
+            break;
+        };
+        if !page.more {
+            break;
+        }
+        before = Some((summary.created_at_ms, id.0.clone()));
+    }
+    assert_eq!(seen, ids(&all));
+    // A cursor past `created_before` changes nothing; one before it bounds the page.
+    let page = store.list(&window, Some((50, "j05")), 100).unwrap();
+    assert_eq!(ids(&page), ["j04", "j03"]);
+}
+
+#[test]
+fn blob_refs_count_the_stored_jobs_that_name_an_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
+    let mut a = record_at("a", "n", 1);
+    let digest = Digest::of(b"module");
+    a.def.module = flint_protocol::ModuleRef {
+        digest: Some(digest),
+        url: "http://driver/v1/modules/x".into(),
+        timestamp_ms: 1,
+        size: Some(6),
+    };
+    let mut b = a.clone();
+    b.def.id = JobId("b".into());
+    store.put_job(&a, None).unwrap();
+    store.put_job(&b, None).unwrap();
+    assert_eq!(store.blob_refs(&digest, false).unwrap(), 2);
+    assert_eq!(
+        store.blob_refs(&digest, true).unwrap(),
+        0,
+        "a module, not a file"
+    );
+    store.delete_job(&a.def.id).unwrap();
+    assert_eq!(store.blob_refs(&digest, false).unwrap(), 1);
+    store.delete_job(&b.def.id).unwrap();
+    assert_eq!(store.blob_refs(&digest, false).unwrap(), 0);
+}
+
+/// The data dir the release before this one wrote (`scripts/make-store-fixture`).
+fn layout4_fixture() -> (tempfile::TempDir, std::path::PathBuf, Vec<(String, String)>) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data-dir-layout4");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    std::fs::copy(fixture.join("jobs.redb"), &path).unwrap();
+    let jobs = std::fs::read_to_string(fixture.join("JOBS"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (what, id) = l.split_once('=').unwrap();
+            (what.to_owned(), id.to_owned())
+        })
+        .collect();
+    (dir, path, jobs)
+}
+
+#[test]
+fn a_layout_4_data_dir_migrates_in_chunks_and_serves_every_job() {
+    let (_dir, path, jobs) = layout4_fixture();
+    {
+        let db = Database::create(&path).unwrap();
+        // One value or job per transaction: every step runs more than once.
+        migrate::run(&db, &migrate::Hooks::chunks_of(1)).unwrap();
+    }
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let id = |what: &str| JobId(jobs.iter().find(|(w, _)| w == what).unwrap().1.clone());
+    let live: Vec<JobId> = store
+        .load()
+        .unwrap()
+        .jobs
+        .iter()
+        .map(|j| j.job.def.id.clone())
+        .collect();
+    assert_eq!(live, [id("queued")]);
+    let keys = store.load().unwrap().keys;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(
+        (keys[0].key.as_str(), &keys[0].job),
+        ("fixture-a", &id("idempotent"))
+    );
+    let a = store.job(&id("idempotent")).unwrap().unwrap();
+    assert_eq!(a.tasks.len(), 3);
+    assert!(a.tasks.iter().all(|(_, t)| t.state == TaskState::Succeeded));
+    assert_eq!(a.end.unwrap().state, JobState::Succeeded);
+    let summary = store.summary(&id("failed")).unwrap().unwrap();
+    assert_eq!(
+        (summary.state, summary.counts.failed),
+        (JobState::Failed, 1)
+    );
+    let summary = store.summary(&id("killed")).unwrap().unwrap();
+    assert_eq!(
+        (summary.state, summary.counts.killed),
+        (JobState::Killed, 1)
+    );
+    let block = store.job(&id("block")).unwrap().unwrap();
+    assert!(matches!(
+        block.tasks[0].1.result,
+        Some(TaskResult::Block(_))
+    ));
+    let listed = store.list(&JobFilter::default(), None, 100).unwrap();
+    assert_eq!(listed.items.len(), 6);
+    // Deleting a migrated job frees its key: the job -> key table was filled.
+    assert_eq!(
+        store
+            .delete_job(&id("idempotent"))
+            .unwrap()
+            .unwrap()
+            .key
+            .as_deref(),
+        Some("fixture-a")
+    );
+    // New ends after the migration do not land on migrated sequence numbers.
+    store.task_ended(id("queued"), 0, end(1, 1));
+    store.flush();
+    assert_eq!(store.job(&id("queued")).unwrap().unwrap().tasks.len(), 1);
+    assert_eq!(store.job(&id("block")).unwrap().unwrap().tasks.len(), 1);
+}
+
+#[test]
+fn a_migration_stopped_midway_is_finished_by_the_next_open() {
+    let (_dir, path, jobs) = layout4_fixture();
+    {
+        let db = Database::create(&path).unwrap();
+        let values = || {
+            let txn = db.begin_read().unwrap();
+            txn.open_table(migrate::TASK_ENDS_V4)
+                .unwrap()
+                .len()
+                .unwrap()
+        };
+        let before = values();
+        assert!(
+            before >= 2,
+            "the fixture has several task-end values ({before})"
+        );
+        // Step 1 for one value only, as if the process had died after that commit.
+        migrate::move_some(&db, 1).unwrap();
+        assert_eq!(values(), before - 1);
+    }
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    assert_eq!(
+        store
+            .list(&JobFilter::default(), None, 100)
+            .unwrap()
+            .items
+            .len(),
+        jobs.len()
+    );
+    let db = store.db.get().unwrap();
+    let txn = db.begin_read().unwrap();
+    let tables: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|t| t.name().to_owned())
+        .collect();
+    assert!(!tables.contains(&"task_ends.v4".to_owned()), "{tables:?}");
+    let ends: usize = jobs
+        .iter()
+        .map(|(_, id)| store.job(&JobId(id.clone())).unwrap().unwrap().tasks.len())
+        .sum();
+    // 3 echo tasks, the failed one, the block and the reduce; the killed task and the
+    // queued ones never ended.
+    assert_eq!(ends, 3 + 1 + 1 + 1, "every task end of the fixture, once");
+}
+
+#[test]
+fn after_a_failed_write_the_store_reopens_its_file_and_takes_writes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
+    store.put_job(&record("before"), None).unwrap();
+    let old = Arc::as_ptr(&store.db.get().unwrap());
+    store.db.reopen().unwrap();
+    assert_ne!(Arc::as_ptr(&store.db.get().unwrap()), old, "a new handle");
+    // Writes and reads go on, by callers and the writer thread alike.
+    store.put_job(&record("after"), None).unwrap();
+    store.task_ended(JobId("after".into()), 0, end(1, 1));
+    store.flush();
+    assert_eq!(
+        store
+            .job(&JobId("after".into()))
+            .unwrap()
+            .unwrap()
+            .tasks
+            .len(),
+        1
+    );
+    assert!(store.job(&JobId("before".into())).unwrap().is_some());
+    assert!(handle::Handle::needs_reopen(&StoreError::Db(
+        "Previous I/O error occurred. Please close and re-open the database.".into()
+    )));
+    assert!(handle::Handle::needs_reopen(&StoreError::Full(
+        "No space left on device".into()
+    )));
 }
