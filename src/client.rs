@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use flint_driver::service::IdempotencyKey;
 use flint_protocol::api::{
-    ErrorResponse, ExecutorView, JobSpec, JobView, List, TaskView, Uploaded,
+    ErrorResponse, ExecutorList, JobSpec, JobView, List, TaskView, Uploaded, WorkerView,
 };
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -152,11 +152,28 @@ impl Client {
         Ok(())
     }
 
-    pub async fn executors(&self) -> anyhow::Result<Vec<ExecutorView>> {
-        let list: List<ExecutorView> = self
-            .send(self.request(reqwest::Method::GET, "/v1/executors"))
+    /// An admin call answered without a body worth reading (202): decommission or kill
+    /// an executor.
+    pub async fn executor_action(&self, method: reqwest::Method, path: &str) -> anyhow::Result<()> {
+        let response = self
+            .request(method, path)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        check(response).await?;
+        Ok(())
+    }
+
+    pub async fn workers(&self) -> anyhow::Result<Vec<WorkerView>> {
+        let list: List<WorkerView> = self
+            .send(self.request(reqwest::Method::GET, "/v1/workers"))
             .await?;
         Ok(list.items)
+    }
+
+    pub async fn executors(&self) -> anyhow::Result<ExecutorList> {
+        self.send(self.request(reqwest::Method::GET, "/v1/executors"))
+            .await
     }
 
     fn url(&self, path: &str) -> String {

@@ -1,22 +1,20 @@
-//! `flint dev`: a local cluster in one command. The driver runs in this process; each
-//! executor is a child process started the way Spark's Worker starts executors through
-//! ExecutorRunner: its own work dir holding its stdout and stderr, its exit code logged
-//! and shown by `/v1/executors`. Nothing outlives the cluster: children get SIGKILL from
-//! the kernel if this process dies (PR_SET_PDEATHSIG), and are stopped on Ctrl-C/SIGTERM.
+//! `flint dev`: a local cluster in one command. The driver runs in this process with the
+//! `local` cluster manager, which starts each executor as a child process (its work dir
+//! `DATA/work/<app-id>/<executor-id>/` holding its stdout and stderr, its exit shown by
+//! `/v1/executors`) and replaces one that exits unasked. Nothing outlives the cluster:
+//! children get SIGKILL from the kernel if this process dies (PR_SET_PDEATHSIG), and are
+//! stopped on Ctrl-C/SIGTERM.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
+use flint_driver::config::ClusterManagerKind;
 use flint_driver::{Driver, Listeners};
-use flint_protocol::ExecutorId;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::flags::DriverArgs;
+use crate::flags::{DriverArgs, SupervisionArgs};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DevArgs {
@@ -32,6 +30,8 @@ pub struct DevArgs {
     /// An extra argument for every executor, e.g. `--executor-arg=--compile-timeout-ms=500`.
     #[arg(long = "executor-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub executor_args: Vec<String>,
+    #[command(flatten)]
+    pub supervision: SupervisionArgs,
 }
 
 pub async fn bind(args: &DriverArgs) -> anyhow::Result<Listeners> {
@@ -51,136 +51,41 @@ pub struct Cluster {
     pub driver: Arc<Driver>,
     stop: oneshot::Sender<()>,
     driver_task: JoinHandle<anyhow::Result<()>>,
-    executors: Vec<ExecutorProcess>,
-}
-
-struct ExecutorProcess {
-    id: ExecutorId,
-    pid: Option<u32>,
-    monitor: JoinHandle<()>,
 }
 
 impl Cluster {
+    /// A driver whose `local` cluster manager keeps `--executors` executor processes.
     pub async fn start(args: &DevArgs) -> anyhow::Result<Cluster> {
-        let config = args.driver.config()?;
+        let mut config = args.driver.config()?;
+        let allocation = &mut config.allocation;
+        allocation.cluster_manager = Some(ClusterManagerKind::Local);
+        allocation.initial_executors = args.executors;
+        allocation.executor_cores = args.cores;
+        allocation.executor_args = args.executor_args.clone();
+        allocation.executor_binary =
+            Some(std::env::current_exe().context("locating the flint binary")?);
+        args.supervision.apply(allocation);
         let listeners = bind(&args.driver).await?;
         let http_addr = listeners.http.local_addr()?;
-        let executor_addr = listeners.executors.local_addr()?;
         let driver = Driver::new(config, http_addr)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let driver_task = tokio::spawn(flint_driver::run(driver.clone(), listeners, async {
             let _ = stopped.await;
         }));
-        let exe = std::env::current_exe().context("locating the flint binary")?;
-        let work_root = args.driver.data_dir.join("work");
-        let mut executors = Vec::new();
-        for n in 1..=args.executors {
-            let id = ExecutorId(format!("exec-{n}"));
-            let work_dir = work_root.join(&id.0);
-            let process = spawn_executor(
-                &exe,
-                &id,
-                &executor_addr.to_string(),
-                &work_dir,
-                args,
-                driver.clone(),
-            )
-            .with_context(|| format!("starting executor {id}"))?;
-            executors.push(process);
-        }
         Ok(Cluster {
             http_url: format!("http://{http_addr}"),
             driver,
             stop,
             driver_task,
-            executors,
         })
     }
 
-    /// Stops the driver (which tells executors to shut down), then makes sure every
-    /// child has exited.
+    /// Stops the driver, which tells executors to shut down and kills those that do
+    /// not within its grace.
     pub async fn stop(self) -> anyhow::Result<()> {
         let _ = self.stop.send(());
-        let driver_result = self.driver_task.await;
-        for mut process in self.executors {
-            let waited = tokio::time::timeout(Duration::from_secs(5), &mut process.monitor).await;
-            if waited.is_err() {
-                tracing::warn!(executor = %process.id, "executor did not stop; killing it");
-                if let Some(pid) = process.pid {
-                    // SAFETY: plain syscall on a pid we started and have not yet reaped
-                    // (its monitor task is still waiting on it).
-                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-                }
-                let _ = process.monitor.await;
-            }
-        }
-        driver_result.context("driver task panicked")?
+        self.driver_task.await.context("driver task panicked")?
     }
-}
-
-fn spawn_executor(
-    exe: &Path,
-    id: &ExecutorId,
-    driver_addr: &str,
-    work_dir: &Path,
-    args: &DevArgs,
-    driver: Arc<Driver>,
-) -> anyhow::Result<ExecutorProcess> {
-    std::fs::create_dir_all(work_dir)
-        .with_context(|| format!("creating {}", work_dir.display()))?;
-    let stdout = std::fs::File::create(work_dir.join("stdout"))?;
-    let stderr = std::fs::File::create(work_dir.join("stderr"))?;
-    let mut command = tokio::process::Command::new(exe);
-    command
-        .arg("executor")
-        .args(["--driver-url", &format!("flint://{driver_addr}")])
-        .args(["--executor-id", &id.0])
-        .args(["--cores", &args.cores.to_string()])
-        .args(["--hostname", "127.0.0.1"])
-        .arg("--work-dir")
-        .arg(work_dir)
-        .args(&args.executor_args)
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
-        .kill_on_drop(true);
-    if let Some(secret) = &args.driver.cluster_secret {
-        command.env("FLINT_CLUSTER_SECRET", secret);
-    }
-    // SAFETY: prctl is async-signal-safe, which is all that may run between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn()?;
-    let pid = child.id();
-    tracing::info!(executor = %id, pid, work_dir = %work_dir.display(), "started executor");
-    driver
-        .executor_logs
-        .set(id.clone(), work_dir.join("stderr"));
-    let monitor_id = id.clone();
-    let monitor = tokio::spawn(async move {
-        let code = match child.wait().await {
-            Ok(status) => {
-                tracing::info!(executor = %monitor_id, %status, "executor exited");
-                status.code()
-            }
-            Err(e) => {
-                tracing::warn!(executor = %monitor_id, error = %e, "waiting for executor");
-                None
-            }
-        };
-        driver.executor_exited(&monitor_id, code);
-    });
-    Ok(ExecutorProcess {
-        id: id.clone(),
-        pid,
-        monitor,
-    })
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {

@@ -32,11 +32,15 @@ pub struct Cli {
 pub enum Command {
     /// Run a local cluster: the driver plus N executor processes.
     Dev(dev::DevArgs),
-    /// Run the driver alone.
-    Driver(DriverArgs),
+    /// Run the driver alone (with `--cluster-manager`, it launches its executors).
+    Driver(DriverCommand),
     /// Run one executor (Spark's CoarseGrainedExecutorBackend arguments).
     #[command(after_help = EXECUTOR_EXIT_CODES)]
     Executor(ExecutorArgs),
+    /// Run a standalone worker: it offers this host's cores and memory to a driver with
+    /// `--cluster-manager standalone` and launches the executors it asks for.
+    #[command(after_help = WORKER_EXIT_CODES)]
+    Worker(crate::worker::WorkerArgs),
     /// Upload a module, submit a job with one task per input, and print the results.
     Submit(submit::SubmitArgs),
     /// A job's state, counts and failed tasks.
@@ -49,8 +53,10 @@ pub enum Command {
     Kill(jobs::KillArgs),
     /// Delete finished jobs with their results, logs and blocks.
     Delete(jobs::DeleteArgs),
-    /// The executors, their cores and state.
+    /// The executors, their cores and state; `decommission ID`, `kill ID`.
     Executors(jobs::ExecutorsArgs),
+    /// The standalone workers, their cores, memory and executors.
+    Workers(jobs::WorkersArgs),
     /// Print a shell completion script: `flint completions bash > /etc/bash_completion.d/flint`,
     /// `flint completions zsh > "${fpath[1]}/_flint"`, `flint completions fish >
     /// ~/.config/fish/completions/flint.fish`.
@@ -79,8 +85,15 @@ pub struct CompileArgs {
     pub input: PathBuf,
 }
 
-// StopExecutor is handled by executors but not sent by the driver yet: it will be once
-// the driver has a cluster manager (issue 16).
+// StopExecutor is handled by executors but not sent by the driver yet: it will be with
+// decommission (issue 16).
+const WORKER_EXIT_CODES: &str = "Exit codes:
+  0  stopped (SIGTERM); its executors are stopped too
+  1  could not start (work dir)
+  2  bad command line
+  3  the driver refused the registration (duplicate worker id, wrong secret, version
+     mismatch, a driver without --cluster-manager standalone)";
+
 const EXECUTOR_EXIT_CODES: &str = "Exit codes:
   0  stopped (StopExecutor, Shutdown, SIGTERM)
   1  could not start (engine, work dir)
@@ -104,6 +117,11 @@ pub struct DriverArgs {
     /// Where modules and state are kept.
     #[arg(long, env = "FLINT_DATA_DIR", default_value = "./flint-data")]
     pub data_dir: PathBuf,
+    /// The application's name: executors launched for it carry it (their work dirs are
+    /// `DATA/work/<app-id>/<executor-id>/`), and an executor of another app is refused.
+    #[arg(long, env = "FLINT_APP_ID", default_value = "flint",
+          value_parser = parse_app_id)]
+    pub app_id: String,
     /// Secret every executor must present (in its hello, and on module and file
     /// downloads). Required, with --token, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
@@ -205,6 +223,12 @@ pub struct DriverArgs {
     /// 0: no quota.
     #[arg(long, env = "FLINT_DATA_DIR_MAX_BYTES", default_value_t = flint_protocol::defaults::DATA_DIR_MAX_BYTES)]
     pub data_dir_max_bytes: u64,
+    /// A decommissioned executor (`POST /v1/executors/{id}/decommission`) still running
+    /// tasks this long after is stopped: those attempts are killed and run again
+    /// elsewhere, not counted as failures.
+    #[arg(long, env = "FLINT_DECOMMISSION_TIMEOUT_MS", default_value_t = flint_protocol::defaults::DECOMMISSION_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub decommission_timeout_ms: u64,
     /// With --speculation: the fraction of a job's tasks that must have succeeded before
     /// any of its tasks is copied.
     #[arg(long, env = "FLINT_SPECULATION_QUANTILE", default_value_t = SpeculationConfig::default().quantile,
@@ -255,6 +279,22 @@ fn parse_quantile(s: &str) -> Result<f64, String> {
     }
 }
 
+/// An app id names a directory: letters, digits, `-`, `_` and `.`, not `.` or `..`.
+fn parse_app_id(s: &str) -> Result<String, String> {
+    let fits = !s.is_empty()
+        && s.len() <= 64
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    match fits {
+        true => Ok(s.to_owned()),
+        false => Err(format!(
+            "{s:?}: an app id is 1 to 64 letters, digits, '-', '_' or '.' (it names a directory)"
+        )),
+    }
+}
+
 fn parse_multiplier(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(m) if (1.0..=1000.0).contains(&m) => Ok(m),
@@ -269,6 +309,7 @@ impl DriverArgs {
             .map_err(|e| anyhow::anyhow!("--fetch-allow: {e}"))?;
         self.check_auth()?;
         let mut config = DriverConfig::new(self.data_dir.clone());
+        config.app_id = self.app_id.clone();
         config.advertise_url = self.advertise_url.clone();
         config.cluster_secret = self.cluster_secret.clone();
         config.api_token = self.token.clone();
@@ -294,6 +335,8 @@ impl DriverArgs {
         config.job_retention = self.job_retention.0;
         config.blob_retention = self.blob_retention.0;
         config.data_dir_max_bytes = self.data_dir_max_bytes;
+        config.allocation.decommission_timeout =
+            Duration::from_millis(self.decommission_timeout_ms);
         config.scheduling.speculation = self.speculation.then(|| SpeculationConfig {
             quantile: self.speculation_quantile,
             multiplier: self.speculation_multiplier,
@@ -334,6 +377,124 @@ impl DriverArgs {
     }
 }
 
+/// `flint driver`: the driver's settings and the executors it launches.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DriverCommand {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+    #[command(flatten)]
+    pub allocation: AllocationArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterManagerArg {
+    /// Executor processes on this host, children of the driver.
+    Local,
+    /// Executor processes started by `flint worker`s that register with the driver.
+    Standalone,
+}
+
+/// Executors the driver launches through a cluster manager.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AllocationArgs {
+    /// Who launches executors. Without it, executors that dial in on their own (`flint
+    /// executor --driver-url`) are all there is.
+    #[arg(long, env = "FLINT_CLUSTER_MANAGER", value_enum)]
+    pub cluster_manager: Option<ClusterManagerArg>,
+    /// Executors launched at start and kept running (one that exits unasked is
+    /// replaced); with --max-executors, where dynamic allocation starts (default: 2, or
+    /// --min-executors with --max-executors).
+    #[arg(long, env = "FLINT_INITIAL_EXECUTORS",
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub initial_executors: Option<u32>,
+    /// Dynamic allocation: executors follow the work, between --min-executors and this.
+    #[arg(long, env = "FLINT_MAX_EXECUTORS",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_executors: Option<u32>,
+    /// Dynamic allocation's floor: idle executors above it are decommissioned.
+    #[arg(long, env = "FLINT_MIN_EXECUTORS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub min_executors: u32,
+    /// Tasks pending this long ask for more executors, 1 then 2, 4, ... a round.
+    #[arg(long, env = "FLINT_SCHEDULER_BACKLOG_TIMEOUT_MS", default_value_t = flint_protocol::defaults::SCHEDULER_BACKLOG_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub scheduler_backlog_timeout_ms: u64,
+    /// Executors idle (nothing running or queued) this long above --min-executors are
+    /// decommissioned.
+    #[arg(long, env = "FLINT_EXECUTOR_IDLE_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_IDLE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_idle_timeout_ms: u64,
+    /// Cores (task threads) of each executor launched.
+    #[arg(long, env = "FLINT_EXECUTOR_CORES", default_value_t = flint_protocol::defaults::EXECUTOR_CORES,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub executor_cores: u32,
+    /// Memory of each executor launched, in MiB: what a worker or pod sets aside for it
+    /// (under `local`, not limited).
+    #[arg(long, env = "FLINT_EXECUTOR_MEMORY_MB", default_value_t = flint_protocol::defaults::EXECUTOR_MEMORY_MB,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_memory_mb: u64,
+    #[command(flatten)]
+    pub supervision: SupervisionArgs,
+}
+
+/// When the driver stops replacing executors that fail.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SupervisionArgs {
+    /// Stop launching executors at this many unclean exits (not asked for, not code 0)
+    /// within --executor-failures-interval-ms (default: twice the executors wanted, at
+    /// least 3, as Spark's spark.executor.maxNumFailures).
+    #[arg(long, env = "FLINT_MAX_EXECUTOR_FAILURES",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_executor_failures: Option<u32>,
+    /// How long an executor's failure counts towards --max-executor-failures.
+    #[arg(long, env = "FLINT_EXECUTOR_FAILURES_INTERVAL_MS", default_value_t = flint_protocol::defaults::EXECUTOR_FAILURES_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_failures_interval_ms: u64,
+}
+
+impl SupervisionArgs {
+    pub fn apply(&self, allocation: &mut flint_driver::config::AllocationConfig) {
+        allocation.max_executor_failures = self.max_executor_failures;
+        allocation.executor_failures_interval =
+            Duration::from_millis(self.executor_failures_interval_ms);
+    }
+}
+
+impl DriverCommand {
+    pub fn config(&self) -> anyhow::Result<DriverConfig> {
+        let mut config = self.driver.config()?;
+        let a = &self.allocation;
+        let allocation = &mut config.allocation;
+        allocation.cluster_manager = a.cluster_manager.map(|kind| match kind {
+            ClusterManagerArg::Local => flint_driver::config::ClusterManagerKind::Local,
+            ClusterManagerArg::Standalone => flint_driver::config::ClusterManagerKind::Standalone,
+        });
+        if let Some(max) = a.max_executors {
+            if a.min_executors > max {
+                anyhow::bail!(
+                    "--min-executors ({}) is above --max-executors ({max})",
+                    a.min_executors
+                );
+            }
+            allocation.dynamic = Some(flint_driver::config::DynamicAllocation {
+                min_executors: a.min_executors,
+                max_executors: max,
+                backlog_timeout: Duration::from_millis(a.scheduler_backlog_timeout_ms),
+                idle_timeout: Duration::from_millis(a.executor_idle_timeout_ms),
+            });
+        }
+        allocation.initial_executors = match (a.initial_executors, a.max_executors) {
+            (Some(n), _) => n,
+            (None, Some(_)) => a.min_executors,
+            (None, None) => flint_protocol::defaults::INITIAL_EXECUTORS,
+        };
+        allocation.executor_cores = a.executor_cores;
+        allocation.executor_memory_mb = a.executor_memory_mb;
+        a.supervision.apply(allocation);
+        Ok(config)
+    }
+}
+
 /// `flint executor --max-memory-mb`'s default; `flint bench`'s in-process floor runs
 /// with the same limit.
 pub const MAX_MEMORY_MB: u32 = 4096;
@@ -351,10 +512,8 @@ pub struct ExecutorArgs {
     /// Host name reported to the driver (default: the address it sees).
     #[arg(long, env = "FLINT_HOSTNAME", default_value = "")]
     hostname: String,
-    /// The application this executor serves (Spark's --app-id); the driver ignores it
-    /// for now.
-    // Registered with the driver, which drops it: used once the driver has a cluster
-    // manager that starts executors per application (issue 16).
+    /// The application this executor serves (Spark's --app-id): a driver of another app
+    /// refuses its registration (exit code 3).
     #[arg(long, env = "FLINT_APP_ID")]
     app_id: Option<String>,
     /// Cache and scratch space (default: ./flint-work/<executor id>).

@@ -77,11 +77,59 @@ pub struct DeleteArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ExecutorsArgs {
+    #[command(subcommand)]
+    action: Option<ExecutorAction>,
     /// Print the executors as JSON.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     url: DriverUrl,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkersArgs {
+    /// Print the workers as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    url: DriverUrl,
+}
+
+#[derive(clap::Subcommand, Clone, Debug)]
+enum ExecutorAction {
+    /// Take no new tasks, finish what it runs, then stop (exit 0).
+    Decommission { id: String },
+    /// Kill it now; its running tasks run again elsewhere.
+    Kill { id: String },
+}
+
+pub async fn workers(args: WorkersArgs) -> anyhow::Result<i32> {
+    let workers = args.url.client().workers().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&workers)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<16} {:<6} {:>5} {:>5} {:>9} {:>9}  executors",
+        "id", "state", "cores", "free", "mem MiB", "free MiB"
+    );
+    for w in workers {
+        let executors: Vec<&str> = w.executors.iter().map(|e| e.0.as_str()).collect();
+        println!(
+            "{:<16} {:<6} {:>5} {:>5} {:>9} {:>9}  {}",
+            w.id,
+            w.state,
+            w.cores,
+            w.free_cores,
+            w.memory_mb,
+            w.free_memory_mb,
+            executors.join(" ")
+        );
+        if let Some(why) = &w.lost_reason {
+            println!("{:<16} lost: {why}", "");
+        }
+    }
+    Ok(0)
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<i32> {
@@ -222,18 +270,50 @@ pub async fn delete(args: DeleteArgs) -> anyhow::Result<i32> {
 
 pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
     let client = args.url.client();
-    let executors = client.executors().await?;
+    match &args.action {
+        Some(ExecutorAction::Decommission { id }) => {
+            let path = format!("/v1/executors/{id}/decommission");
+            client.executor_action(reqwest::Method::POST, &path).await?;
+            println!("decommissioning {id}: it takes no new tasks and stops once drained");
+            return Ok(0);
+        }
+        Some(ExecutorAction::Kill { id }) => {
+            let path = format!("/v1/executors/{id}");
+            client
+                .executor_action(reqwest::Method::DELETE, &path)
+                .await?;
+            println!("killing {id}");
+            return Ok(0);
+        }
+        None => {}
+    }
+    let list = client.executors().await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&executors)?);
+        println!("{}", serde_json::to_string_pretty(&list.items)?);
         return Ok(0);
     }
+    if let Some(a) = &list.allocation {
+        println!(
+            "cluster manager {}: {} wanted, {} running, {} launching; {} of {} failures in {} s",
+            a.cluster_manager,
+            a.target,
+            a.running,
+            a.launching,
+            a.recent_failures,
+            a.max_failures,
+            a.failures_interval_ms / 1000
+        );
+        if let Some(why) = &a.gave_up {
+            println!("{why}");
+        }
+    }
     println!(
-        "{:<12} {:<8} {:>5} {:>5} {:>7} {:>9}  host",
+        "{:<12} {:<9} {:>5} {:>5} {:>7} {:>9}  host",
         "id", "state", "cores", "free", "running", "heartbeat"
     );
-    for e in executors {
+    for e in list.items {
         println!(
-            "{:<12} {:<8} {:>5} {:>5} {:>7} {:>7}ms  {}",
+            "{:<12} {:<9} {:>5} {:>5} {:>7} {:>7}ms  {}",
             e.id,
             e.state.as_str(),
             e.cores,
@@ -249,6 +329,9 @@ pub async fn executors(args: ExecutorsArgs) -> anyhow::Result<i32> {
                 ms.div_ceil(1000),
                 e.recent_task_failures
             );
+        }
+        if let Some(exit) = &e.exit_description {
+            println!("{:<12} {exit}", "");
         }
     }
     Ok(0)

@@ -11,11 +11,12 @@ mod follow;
 mod jobs;
 mod progress;
 mod submit;
+mod worker;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use flint_executor::ExitReason;
 
-use crate::flags::{Cli, Command, CompileArgs, DriverArgs, ExecutorArgs};
+use crate::flags::{Cli, Command, CompileArgs, DriverCommand, ExecutorArgs};
 
 // The task threads free on one thread what the runtime allocated on another (statuses,
 // results, task descriptions); mimalloc's per-thread heaps make that cheap where glibc's
@@ -82,7 +83,11 @@ fn main() {
     }
     let quiet = !matches!(
         cli.command,
-        Command::Dev(_) | Command::Driver(_) | Command::Executor(_) | Command::Bench(_)
+        Command::Dev(_)
+            | Command::Driver(_)
+            | Command::Executor(_)
+            | Command::Worker(_)
+            | Command::Bench(_)
     );
     init_tracing(if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -99,6 +104,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
         Command::Driver(args) => run_driver(args).await.map(|()| 0),
         Command::Executor(args) => run_executor(args).await,
+        Command::Worker(args) => worker::run(args).await,
         Command::Submit(args) => {
             let sub = matches
                 .subcommand_matches("submit")
@@ -111,6 +117,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Kill(args) => jobs::kill(args).await,
         Command::Delete(args) => jobs::delete(args).await,
         Command::Executors(args) => jobs::executors(args).await,
+        Command::Workers(args) => jobs::workers(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
         Command::CompileModule(_) | Command::Completions { .. } => {
             unreachable!("handled before the runtime starts")
@@ -125,9 +132,9 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
     }
 }
 
-async fn run_driver(args: DriverArgs) -> anyhow::Result<()> {
+async fn run_driver(args: DriverCommand) -> anyhow::Result<()> {
     let config = args.config()?;
-    let listeners = dev::bind(&args).await?;
+    let listeners = dev::bind(&args.driver).await?;
     let driver = flint_driver::Driver::new(config, listeners.http.local_addr()?)?;
     flint_driver::run(driver, listeners, shutdown_signal()).await
 }

@@ -64,7 +64,7 @@ fn executor_exit_codes_are_visible_and_sigterm_leaves_no_orphans() {
         .collect();
     // Each executor's work dir holds its stdout and stderr.
     for id in ["exec-1", "exec-2"] {
-        let dir = cluster.data_dir.path().join("work").join(id);
+        let dir = cluster.data_dir.path().join("work/flint").join(id);
         assert!(dir.join("stdout").is_file() && dir.join("stderr").is_file());
     }
 
@@ -77,7 +77,7 @@ fn executor_exit_codes_are_visible_and_sigterm_leaves_no_orphans() {
             .any(|e| e["id"] == "exec-1" && e["state"] == "exited" && e["exit_code"] == 0)
     });
     let stderr =
-        std::fs::read_to_string(cluster.data_dir.path().join("work/exec-1/stderr")).unwrap();
+        std::fs::read_to_string(cluster.data_dir.path().join("work/flint/exec-1/stderr")).unwrap();
     assert!(stderr.contains("registered with driver"), "{stderr}");
 
     let status = cluster.stop();

@@ -325,6 +325,8 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/healthz",
             "/metrics",
             "/v1/executors",
+            "/v1/executors/{id}",
+            "/v1/executors/{id}/decommission",
             "/v1/executors/{id}/log",
             "/v1/files",
             "/v1/files/{id}",
@@ -337,6 +339,8 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/v1/jobs/{id}/tasks/{index}/result",
             "/v1/modules",
             "/v1/modules/{id}",
+            "/v1/workers",
+            "/v1/workers/{id}/kill",
         ]
     );
     let submit = &doc["paths"]["/v1/jobs"]["post"];

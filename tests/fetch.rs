@@ -172,7 +172,7 @@ fn cache_dir(cluster: &DevCluster, executor: &str) -> PathBuf {
     cluster
         .data_dir
         .path()
-        .join("work")
+        .join("work/flint")
         .join(executor)
         .join("cache")
 }

@@ -54,6 +54,97 @@ pub struct DriverConfig {
     /// job store) before uploads and submissions are refused; 0: no quota
     /// (`--data-dir-max-bytes`).
     pub data_dir_max_bytes: u64,
+    /// Who launches executors (`--cluster-manager`), and how many of what shape.
+    pub allocation: AllocationConfig,
+}
+
+/// The cluster managers the driver can ask for executors (`--cluster-manager`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterManagerKind {
+    /// Executor processes on the driver's own host, children of the driver.
+    Local,
+    /// Executor processes started by `flint worker`s, which register with the driver.
+    Standalone,
+}
+
+impl ClusterManagerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterManagerKind::Local => "local",
+            ClusterManagerKind::Standalone => "standalone",
+        }
+    }
+}
+
+/// Executors the driver launches and keeps: with no cluster manager, executors that
+/// dial in on their own are all there is.
+#[derive(Clone, Debug)]
+pub struct AllocationConfig {
+    pub cluster_manager: Option<ClusterManagerKind>,
+    /// Executors kept running (`--initial-executors`): one that exits unasked is
+    /// replaced.
+    pub initial_executors: u32,
+    /// Cores (task threads) of each executor launched (`--executor-cores`).
+    pub executor_cores: u32,
+    /// Memory of each executor launched, in MiB (`--executor-memory-mb`): what a worker
+    /// or a pod sets aside for it; under `local` only passed on.
+    pub executor_memory_mb: u64,
+    /// At this many unclean exits within `executor_failures_interval` the driver stops
+    /// launching (`--max-executor-failures`; default, as Spark's: twice the executors
+    /// wanted, at least 3).
+    pub max_executor_failures: Option<u32>,
+    pub executor_failures_interval: Duration,
+    /// A decommissioned executor still running tasks this long after is stopped, its
+    /// attempts killed and run again elsewhere (`--decommission-timeout-ms`).
+    pub decommission_timeout: Duration,
+    /// Executors follow the work between a minimum and a maximum (`--max-executors`).
+    pub dynamic: Option<DynamicAllocation>,
+    /// The `flint` binary executors are started from (`local`), and extra arguments for
+    /// each (`flint dev --executor-arg`).
+    pub executor_binary: Option<PathBuf>,
+    pub executor_args: Vec<String>,
+}
+
+impl Default for AllocationConfig {
+    fn default() -> Self {
+        AllocationConfig {
+            cluster_manager: None,
+            initial_executors: defaults::INITIAL_EXECUTORS,
+            executor_cores: defaults::EXECUTOR_CORES,
+            executor_memory_mb: defaults::EXECUTOR_MEMORY_MB,
+            max_executor_failures: None,
+            executor_failures_interval: Duration::from_millis(
+                defaults::EXECUTOR_FAILURES_INTERVAL_MS,
+            ),
+            decommission_timeout: Duration::from_millis(defaults::DECOMMISSION_TIMEOUT_MS),
+            dynamic: None,
+            executor_binary: None,
+            executor_args: Vec::new(),
+        }
+    }
+}
+
+/// Dynamic allocation's bounds and clocks (Spark's `spark.dynamicAllocation.*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DynamicAllocation {
+    pub min_executors: u32,
+    pub max_executors: u32,
+    /// Tasks pending this long ask for more executors (`--scheduler-backlog-timeout-ms`).
+    pub backlog_timeout: Duration,
+    /// Executors idle this long above the minimum go (`--executor-idle-timeout-ms`).
+    pub idle_timeout: Duration,
+}
+
+impl AllocationConfig {
+    /// Spark's default: twice the most executors wanted, at least 3.
+    pub fn max_failures(&self) -> u32 {
+        let most = match self.dynamic {
+            Some(d) => d.max_executors,
+            None => self.initial_executors,
+        };
+        self.max_executor_failures
+            .unwrap_or_else(|| (2 * most).max(3))
+    }
 }
 
 impl DriverConfig {
@@ -87,6 +178,7 @@ impl DriverConfig {
             job_retention: Some(Duration::from_secs(defaults::JOB_RETENTION_SECS)),
             blob_retention: Some(Duration::from_secs(defaults::BLOB_RETENTION_SECS)),
             data_dir_max_bytes: defaults::DATA_DIR_MAX_BYTES,
+            allocation: AllocationConfig::default(),
         }
     }
 }

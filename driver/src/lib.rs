@@ -16,10 +16,11 @@
 //! | 2 | [`admission`] | a `JobSpec` into a job the scheduler can run, or a `Rejection` saying why not | 0-1 |
 //! | 2 | [`events`] | jobs' event channels (what `GET /v1/jobs/{id}/events` streams) | 0-1 |
 //! | 2 | [`metrics`] | the counters fed as tasks end, and `/metrics` rendered from the state | 0-1 |
-//! | 2 | [`executor_logs`] | where the executors `flint dev` started write their stderr | 0-1 |
+//! | 2 | [`executor_logs`] | where the executors a cluster manager launched write their stderr | 0-1 |
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
 //! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
+//! | 4 | [`cluster_manager`] | who launches executors (`local`, `standalone`), the supervisor that keeps the target and replaces what exits, dynamic allocation's arithmetic | 0-3 |
 //! | 5 | [`server`] | [`run`]: the listeners, the revive loop; where the parts are joined | all |
 //!
 //! No layer below `http` uses axum; nothing below `service` holds the lock.
@@ -31,6 +32,7 @@
 
 pub mod admission;
 pub mod cluster;
+pub mod cluster_manager;
 pub mod config;
 pub mod events;
 pub mod executor_logs;

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use flint_protocol::api::{ExecutorState, JobState, TaskState};
+use flint_protocol::api::{AllocationView, ExecutorState, JobState, TaskState};
 
 use crate::scheduler::{ClusterState, Task};
 use crate::store::Totals;
@@ -145,7 +145,7 @@ pub fn render_state(
         );
         let _ = writeln!(out, "flint_finished_jobs_cache_bytes {cached_bytes}");
 
-        let mut by_state = [0u64; 3];
+        let mut by_state = [0u64; ExecutorState::ALL.len()];
         let (mut cores, mut free) = (0u64, 0u64);
         for e in s.executors.values() {
             by_state[ExecutorState::ALL
@@ -333,6 +333,50 @@ pub fn render_counters(out: &mut String, metrics: &Metrics, commits: u64) {
 }
 
 /// The data dir's figure against its quota, appended to `out`. Needs no lock.
+/// What the cluster manager is asked for and has, when there is one (dynamic
+/// allocation's figures).
+pub fn render_allocation(out: &mut String, allocation: Option<&AllocationView>) {
+    let Some(a) = allocation else {
+        return;
+    };
+    family(
+        out,
+        "flint_allocation_executors",
+        "gauge",
+        "Executors of the driver's cluster manager: wanted (target), launching, running, decommissioning.",
+    );
+    for (kind, n) in [
+        ("target", a.target),
+        ("launching", a.launching),
+        ("running", a.running),
+        ("decommissioning", a.decommissioning),
+    ] {
+        let _ = writeln!(out, "flint_allocation_executors{{kind=\"{kind}\"}} {n}");
+    }
+    family(
+        out,
+        "flint_allocation_recent_failures",
+        "gauge",
+        "Executors that failed within --executor-failures-interval-ms.",
+    );
+    let _ = writeln!(
+        out,
+        "flint_allocation_recent_failures {}",
+        a.recent_failures
+    );
+    family(
+        out,
+        "flint_allocation_gave_up",
+        "gauge",
+        "1 once the driver stopped launching executors (--max-executor-failures).",
+    );
+    let _ = writeln!(
+        out,
+        "flint_allocation_gave_up {}",
+        u8::from(a.gave_up.is_some())
+    );
+}
+
 pub fn render_data_dir(out: &mut String, usage: &DataDirUsage) {
     family(
         out,

@@ -9,7 +9,25 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster_manager::{self, Dial};
 use crate::service::Driver;
+
+/// How long executors a cluster manager launched get to stop at the driver's stop
+/// before they are killed.
+const EXECUTOR_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The address launched executors dial: the listener's, or loopback when it listens
+/// on every address.
+fn dial_addr(listening: std::net::SocketAddr) -> std::net::SocketAddr {
+    let mut addr = listening;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    addr
+}
 
 /// Both listeners of a driver, bound before it runs so callers learn the ports.
 pub struct Listeners {
@@ -27,6 +45,7 @@ pub async fn run(
     let stop = CancellationToken::new();
     // Dropping `run` (its caller gone) stops the listeners too, as a stop would.
     let _stop_on_drop = stop.clone().drop_guard();
+    let executor_addr = listeners.executors.local_addr()?;
     let executor_server = tokio::spawn(crate::cluster::serve(
         listeners.executors,
         driver.clone(),
@@ -37,6 +56,28 @@ pub async fn run(
         .config
         .sweep_interval()
         .map(|every| tokio::spawn(retention_loop(driver.clone(), every)));
+    // Its own token: supervision ends before executors are told to stop, so that none
+    // of their exits is taken for one to replace.
+    let supervision = CancellationToken::new();
+    let _supervision_on_drop = supervision.clone().drop_guard();
+    let mut manager = match driver.config.allocation.cluster_manager {
+        Some(kind) => {
+            let dial = Dial {
+                driver_url: format!("flint://{}", dial_addr(executor_addr)),
+                cluster_secret: driver.config.cluster_secret.clone(),
+            };
+            let work_root = driver.config.data_dir.join("work");
+            let (manager, events) = cluster_manager::start(kind, &driver, dial, work_root)?;
+            let supervisor = tokio::spawn(cluster_manager::supervise(
+                driver.clone(),
+                manager.clone(),
+                events,
+                supervision.clone(),
+            ));
+            Some((manager, supervisor))
+        }
+        None => None,
+    };
     let app = crate::http::router(driver.clone());
     let limits = driver.config.edge.clone();
     let http = tokio::spawn({
@@ -45,7 +86,12 @@ pub async fn run(
     });
     shutdown.await;
     tracing::info!("driver shutting down");
+    supervision.cancel();
+    if let Some((_, supervisor)) = &mut manager {
+        let _ = supervisor.await;
+    }
     driver.shutdown_executors();
+    driver.workers.shutdown();
     stop.cancel();
     reviver.abort();
     if let Some(retention) = retention {
@@ -54,6 +100,11 @@ pub async fn run(
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
+    // What the cluster manager launched and the Shutdown did not stop (still starting,
+    // or stuck) is stopped now, killed past the grace.
+    if let Some((manager, _)) = manager {
+        manager.stop(EXECUTOR_STOP_GRACE).await;
+    }
     // Ends waiting for the next group commit are kept: after a clean stop no finished
     // task runs again.
     let store = driver.clone();
@@ -100,6 +151,7 @@ async fn revive_loop(driver: Arc<Driver>) {
         let timeout = driver.config.executor_timeout;
         let expired = driver.apply(|s| {
             let (expired, mut actions) = s.expire_executors(timeout);
+            actions.extend(s.stop_drained());
             actions.extend(s.make_offers());
             actions.extend(s.speculate());
             (expired, actions)

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView};
+use flint_protocol::exit::ProcessExit;
 use flint_protocol::records::JobSummaryRecord;
 use flint_protocol::{ExecutorId, JobId};
 
@@ -100,7 +101,18 @@ pub fn executor_view(
         generation: e.generation,
         last_heartbeat_ms: Some(now.saturating_duration_since(e.last_heartbeat).as_millis() as u64),
         pid: e.pid,
-        exit_code: e.exit_code,
+        exit_code: match e.exit {
+            Some(ProcessExit::Code(code)) => Some(code),
+            _ => None,
+        },
+        exit_signal: match e.exit {
+            Some(ProcessExit::Signal(signal)) => Some(signal),
+            _ => None,
+        },
+        exit_reason: e.exit.map(|x| x.reason().to_owned()),
+        exit_description: e.exit.map(ProcessExit::describe),
+        cluster_manager: e.launched_by.as_ref().map(|b| b.cluster_manager.to_owned()),
+        worker: e.launched_by.as_ref().and_then(|b| b.worker.clone()),
         tasks_finished: e.tasks_finished,
         meters_fuel: e.meters_fuel,
         modules_compiled: e.reported.modules_compiled,

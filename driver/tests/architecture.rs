@@ -24,6 +24,7 @@ const RANKS: &[(&str, u8)] = &[
     ("service", 3),
     ("http", 4),
     ("cluster", 4),
+    ("cluster_manager", 4),
     ("server", 5),
 ];
 

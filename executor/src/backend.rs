@@ -64,13 +64,13 @@ pub enum ExitReason {
 }
 
 impl ExitReason {
-    pub const CODE_REGISTRATION_REFUSED: i32 = 3;
-    pub const CODE_DRIVER_UNREACHABLE: i32 = 4;
-    pub const CODE_DRIVER_LOST: i32 = 5;
+    pub const CODE_REGISTRATION_REFUSED: i32 = flint_protocol::exit::REGISTRATION_REFUSED;
+    pub const CODE_DRIVER_UNREACHABLE: i32 = flint_protocol::exit::DRIVER_UNREACHABLE;
+    pub const CODE_DRIVER_LOST: i32 = flint_protocol::exit::DRIVER_LOST;
 
     pub fn exit_code(&self) -> i32 {
         match self {
-            ExitReason::Stopped => 0,
+            ExitReason::Stopped => flint_protocol::exit::STOPPED,
             ExitReason::RegistrationRefused(_) => Self::CODE_REGISTRATION_REFUSED,
             ExitReason::DriverUnreachable(_) => Self::CODE_DRIVER_UNREACHABLE,
             ExitReason::DriverLost(_) => Self::CODE_DRIVER_LOST,

@@ -95,3 +95,21 @@ pub const MAX_EVENT_STREAMS: usize = 1024;
 /// How often an idle event stream gets a keep-alive comment, so proxies keep it open
 /// and a gone client is noticed.
 pub const EVENT_KEEP_ALIVE_MS: u64 = 15_000;
+
+/// Executors a driver with a cluster manager keeps running (`--initial-executors`).
+pub const INITIAL_EXECUTORS: u32 = 2;
+/// Cores of each executor a cluster manager launches (`--executor-cores`).
+pub const EXECUTOR_CORES: u32 = 1;
+/// Memory of each executor a cluster manager launches, in MiB (`--executor-memory-mb`).
+pub const EXECUTOR_MEMORY_MB: u64 = 1024;
+/// Unclean executor exits count towards `--max-executor-failures` for this long
+/// (`--executor-failures-interval-ms`).
+pub const EXECUTOR_FAILURES_INTERVAL_MS: u64 = 600_000;
+/// A decommissioned executor's running tasks get this long to end
+/// (`--decommission-timeout-ms`).
+pub const DECOMMISSION_TIMEOUT_MS: u64 = 120_000;
+/// Tasks pending this long ask for more executors (`--scheduler-backlog-timeout-ms`).
+pub const SCHEDULER_BACKLOG_TIMEOUT_MS: u64 = 1_000;
+/// Executors idle this long above `--min-executors` are decommissioned
+/// (`--executor-idle-timeout-ms`).
+pub const EXECUTOR_IDLE_TIMEOUT_MS: u64 = 60_000;

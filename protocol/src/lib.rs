@@ -9,6 +9,7 @@
 //! - [`codec`]: length-delimited frames of postcard-encoded messages.
 //! - [`api`]: the JSON shapes of the HTTP API (`JobSpec`, job / task / executor views).
 //! - [`records`]: what the driver's job store keeps on disk.
+//! - [`exit`]: the executor's exit codes and what an exit means (Spark's ExecutorExitCode).
 //!
 //! Invariants: this crate does no I/O and has no runtime; it is the only crate whose types
 //! derive `Serialize`/`Deserialize`, so a wire change is always visible here. Defaults that
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod codec;
 pub mod defaults;
+pub mod exit;
 pub mod ids;
 pub mod messages;
 pub mod records;

@@ -22,8 +22,9 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// Bumped on any change to the messages below. 5: a module's digest and size may be
 /// unknown (modules by URL). 6: task inputs made of parts (`results` inputs), compile
 /// cache hits in heartbeats. 7: a job's shared part defined once per connection
-/// (`DefineJob`, `ForgetJob`), launches carrying only the task's own.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// (`DefineJob`, `ForgetJob`), launches carrying only the task's own. 8: workers
+/// (`RegisterWorker`, [`WorkerMessage`], [`DriverToWorker`]).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +72,67 @@ pub enum ExecutorMessage {
     /// A task attempt ended.
     StatusUpdate(TaskStatus),
     Heartbeat(Heartbeat),
+    /// Not an executor but a standalone worker (`flint worker`): the connection goes on
+    /// as [`WorkerMessage`]s in and [`DriverToWorker`]s out.
+    RegisterWorker(Box<WorkerRegistration>),
+}
+
+/// What a worker offers, and the executors it still runs (after the driver restarted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRegistration {
+    pub worker_id: String,
+    /// The name its executors and the driver's views give it.
+    pub host: String,
+    pub cores: u32,
+    pub memory_mb: u64,
+    pub pid: u32,
+    /// Executors it runs, launched by an earlier connection.
+    pub executors: Vec<ExecutorId>,
+}
+
+/// Worker to driver, after `RegisterWorker` (Spark's `ExecutorStateChanged`,
+/// `Heartbeat`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerMessage {
+    ExecutorStateChanged {
+        executor_id: ExecutorId,
+        state: WorkerExecutorState,
+    },
+    Heartbeat,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerExecutorState {
+    /// Its process runs, with this pid.
+    Running {
+        pid: u32,
+    },
+    /// It could not be started (the reason says why).
+    FailedToLaunch(String),
+    Exited(crate::exit::ProcessExit),
+}
+
+/// Driver to worker (Spark's `RegisteredWorker`, `LaunchExecutor`, `KillExecutor`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DriverToWorker {
+    RegisteredWorker {
+        app_id: String,
+        heartbeat_interval_ms: u64,
+    },
+    RegisterWorkerFailed {
+        reason: String,
+    },
+    LaunchExecutor {
+        executor_id: ExecutorId,
+        app_id: String,
+        cores: u32,
+        memory_mb: u64,
+    },
+    KillExecutor {
+        executor_id: ExecutorId,
+    },
+    /// The driver is going away for good: stop the executors and wait for the next.
+    Shutdown,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -45,7 +45,7 @@ pub async fn throughput_and_latency(
     // CPU time as well as wall time: on a shared, noisy machine the CPU Flint's
     // processes spend per task moves far less between runs than tasks per second.
     let pids: Vec<u32> = std::iter::once(std::process::id())
-        .chain(client.executors().await?.iter().filter_map(|e| e.pid))
+        .chain(client.executors().await?.items.iter().filter_map(|e| e.pid))
         .collect();
     let cpu_before = process_cpu(&pids);
     let t0 = Instant::now();
@@ -219,7 +219,7 @@ pub async fn results(
     .await??;
 
     let pids: Vec<u32> = std::iter::once(std::process::id())
-        .chain(client.executors().await?.iter().filter_map(|e| e.pid))
+        .chain(client.executors().await?.items.iter().filter_map(|e| e.pid))
         .collect();
     let t = Instant::now();
     let cpu = CpuTimes::now()?;

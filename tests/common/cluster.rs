@@ -313,7 +313,8 @@ impl DevCluster {
         cluster
     }
 
-    fn spawn(subcommand: &str, args: &[&str], env: &[(String, String)]) -> DevCluster {
+    /// `flint SUBCOMMAND ARGS` over a fresh data dir, returned as soon as it listens.
+    pub fn spawn(subcommand: &str, args: &[&str], env: &[(String, String)]) -> DevCluster {
         Self::spawn_in(subcommand, args, env, tempfile::tempdir().unwrap())
     }
 

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod data;
 pub mod guests;
+pub mod netns;
 pub mod origin;
 pub mod process;
 pub mod sse;

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use flint_protocol::codec::{FrameCodec, write_batched};
+use flint_protocol::messages::{DriverToWorker, WorkerMessage, WorkerRegistration};
 use flint_protocol::{
     DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION,
 };
@@ -93,13 +94,21 @@ async fn handle(
                 cores,
                 pid,
                 meters_fuel,
-                // `app_id` is left unchecked until the driver has a cluster manager that
-                // launches executors for one app (issue 16); so is `StopExecutor`, which
-                // the driver never sends yet.
-                ..
+                app_id,
             })) => {
                 let host = if hostname.is_empty() { host } else { hostname };
-                match driver.register_executor(executor_id.clone(), host, cores, pid, meters_fuel) {
+                let registered = match app_id {
+                    // An executor launched for another app (another driver's work dir,
+                    // a stale pod) must not take this app's tasks.
+                    Some(theirs) if theirs != driver.config.app_id => Err(format!(
+                        "executor {executor_id} belongs to app {theirs:?}; this driver runs app {:?}",
+                        driver.config.app_id
+                    )),
+                    _ => {
+                        driver.register_executor(executor_id.clone(), host, cores, pid, meters_fuel)
+                    }
+                };
+                match registered {
                     Ok((generation, outbox)) => {
                         tracing::info!(executor = %executor_id, cores, generation, "executor registered");
                         break (executor_id, generation, outbox);
@@ -116,6 +125,9 @@ async fn handle(
                         return Err(reason);
                     }
                 }
+            }
+            Some(Ok(ExecutorMessage::RegisterWorker(registration))) => {
+                return serve_worker(conn, driver, *registration, stop).await;
             }
             Some(Ok(other)) => return Err(format!("unexpected before registration: {other:?}")),
             Some(Err(e)) => return Err(e.to_string()),
@@ -174,6 +186,59 @@ async fn handle(
     };
     writer.abort();
     driver.executor_lost(&id, generation, &reason);
+    Ok(())
+}
+
+/// A standalone worker's connection, after its `RegisterWorker`: its messages go to the
+/// worker registry, the registry's orders (launch, kill, shutdown) come back out. A
+/// closed connection is a lost worker, and its executors with it.
+async fn serve_worker(
+    conn: Connection,
+    driver: Arc<Driver>,
+    registration: WorkerRegistration,
+    stop: CancellationToken,
+) -> Result<(), String> {
+    let mut conn: Framed<TcpStream, FrameCodec<WorkerMessage, DriverToWorker>> =
+        conn.map_codec(|c| c.retype());
+    let id = registration.worker_id.clone();
+    let (outbox, mut orders) = tokio::sync::mpsc::unbounded_channel();
+    let generation = match driver.workers.register(
+        registration,
+        outbox,
+        &driver.config.app_id,
+        driver.config.heartbeat_interval,
+    ) {
+        Ok(generation) => generation,
+        Err(reason) => {
+            tracing::warn!(worker = %id, reason, "worker registration refused");
+            let _ = conn
+                .send(DriverToWorker::RegisterWorkerFailed {
+                    reason: reason.clone(),
+                })
+                .await;
+            return Err(reason);
+        }
+    };
+    tracing::info!(worker = %id, generation, "worker registered");
+    let (sink, mut frames) = conn.split();
+    let mut writer = tokio::spawn(async move { write_batched(sink, &mut orders).await });
+    let reason = loop {
+        tokio::select! {
+            frame = frames.next() => match frame {
+                Some(Ok(message)) => driver.workers.message(&id, generation, message),
+                Some(Err(e)) => break format!("reading: {e}"),
+                None => break "connection closed".to_owned(),
+            },
+            _ = &mut writer => break "outbox closed".to_owned(),
+            () = stop.cancelled() => {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
+                break "driver stopped".to_owned();
+            }
+        }
+    };
+    writer.abort();
+    tracing::warn!(worker = %id, generation, reason, "worker lost");
+    driver.workers.lost(&id, generation, &reason);
     Ok(())
 }
 

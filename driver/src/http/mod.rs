@@ -49,6 +49,10 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(jobs::get_result))
         .routes(routes!(jobs::get_log))
         .routes(routes!(status::list_executors))
+        .routes(routes!(status::list_workers))
+        .routes(routes!(status::kill_executor))
+        .routes(routes!(status::decommission_executor))
+        .routes(routes!(status::kill_worker_executors))
         .routes(routes!(status::get_executor_log))
         .split_for_parts();
     let openapi = openapi::finish(openapi);

@@ -9,12 +9,13 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::ExecutorId;
-use flint_protocol::api::{ErrorResponse, ExecutorView, List};
+use flint_protocol::api::{ErrorResponse, ExecutorList, List, WorkerView};
 
 use super::error::ApiError;
 use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
 use crate::metrics;
 use crate::service::Driver;
+use crate::service::ExecutorRefusal;
 use crate::views::executor_view;
 
 /// Liveness: answers while the driver serves requests. Needs no token.
@@ -39,39 +40,137 @@ pub(super) async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoR
             let mut text = driver.read(|s| metrics::render_state(s, now, &finished, archive));
             metrics::render_counters(&mut text, &driver.metrics, driver.store_commits());
             metrics::render_data_dir(&mut text, &driver.usage);
+            metrics::render_allocation(&mut text, driver.allocation().as_ref());
             text
         },
     )
 }
 
-/// The executors: cores, free cores, state, heartbeat age and their own figures.
+/// The executors: cores, free cores, state, heartbeat age and their own figures; with a
+/// cluster manager, what it is asked for.
 #[utoipa::path(get, path = "/v1/executors", tag = "executors",
-    responses((status = 200, description = "every executor", body = List<ExecutorView>)))]
-pub(super) async fn list_executors(
-    State(driver): State<Arc<Driver>>,
-) -> axum::Json<List<ExecutorView>> {
+    responses((status = 200, description = "every executor, and the allocation when the driver launches executors", body = ExecutorList)))]
+pub(super) async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<ExecutorList> {
     let now = Instant::now();
-    axum::Json(driver.read(|s| {
-        List {
-            items: s
-                .executors
-                .iter()
-                .map(|(id, e)| {
-                    let log_url = executor_logs::log_url(&driver.executor_logs, id);
-                    executor_view(id, e, &s.config.exclusion, now, log_url)
-                })
-                .collect(),
-            next: None,
+    let items = driver.read(|s| {
+        s.executors
+            .iter()
+            .map(|(id, e)| {
+                let log_url = executor_logs::log_url(&driver.executor_logs, id);
+                executor_view(id, e, &s.config.exclusion, now, log_url)
+            })
+            .collect()
+    });
+    axum::Json(ExecutorList {
+        items,
+        next: None,
+        allocation: driver.allocation(),
+    })
+}
+
+/// The standalone workers that registered (`--cluster-manager standalone`): their
+/// cores and memory, what is free, and the executors placed on them.
+#[utoipa::path(get, path = "/v1/workers", tag = "executors",
+    responses((status = 200, description = "every worker this driver has seen, alive or lost", body = List<WorkerView>)))]
+pub(super) async fn list_workers(
+    State(driver): State<Arc<Driver>>,
+) -> axum::Json<List<WorkerView>> {
+    axum::Json(List {
+        items: driver.workers.views(),
+        next: None,
+    })
+}
+
+fn refused(id: &ExecutorId, refusal: ExecutorRefusal) -> ApiError {
+    match refusal {
+        ExecutorRefusal::NotFound => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "executor_not_found",
+            format!("no executor {id}"),
+        ),
+        ExecutorRefusal::NotAlive(why) => {
+            ApiError::new(StatusCode::CONFLICT, "executor_not_alive", why)
         }
+    }
+}
+
+/// Decommissions an executor (Spark's DecommissionExecutor): it takes no new tasks,
+/// finishes what it runs (past `--decommission-timeout-ms` those are killed and run
+/// again elsewhere, not counted as failures), then is stopped and exits 0.
+#[utoipa::path(post, path = "/v1/executors/{id}/decommission", tag = "executors",
+    params(("id" = String, Path, description = "the executor's id")),
+    responses(
+        (status = 202, description = "decommissioning: it takes no new tasks and is stopped once drained"),
+        (status = 404, description = "no such executor (`executor_not_found`)", body = ErrorResponse),
+        (status = 409, description = "it is not alive (`executor_not_alive`)", body = ErrorResponse),
+    ))]
+pub(super) async fn decommission_executor(
+    State(driver): State<Arc<Driver>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path.map_err(ApiError::path)?;
+    let id = ExecutorId(id);
+    driver
+        .decommission_executor(&id, false)
+        .map_err(|r| refused(&id, r))?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Kills an executor now (Spark's RemoveExecutor): its running tasks run again
+/// elsewhere. One the driver's cluster manager launched is killed through it (and its
+/// exit is not counted as a failure); one that dialled in is told to shut down.
+#[utoipa::path(delete, path = "/v1/executors/{id}", tag = "executors",
+    params(("id" = String, Path, description = "the executor's id")),
+    responses(
+        (status = 202, description = "being killed"),
+        (status = 404, description = "no such executor (`executor_not_found`)", body = ErrorResponse),
+        (status = 409, description = "its cluster manager has stopped (`executor_not_alive`)", body = ErrorResponse),
+    ))]
+pub(super) async fn kill_executor(
+    State(driver): State<Arc<Driver>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path.map_err(ApiError::path)?;
+    let id = ExecutorId(id);
+    driver.kill_executor(&id).map_err(|r| refused(&id, r))?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Kills every executor on a worker (Spark's KillExecutorsOnHost); the worker stays.
+#[utoipa::path(post, path = "/v1/workers/{id}/kill", tag = "executors",
+    params(("id" = String, Path, description = "the worker's id")),
+    responses(
+        (status = 200, description = "the executors being killed", body = List<ExecutorId>),
+        (status = 404, description = "no such worker, or it is lost (`worker_not_found`)", body = ErrorResponse),
+    ))]
+pub(super) async fn kill_worker_executors(
+    State(driver): State<Arc<Driver>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<axum::Json<List<ExecutorId>>, ApiError> {
+    let Path(worker) = path.map_err(ApiError::path)?;
+    let Some(executors) = driver.workers.executors_on(&worker) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "worker_not_found",
+            format!("no live worker {worker}"),
+        ));
+    };
+    for id in &executors {
+        // One that exits meanwhile is simply gone already.
+        let _ = driver.kill_executor(id);
+    }
+    Ok(axum::Json(List {
+        items: executors,
+        next: None,
     }))
 }
 
-/// An executor's stderr (the last 1 MiB), for executors `flint dev` started.
+/// An executor's stderr (the last 1 MiB), for executors the driver's cluster manager launched.
 #[utoipa::path(get, path = "/v1/executors/{id}/log", tag = "executors",
     params(("id" = String, Path, description = "the executor's id")),
     responses(
         (status = 200, description = "the log's last 1 MiB; when cut, it starts with a line saying so", body = String, content_type = "text/plain"),
-        (status = 404, description = "no such executor (`executor_not_found`), or the driver has no log of it (`no_log`): only executors `flint dev` started have one here", body = ErrorResponse),
+        (status = 404, description = "no such executor (`executor_not_found`), or the driver has no log of it (`no_log`): only executors the driver's cluster manager launched have one here", body = ErrorResponse),
     ))]
 pub(super) async fn get_executor_log(
     State(driver): State<Arc<Driver>>,
@@ -86,8 +185,8 @@ pub(super) async fn get_executor_log(
                 StatusCode::NOT_FOUND,
                 "no_log",
                 format!(
-                    "executor {id} was not started by this driver's `flint dev`: its log is \
-                     wherever its own stderr goes"
+                    "executor {id} was not launched by this driver's cluster manager: its log \
+                     is wherever its own stderr goes"
                 ),
             ),
             false => ApiError::new(

@@ -18,6 +18,7 @@ use flint_protocol::{
     ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskStatus,
 };
 
+use flint_protocol::exit::ProcessExit;
 use flint_protocol::messages::Heartbeat;
 
 use exclusion::excluded_for_task;
@@ -45,6 +46,9 @@ pub struct ClusterState {
     /// the last of those reports its end ([`Self::take_drained`]), so that its times and
     /// log are the task's.
     retiring: std::collections::HashSet<JobId>,
+    /// Executors alive and being decommissioned (an upper bound: counted down as
+    /// [`Self::stop_drained`] finds them gone).
+    decommissioning: usize,
     next_generation: u64,
     next_job_key: u64,
     pub config: SchedulingConfig,
@@ -70,6 +74,7 @@ impl ClusterState {
             jobs: FastMap::default(),
             queue: VecDeque::new(),
             retiring: Default::default(),
+            decommissioning: 0,
             next_generation: first_generation,
             next_job_key: 0,
             config,
@@ -194,17 +199,19 @@ impl ClusterState {
         }
         self.next_generation += 1;
         let generation = self.next_generation;
-        // An exclusion outlives the process; what the last process had compiled does not.
-        let health = self
+        // An exclusion outlives the process, and so does where it was launched; what the
+        // last process had compiled does not.
+        let (health, launched_by) = self
             .executors
             .remove(&id)
-            .map(|old| old.health)
+            .map(|old| (old.health, old.launched_by))
             .unwrap_or_default();
         let mut executor = ExecutorData::new(host, cores, self.now);
         executor.generation = generation;
         executor.pid = Some(pid);
         executor.meters_fuel = meters_fuel;
         executor.health = health;
+        executor.launched_by = launched_by;
         self.executors.insert(id, executor);
         Ok((generation, actions))
     }
@@ -226,8 +233,8 @@ impl ClusterState {
         let Some(executor) = self.live_executor(id, generation) else {
             return Vec::new();
         };
-        // The process may already have been seen exiting (flint dev's children).
-        executor.state = match executor.exit_code {
+        // The process may already have been seen exiting (a cluster manager's report).
+        executor.state = match executor.exit {
             Some(_) => ExecutorState::Exited,
             None => ExecutorState::Lost,
         };
@@ -278,16 +285,130 @@ impl ClusterState {
         (expired, actions)
     }
 
-    /// A process that `flint dev` started has exited.
-    /// One that never registered is listed too, so its exit code is visible.
-    pub fn executor_exited(&mut self, id: &ExecutorId, exit_code: Option<i32>) {
+    /// A cluster manager launched this executor: it is listed as `launching` until it
+    /// registers (or its process exits), with where it came from.
+    pub fn executor_launched(&mut self, id: &ExecutorId, by: LaunchedBy, pid: Option<u32>) {
+        let now = self.now;
+        let executor = self.executors.entry(id.clone()).or_insert_with(|| {
+            let mut e = ExecutorData::new(String::new(), 0, now);
+            e.state = ExecutorState::Launching;
+            e
+        });
+        executor.launched_by = Some(by);
+        if executor.state != ExecutorState::Alive {
+            executor.state = ExecutorState::Launching;
+            executor.pid = pid;
+            executor.free_cores = 0;
+            executor.exit = None;
+        }
+    }
+
+    /// Decommissions an executor (Spark's DecommissionExecutor): no new task goes to
+    /// it; once what it runs has ended, or at `deadline`, it is sent StopExecutor (its
+    /// attempts still running then are killed there and run again elsewhere, not
+    /// counted against their tasks).
+    /// With `only_if_idle`, one that runs or holds a task is left alone (dynamic
+    /// allocation never removes a busy executor).
+    pub fn decommission_executor(
+        &mut self,
+        id: &ExecutorId,
+        deadline: Instant,
+        only_if_idle: bool,
+    ) -> Result<Vec<Action>, String> {
+        let executor = self
+            .executors
+            .get_mut(id)
+            .ok_or_else(|| format!("no executor {id}"))?;
+        if executor.state != ExecutorState::Alive {
+            return Err(format!("executor {id} is {}", executor.state.as_str()));
+        }
+        if only_if_idle && !executor.running.is_empty() {
+            return Err(format!("executor {id} is busy"));
+        }
+        if executor.decommission_by.is_none() {
+            executor.decommission_by = Some(deadline);
+            self.decommissioning += 1;
+        }
+        Ok(self.stop_drained())
+    }
+
+    /// Decommissioned executors with nothing left to run, or out of time: StopExecutor,
+    /// once per registration.
+    pub fn stop_drained(&mut self) -> Vec<Action> {
+        if self.decommissioning == 0 {
+            return Vec::new();
+        }
+        let now = self.now;
+        let mut actions = Vec::new();
+        let mut left = 0;
+        for (id, e) in &mut self.executors {
+            let Some(deadline) = e
+                .decommission_by
+                .filter(|_| e.state == ExecutorState::Alive)
+            else {
+                continue;
+            };
+            if !e.stop_sent && (e.running.is_empty() || now >= deadline) {
+                e.stop_sent = true;
+                actions.push(Action::Stop {
+                    executor: id.clone(),
+                });
+            }
+            left += 1;
+        }
+        self.decommissioning = left;
+        actions
+    }
+
+    /// Cores the live jobs' pending tasks ask for, and cores running attempts hold:
+    /// what dynamic allocation sizes the executors by.
+    pub fn demand(&self) -> (u64, u64) {
+        let pending = self
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_final())
+            .map(|j| u64::from(j.counts.pending) * u64::from(j.def.resources.cores))
+            .sum();
+        let running = self
+            .executors
+            .values()
+            .filter(|e| e.state == ExecutorState::Alive)
+            .flat_map(|e| e.running.values())
+            .map(|r| u64::from(r.cores))
+            .sum();
+        (pending, running)
+    }
+
+    /// Executors a cluster manager launched that take tasks and run none now.
+    pub fn idle_launched_executors(&self) -> Vec<ExecutorId> {
+        self.executors
+            .iter()
+            .filter(|(_, e)| e.takes_tasks() && e.launched_by.is_some() && e.running.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Its cluster manager lost it with its host, or could not launch it. One that
+    /// registered is lost when its connection closes; one that never did is lost now.
+    pub fn executor_gone(&mut self, id: &ExecutorId) {
+        if let Some(e) = self.executors.get_mut(id)
+            && e.state == ExecutorState::Launching
+        {
+            e.state = ExecutorState::Lost;
+        }
+    }
+
+    /// A process a cluster manager launched has exited. One that never registered is
+    /// listed too, so its exit is visible; a registered one is `exited` once its
+    /// connection closes too (its tasks are re-queued then).
+    pub fn executor_exited(&mut self, id: &ExecutorId, exit: ProcessExit) {
         let now = self.now;
         let executor = self.executors.entry(id.clone()).or_insert_with(|| {
             let mut e = ExecutorData::new(String::new(), 0, now);
             e.state = ExecutorState::Exited;
             e
         });
-        executor.exit_code = exit_code;
+        executor.exit = Some(exit);
         if executor.state != ExecutorState::Alive {
             executor.state = ExecutorState::Exited;
         }

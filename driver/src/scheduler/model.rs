@@ -10,6 +10,7 @@ use flint_protocol::{
     TaskLaunch, TaskResult,
 };
 
+use flint_protocol::exit::ProcessExit;
 use flint_protocol::messages::Heartbeat;
 
 pub use flint_protocol::records::JobDef;
@@ -40,6 +41,8 @@ pub enum Action {
         attempt: u32,
         reason: &'static str,
     },
+    /// The executor is decommissioned and drained (or out of time): StopExecutor.
+    Stop { executor: ExecutorId },
     /// A task reached `succeeded` or `failed`: its end is worth keeping.
     TaskEnded(TaskId),
     /// A task went back to pending (its executor was lost, or it failed for the host's
@@ -125,7 +128,10 @@ pub struct ExecutorData {
     pub running: FastMap<TaskId, RunningAttempt>,
     pub last_heartbeat: Instant,
     pub pid: Option<u32>,
-    pub exit_code: Option<i32>,
+    /// How its process ended, when its cluster manager said.
+    pub exit: Option<ProcessExit>,
+    /// Which cluster manager (and worker) launched it; none for one that dialled in.
+    pub launched_by: Option<LaunchedBy>,
     pub tasks_finished: u64,
     pub meters_fuel: bool,
     /// The executor's own figures, as of its latest heartbeat.
@@ -139,6 +145,19 @@ pub struct ExecutorData {
     /// Keys of the jobs defined on this registration's connection (`DefineJob`) and not
     /// yet forgotten.
     pub(crate) defined: HashSet<u64, foldhash::fast::RandomState>,
+    /// Being decommissioned: takes no new tasks, and is sent StopExecutor once what it
+    /// runs has ended or at this deadline, whichever is first.
+    pub decommission_by: Option<Instant>,
+    /// StopExecutor was sent to this registration.
+    pub stop_sent: bool,
+}
+
+/// Where an executor came from: the cluster manager's name and, under `standalone`, the
+/// worker it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchedBy {
+    pub cluster_manager: &'static str,
+    pub worker: Option<String>,
 }
 
 /// A job as accepted: its definition and its tasks' own parts.
@@ -287,6 +306,11 @@ impl Task {
 }
 
 impl ExecutorData {
+    /// Whether offers may place tasks here: alive and not being decommissioned.
+    pub fn takes_tasks(&self) -> bool {
+        self.state == ExecutorState::Alive && self.decommission_by.is_none()
+    }
+
     pub(super) fn new(host: String, cores: u32, now: Instant) -> Self {
         ExecutorData {
             host,
@@ -298,7 +322,10 @@ impl ExecutorData {
             running: FastMap::default(),
             last_heartbeat: now,
             pid: None,
-            exit_code: None,
+            exit: None,
+            launched_by: None,
+            decommission_by: None,
+            stop_sent: false,
             tasks_finished: 0,
             meters_fuel: false,
             reported: Heartbeat::default(),

@@ -56,7 +56,7 @@ impl ClusterState {
         let ids: Vec<ExecutorId> = self
             .executors
             .iter()
-            .filter(|(_, e)| e.state == ExecutorState::Alive)
+            .filter(|(_, e)| e.takes_tasks())
             .map(|(id, _)| id.clone())
             .collect();
         self.queue
@@ -257,7 +257,7 @@ impl ClusterState {
         let live: Vec<(&ExecutorId, &ExecutorData)> = self
             .executors
             .iter()
-            .filter(|(_, e)| e.state == ExecutorState::Alive)
+            .filter(|(_, e)| e.takes_tasks())
             .collect();
         if live.is_empty() {
             return;

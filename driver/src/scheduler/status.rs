@@ -30,6 +30,7 @@ impl ClusterState {
         for status in statuses {
             self.attempt_ended(executor_id, generation, status, now, &mut actions);
         }
+        actions.extend(self.stop_drained());
         actions.extend(self.make_offers_at(now));
         actions
     }

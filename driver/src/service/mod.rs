@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
-use flint_protocol::api::{JobView, TaskEvent, TaskState};
+use flint_protocol::api::{ExecutorState, JobView, TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
 use flint_protocol::records::{JobEndRecord, JobSummaryRecord};
 use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId, TaskId, defaults};
@@ -30,6 +30,7 @@ mod catalog;
 mod deletion;
 pub mod idempotency;
 mod listing;
+pub mod workers;
 
 pub use deletion::DeleteError;
 use idempotency::IdempotencyKeys;
@@ -115,8 +116,28 @@ pub struct Driver {
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
-    /// Executors' stderr files, for those `flint dev` started.
+    /// Executors' stderr files, for those the driver's cluster manager launched.
     pub executor_logs: crate::executor_logs::ExecutorLogs,
+    /// What the cluster manager is asked for, as its supervisor last said.
+    allocation: std::sync::Mutex<Option<flint_protocol::api::AllocationView>>,
+    /// Standalone workers, for the `standalone` cluster manager.
+    pub workers: workers::Workers,
+    /// To the cluster manager's supervisor, when there is one.
+    commands: std::sync::Mutex<Option<mpsc::UnboundedSender<AllocationCommand>>>,
+}
+
+/// What the API asks of the cluster manager's supervisor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllocationCommand {
+    /// Kill this executor now; its exit is no failure.
+    Kill(ExecutorId),
+}
+
+/// Why an executor cannot be decommissioned or killed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecutorRefusal {
+    NotFound,
+    NotAlive(String),
 }
 
 impl Driver {
@@ -175,6 +196,9 @@ impl Driver {
             metrics: crate::metrics::Metrics::default(),
             events,
             executor_logs: Default::default(),
+            allocation: Default::default(),
+            workers: Default::default(),
+            commands: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -352,6 +376,10 @@ impl Driver {
                         reason: reason.into(),
                     },
                 ),
+                Action::Stop { executor } => {
+                    tracing::info!(executor = %executor, "decommissioned executor drained; stopping it");
+                    inner.send(&executor, DriverMessage::StopExecutor);
+                }
                 Action::TaskRequeued { job, event } => {
                     self.events.publish(&job, JobEvent::Task(event));
                 }
@@ -568,10 +596,110 @@ impl Driver {
         }
     }
 
-    pub fn executor_exited(&self, id: &ExecutorId, exit_code: Option<i32>) {
+    /// A cluster manager launched this executor; it registers later, or exits.
+    pub fn executor_launched(
+        &self,
+        id: &ExecutorId,
+        by: crate::scheduler::LaunchedBy,
+        pid: Option<u32>,
+    ) {
         let mut inner = self.lock();
         inner.state.set_clock(Instant::now(), SystemTime::now());
-        inner.state.executor_exited(id, exit_code);
+        inner.state.executor_launched(id, by, pid);
+    }
+
+    pub fn executor_exited(&self, id: &ExecutorId, exit: flint_protocol::exit::ProcessExit) {
+        let mut inner = self.lock();
+        inner.state.set_clock(Instant::now(), SystemTime::now());
+        inner.state.executor_exited(id, exit);
+    }
+
+    /// `POST /v1/executors/{id}/decommission`: no new tasks go to it, StopExecutor once
+    /// it has drained or `--decommission-timeout-ms` has passed.
+    pub fn decommission_executor(
+        &self,
+        id: &ExecutorId,
+        only_if_idle: bool,
+    ) -> Result<(), ExecutorRefusal> {
+        let deadline = Instant::now() + self.config.allocation.decommission_timeout;
+        self.apply(|s| match s.executors.get(id) {
+            None => (Err(ExecutorRefusal::NotFound), Vec::new()),
+            Some(_) => match s.decommission_executor(id, deadline, only_if_idle) {
+                Ok(actions) => (Ok(()), actions),
+                Err(why) => (Err(ExecutorRefusal::NotAlive(why)), Vec::new()),
+            },
+        })
+    }
+
+    /// `DELETE /v1/executors/{id}` (Spark's RemoveExecutor): one its cluster manager
+    /// launched is killed through it (and its exit not counted as a failure); one that
+    /// dialled in is told to shut down and dropped, its tasks run elsewhere.
+    pub fn kill_executor(&self, id: &ExecutorId) -> Result<(), ExecutorRefusal> {
+        let (managed, generation) = self.read(|s| match s.executors.get(id) {
+            None => (None, 0),
+            Some(e) if !matches!(e.state, ExecutorState::Alive | ExecutorState::Launching) => {
+                (Some(Err(e.state)), 0)
+            }
+            Some(e) => (Some(Ok(e.launched_by.is_some())), e.generation),
+        });
+        match managed {
+            None => Err(ExecutorRefusal::NotFound),
+            Some(Err(state)) => Err(ExecutorRefusal::NotAlive(format!(
+                "executor {id} is {}",
+                state.as_str()
+            ))),
+            Some(Ok(true)) => {
+                let commands = self.commands.lock().expect("commands lock poisoned");
+                match commands.as_ref() {
+                    Some(tx) if tx.send(AllocationCommand::Kill(id.clone())).is_ok() => Ok(()),
+                    _ => Err(ExecutorRefusal::NotAlive(
+                        "the driver's cluster manager has stopped".into(),
+                    )),
+                }
+            }
+            Some(Ok(false)) => {
+                self.lock().send(id, DriverMessage::Shutdown);
+                self.executor_lost(id, generation, "killed through the API");
+                Ok(())
+            }
+        }
+    }
+
+    /// Where the cluster manager's supervisor hears the API's kills.
+    pub fn set_commands(&self, commands: mpsc::UnboundedSender<AllocationCommand>) {
+        *self.commands.lock().expect("commands lock poisoned") = Some(commands);
+    }
+
+    /// Lost with its host, or never launched: see `ClusterState::executor_gone`.
+    pub fn executor_gone(&self, id: &ExecutorId) {
+        self.lock().state.executor_gone(id);
+    }
+
+    pub fn set_allocation(&self, view: flint_protocol::api::AllocationView) {
+        *self.allocation.lock().expect("allocation lock poisoned") = Some(view);
+    }
+
+    /// The allocation as its supervisor last said, with the executors launching and
+    /// running counted from their states now.
+    pub fn allocation(&self) -> Option<flint_protocol::api::AllocationView> {
+        let mut view = self
+            .allocation
+            .lock()
+            .expect("allocation lock poisoned")
+            .clone()?;
+        self.read(|s| {
+            for e in s.executors.values().filter(|e| e.launched_by.is_some()) {
+                match e.state {
+                    ExecutorState::Launching => view.launching += 1,
+                    ExecutorState::Alive => {
+                        view.running += 1;
+                        view.decommissioning += u32::from(e.decommission_by.is_some());
+                    }
+                    _ => {}
+                }
+            }
+        });
+        Some(view)
     }
 
     pub fn heartbeat(&self, id: &ExecutorId, generation: u64, report: Heartbeat) {

@@ -331,3 +331,45 @@ fn a_guest_failure_fails_the_job_and_kills_the_rest_holding_their_cores() {
     let task = &state.jobs[&JobId("j".into())].tasks[other_index as usize];
     assert_eq!(task.state, TaskState::Killed);
 }
+
+#[test]
+fn a_launched_executor_is_launching_until_it_registers_and_keeps_where_it_came_from() {
+    use flint_protocol::exit::ProcessExit;
+    let (mut state, _) = cluster(0, 1);
+    let by = LaunchedBy {
+        cluster_manager: "local",
+        worker: Some("host-a".into()),
+    };
+    state.executor_launched(&exec(1), by.clone(), Some(41));
+    let e = &state.executors[&exec(1)];
+    assert_eq!(e.state, ExecutorState::Launching);
+    assert_eq!(
+        (e.cores, e.free_cores),
+        (0, 0),
+        "no offers before it registers"
+    );
+    let (generation, _) = state
+        .register_executor(exec(1), "h".into(), 2, 41, false)
+        .unwrap();
+    let e = &state.executors[&exec(1)];
+    assert_eq!(e.state, ExecutorState::Alive);
+    assert_eq!(e.free_cores, 2);
+    assert_eq!(e.launched_by.as_ref(), Some(&by));
+    // Its process is seen to exit before its connection closes: alive until then.
+    state.executor_exited(&exec(1), ProcessExit::Signal(9));
+    assert_eq!(state.executors[&exec(1)].state, ExecutorState::Alive);
+    state.executor_lost(&exec(1), generation);
+    let e = &state.executors[&exec(1)];
+    assert_eq!(e.state, ExecutorState::Exited);
+    assert_eq!(e.exit, Some(ProcessExit::Signal(9)));
+    // One that exits before it registers is listed as exited, with where it came from.
+    state.executor_launched(&exec(2), by.clone(), Some(42));
+    state.executor_exited(&exec(2), ProcessExit::Code(2));
+    let e = &state.executors[&exec(2)];
+    assert_eq!(e.state, ExecutorState::Exited);
+    assert_eq!(e.launched_by.as_ref(), Some(&by));
+    // A launch never downgrades a registered executor of that id.
+    let (mut state, _) = cluster(1, 1);
+    state.executor_launched(&exec(1), by, None);
+    assert_eq!(state.executors[&exec(1)].state, ExecutorState::Alive);
+}

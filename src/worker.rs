@@ -1,0 +1,437 @@
+//! `flint worker`: Spark's standalone Worker. It registers its cores and memory with the
+//! driver (over the executor port, with the cluster secret), launches `flint executor`
+//! processes when the driver asks, each in `WORK/<app-id>/<executor-id>/` with its
+//! `stdout` and `stderr`, reports each one running, exited (code or signal) or failed to
+//! launch, kills them when asked, and removes app dirs older than `--cleanup-ttl` that
+//! nothing runs in. When it loses the driver it keeps its executors (they reconnect on
+//! their own) and registers again, saying which still run. Its executors die with it
+//! (PR_SET_PDEATHSIG): a lost worker's executors are lost.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use flint_protocol::codec::FrameCodec;
+use flint_protocol::exit::ProcessExit;
+use flint_protocol::messages::{
+    DriverToWorker, WorkerExecutorState, WorkerMessage, WorkerRegistration,
+};
+use flint_protocol::{ExecutorId, ExecutorMessage, Hello, HelloReply};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::codec::Framed;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// The driver's executor address: `flint://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, env = "FLINT_DRIVER_URL")]
+    pub driver_url: String,
+    /// Cores this worker offers: the executors placed on it hold at most this many.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub cores: u32,
+    /// Memory this worker offers, in MiB (each executor sets aside its
+    /// --executor-memory-mb of it).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub memory_mb: u64,
+    /// Where executors' work dirs go: `DIR/<app-id>/<executor-id>/`.
+    #[arg(long)]
+    pub work_dir: PathBuf,
+    /// The host name its executors report (default: this machine's host name).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// This worker's id (default: `worker-<host>`).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// Secret the driver requires (passed on to the executors).
+    #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    /// App dirs under --work-dir that nothing runs in and that have not changed for this
+    /// long are removed (Spark's spark.worker.cleanup.appDataTtl).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub cleanup_ttl: Duration,
+    /// An extra argument for every executor, e.g. `--executor-arg=--max-memory-mb=512`.
+    #[arg(long = "executor-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub executor_args: Vec<String>,
+}
+
+/// A refused registration: the same code an executor exits with.
+const EXIT_REFUSED: i32 = flint_protocol::exit::REGISTRATION_REFUSED;
+
+type Connection = Framed<TcpStream, FrameCodec<DriverToWorker, WorkerMessage>>;
+
+struct Running {
+    app_id: String,
+    signals: mpsc::UnboundedSender<i32>,
+}
+
+struct Worker {
+    args: WorkerArgs,
+    exe: PathBuf,
+    driver_addr: String,
+    driver_url: String,
+    host: String,
+    id: String,
+    running: HashMap<ExecutorId, Running>,
+    exits: mpsc::UnboundedSender<(ExecutorId, ProcessExit)>,
+}
+
+pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
+    let host = match &args.host {
+        Some(h) => h.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    let driver_addr = args
+        .driver_url
+        .strip_prefix("flint://")
+        .unwrap_or(&args.driver_url)
+        .trim_end_matches('/')
+        .to_owned();
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating {}", args.work_dir.display()))?;
+    let (exits, mut exited) = mpsc::unbounded_channel();
+    let mut worker = Worker {
+        id: args
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("worker-{host}")),
+        exe: std::env::current_exe().context("locating the flint binary")?,
+        driver_url: format!("flint://{driver_addr}"),
+        driver_addr,
+        host,
+        args,
+        running: HashMap::new(),
+        exits,
+    };
+    let mut shutdown = std::pin::pin!(crate::shutdown_signal());
+    let mut backoff = Duration::from_millis(100);
+    let mut cleanup = tokio::time::interval(
+        (worker.args.cleanup_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(1800)),
+    );
+    loop {
+        let connected = tokio::select! {
+            connected = worker.connect() => connected,
+            () = &mut shutdown => break,
+        };
+        let (mut conn, every) = match connected {
+            Ok(connected) => connected,
+            Err(Failure::Refused(reason)) => {
+                eprintln!("flint worker: the driver refused this worker: {reason}");
+                worker.stop_all().await;
+                return Ok(EXIT_REFUSED);
+            }
+            Err(Failure::Unreachable(reason)) => {
+                tracing::warn!(reason, ?backoff, "cannot reach the driver; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = &mut shutdown => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        tracing::info!(
+            worker = worker.id,
+            driver = worker.driver_url,
+            "registered with driver"
+        );
+        let mut heartbeat = tokio::time::interval(every);
+        let ended = loop {
+            tokio::select! {
+                frame = conn.next() => match frame {
+                    Some(Ok(order)) => {
+                        if let Some(update) = worker.obey(order)
+                            && conn.send(update).await.is_err()
+                        {
+                            break "writing to the driver failed".to_owned();
+                        }
+                    }
+                    Some(Err(e)) => break format!("reading from the driver: {e}"),
+                    None => break "the driver closed the connection".to_owned(),
+                },
+                Some((id, exit)) = exited.recv() => {
+                    worker.running.remove(&id);
+                    tracing::info!(executor = %id, exit = exit.describe(), "executor exited");
+                    let update = WorkerMessage::ExecutorStateChanged {
+                        executor_id: id,
+                        state: WorkerExecutorState::Exited(exit),
+                    };
+                    if conn.send(update).await.is_err() {
+                        break "writing to the driver failed".to_owned();
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if conn.send(WorkerMessage::Heartbeat).await.is_err() {
+                        break "writing to the driver failed".to_owned();
+                    }
+                }
+                _ = cleanup.tick() => worker.clean_old_apps(),
+                () = &mut shutdown => {
+                    worker.stop_all().await;
+                    return Ok(0);
+                }
+            }
+        };
+        tracing::warn!(
+            reason = ended,
+            "lost the driver; registering again when it is back"
+        );
+        // Exits while away are not reported: the next registration lists what runs.
+        while let Ok((id, _)) = exited.try_recv() {
+            worker.running.remove(&id);
+        }
+    }
+    worker.stop_all().await;
+    Ok(0)
+}
+
+enum Failure {
+    Refused(String),
+    Unreachable(String),
+}
+
+impl Worker {
+    /// Connects, says hello and registers: the connection and the heartbeat interval
+    /// the driver wants.
+    async fn connect(&self) -> Result<(Connection, Duration), Failure> {
+        let unreachable = |e: String| Failure::Unreachable(e);
+        let stream = TcpStream::connect(&self.driver_addr)
+            .await
+            .map_err(|e| unreachable(format!("connecting to {}: {e}", self.driver_addr)))?;
+        let _ = stream.set_nodelay(true);
+        let mut hello = Framed::new(stream, FrameCodec::<HelloReply, Hello>::default());
+        hello
+            .send(Hello::new(self.args.cluster_secret.clone()))
+            .await
+            .map_err(|e| unreachable(format!("hello: {e}")))?;
+        match hello.next().await {
+            Some(Ok(HelloReply {
+                accepted: Ok(()), ..
+            })) => {}
+            Some(Ok(HelloReply {
+                accepted: Err(reason),
+                ..
+            })) => return Err(Failure::Refused(reason)),
+            Some(Err(e)) => return Err(unreachable(format!("hello: {e}"))),
+            None => return Err(unreachable("closed during hello".into())),
+        }
+        let mut conn: Framed<TcpStream, FrameCodec<DriverToWorker, ExecutorMessage>> =
+            hello.map_codec(|c| c.retype());
+        let registration = WorkerRegistration {
+            worker_id: self.id.clone(),
+            host: self.host.clone(),
+            cores: self.args.cores,
+            memory_mb: self.args.memory_mb,
+            pid: std::process::id(),
+            executors: self.running.keys().cloned().collect(),
+        };
+        conn.send(ExecutorMessage::RegisterWorker(Box::new(registration)))
+            .await
+            .map_err(|e| unreachable(format!("registering: {e}")))?;
+        let mut conn: Connection = conn.map_codec(|c| c.retype());
+        match conn.next().await {
+            Some(Ok(DriverToWorker::RegisteredWorker {
+                heartbeat_interval_ms,
+                ..
+            })) => Ok((conn, Duration::from_millis(heartbeat_interval_ms.max(10)))),
+            Some(Ok(DriverToWorker::RegisterWorkerFailed { reason })) => {
+                Err(Failure::Refused(reason))
+            }
+            Some(Ok(other)) => Err(unreachable(format!(
+                "unexpected at registration: {other:?}"
+            ))),
+            Some(Err(e)) => Err(unreachable(format!("registering: {e}"))),
+            None => Err(unreachable("closed during registration".into())),
+        }
+    }
+
+    /// Carries out one order of the driver's; what to tell it back.
+    fn obey(&mut self, order: DriverToWorker) -> Option<WorkerMessage> {
+        match order {
+            DriverToWorker::LaunchExecutor {
+                executor_id,
+                app_id,
+                cores,
+                memory_mb,
+            } => {
+                let state = match self.launch(&executor_id, &app_id, cores) {
+                    Ok(pid) => {
+                        tracing::info!(executor = %executor_id, app = app_id, pid, memory_mb,
+                            "launched executor");
+                        WorkerExecutorState::Running { pid }
+                    }
+                    Err(e) => {
+                        tracing::warn!(executor = %executor_id, error = %format!("{e:#}"),
+                            "could not launch executor");
+                        WorkerExecutorState::FailedToLaunch(format!("{e:#}"))
+                    }
+                };
+                Some(WorkerMessage::ExecutorStateChanged { executor_id, state })
+            }
+            DriverToWorker::KillExecutor { executor_id } => {
+                if let Some(running) = self.running.get(&executor_id) {
+                    tracing::info!(executor = %executor_id, "killing executor");
+                    let _ = running.signals.send(libc::SIGKILL);
+                }
+                None
+            }
+            DriverToWorker::Shutdown => {
+                tracing::info!("the driver is stopping; stopping its executors");
+                for running in self.running.values() {
+                    let _ = running.signals.send(libc::SIGTERM);
+                }
+                None
+            }
+            DriverToWorker::RegisteredWorker { .. }
+            | DriverToWorker::RegisterWorkerFailed { .. } => None,
+        }
+    }
+
+    fn launch(&mut self, id: &ExecutorId, app_id: &str, cores: u32) -> anyhow::Result<u32> {
+        if self.running.contains_key(id) {
+            anyhow::bail!("executor {id} already runs here");
+        }
+        for part in [app_id, id.0.as_str()] {
+            if part.is_empty() || part.contains('/') || part == "." || part == ".." {
+                anyhow::bail!("{part:?} cannot name a work dir");
+            }
+        }
+        let work_dir = self.args.work_dir.join(app_id).join(&id.0);
+        std::fs::create_dir_all(&work_dir)
+            .with_context(|| format!("creating {}", work_dir.display()))?;
+        let stdout = std::fs::File::create(work_dir.join("stdout"))?;
+        let stderr = std::fs::File::create(work_dir.join("stderr"))?;
+        let mut command = tokio::process::Command::new(&self.exe);
+        command
+            .arg("executor")
+            .args(["--driver-url", &self.driver_url])
+            .args(["--executor-id", &id.0])
+            .args(["--cores", &cores.to_string()])
+            .args(["--app-id", app_id])
+            .args(["--hostname", &self.host])
+            .arg("--work-dir")
+            .arg(&work_dir)
+            .args(&self.args.executor_args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        if let Some(secret) = &self.args.cluster_secret {
+            command.env("FLINT_CLUSTER_SECRET", secret);
+        }
+        // SAFETY: prctl is async-signal-safe, which is all that may run between fork and
+        // exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        let pid = child.id().unwrap_or_default();
+        let (signals, mut signalled) = mpsc::unbounded_channel::<i32>();
+        let exits = self.exits.clone();
+        let monitored = id.clone();
+        tokio::spawn(async move {
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    Some(signal) = signalled.recv() => {
+                        if let Some(pid) = child.id() {
+                            // SAFETY: a plain syscall on our own child, not yet reaped
+                            // (only this task waits on it).
+                            unsafe { libc::kill(pid as libc::pid_t, signal) };
+                        }
+                    }
+                }
+            };
+            let exit = match status {
+                Ok(s) => match (s.code(), s.signal()) {
+                    (Some(code), _) => ProcessExit::Code(code),
+                    (None, Some(signal)) => ProcessExit::Signal(signal),
+                    (None, None) => ProcessExit::Unknown,
+                },
+                Err(_) => ProcessExit::Unknown,
+            };
+            let _ = exits.send((monitored, exit));
+        });
+        self.running.insert(
+            id.clone(),
+            Running {
+                app_id: app_id.to_owned(),
+                signals,
+            },
+        );
+        Ok(pid)
+    }
+
+    /// SIGTERM to every executor, SIGKILL to those still there 5 s later.
+    async fn stop_all(&mut self) {
+        for running in self.running.values() {
+            let _ = running.signals.send(libc::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.running.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.running.retain(|_, r| !r.signals.is_closed());
+        }
+        for running in self.running.values() {
+            let _ = running.signals.send(libc::SIGKILL);
+        }
+    }
+
+    /// Removes app dirs older than the TTL that no running executor uses.
+    fn clean_old_apps(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.args.work_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if self.running.values().any(|r| r.app_id == name) || !path.is_dir() {
+                continue;
+            }
+            if older_than(&path, self.args.cleanup_ttl) {
+                match std::fs::remove_dir_all(&path) {
+                    Ok(()) => tracing::info!(dir = %path.display(), "removed an old app dir"),
+                    Err(e) => {
+                        tracing::warn!(dir = %path.display(), error = %e, "removing an old app dir")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether nothing under `dir` (itself, its executor dirs and their logs) changed
+/// within `ttl`.
+fn older_than(dir: &Path, ttl: Duration) -> bool {
+    let Some(cutoff) = SystemTime::now().checked_sub(ttl) else {
+        return false;
+    };
+    let newest = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut paths = vec![dir.to_path_buf()];
+    for executor in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        paths.push(executor.path());
+        for file in std::fs::read_dir(executor.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            paths.push(file.path());
+        }
+    }
+    paths
+        .iter()
+        .all(|p| newest(p).is_none_or(|modified| modified < cutoff))
+}

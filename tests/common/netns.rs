@@ -1,0 +1,95 @@
+//! Hosts on a LAN, all on this machine: network namespaces whose veth pairs meet on a
+//! bridge in this one, which holds the LAN's first address. Nothing leaves the machine.
+
+use std::process::{Command, Stdio};
+
+fn ip(args: &[&str]) {
+    let output = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        output.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A bridge and `hosts` namespaces on it; deleted on drop.
+pub struct Lan {
+    bridge: String,
+    /// This side's address on the LAN (the driver listens here).
+    pub gateway: String,
+    pub hosts: Vec<Host>,
+}
+
+pub struct Host {
+    /// The namespace, for `ip netns exec`.
+    pub netns: String,
+    pub address: String,
+}
+
+impl Lan {
+    pub fn create(hosts: usize) -> Lan {
+        let n = std::process::id() % 100_000;
+        let subnet = format!("10.214.{}", n % 250);
+        let bridge = format!("flb{n}");
+        let gateway = format!("{subnet}.1");
+        let mut lan = Lan {
+            bridge: bridge.clone(),
+            gateway: gateway.clone(),
+            hosts: Vec::new(),
+        };
+        ip(&["link", "add", "name", &bridge, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{gateway}/24"), "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
+        for i in 0..hosts {
+            let netns = format!("flint-lan-{n}-{i}");
+            let (outside, inside) = (format!("fl{n}h{i}"), format!("fl{n}e{i}"));
+            let address = format!("{subnet}.{}", i + 2);
+            ip(&["netns", "add", &netns]);
+            lan.hosts.push(Host {
+                netns: netns.clone(),
+                address: address.clone(),
+            });
+            ip(&[
+                "link", "add", &outside, "type", "veth", "peer", "name", &inside,
+            ]);
+            ip(&["link", "set", &inside, "netns", &netns]);
+            ip(&["link", "set", &outside, "master", &bridge]);
+            ip(&["link", "set", &outside, "up"]);
+            let within = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", &netns, "ip"];
+                all.extend_from_slice(args);
+                ip(&all);
+            };
+            within(&["addr", "add", &format!("{address}/24"), "dev", &inside]);
+            within(&["link", "set", &inside, "up"]);
+            within(&["link", "set", "lo", "up"]);
+        }
+        lan
+    }
+}
+
+impl Host {
+    /// `program args...` run inside this host's namespace (`ip netns exec` execs it, so
+    /// the child's pid is the program's).
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.netns, program]);
+        command
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and the pair with it.
+        for host in &self.hosts {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &host.netns])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
