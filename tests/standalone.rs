@@ -332,7 +332,12 @@ fn dynamic_allocation_scales_from_zero_to_six_with_the_work_and_back_to_zero() {
     let down = ended.elapsed();
     eprintln!("standalone scale-down to 0 after the work ended: {down:?}");
     assert!(down < idle_timeout + Duration::from_secs(5), "{down:?}");
-    // They were decommissioned: clean exits, none counted, none replaced.
+    // They were decommissioned: clean exits, none counted, none replaced. (A worker's
+    // report of an exit can come after the executor's connection closed: `lost` until
+    // then.)
+    wait_until(Duration::from_secs(10), "every exit reported", || {
+        cluster.executors().iter().all(|e| e["state"] == "exited")
+    });
     let executors = cluster.executors();
     assert!(executors.len() >= 6, "{executors:?}");
     for e in &executors {
