@@ -182,6 +182,12 @@ impl Workers {
         let WorkerMessage::ExecutorStateChanged { executor_id, state } = message else {
             return;
         };
+        // A worker speaks only for the executors placed on it: not for another worker's,
+        // nor for one that dialled in.
+        if !w.executors.contains_key(&executor_id) {
+            tracing::warn!(worker, executor = %executor_id, "worker reported an executor not placed on it");
+            return;
+        }
         if !matches!(state, WorkerExecutorState::Running { .. }) {
             w.executors.remove(&executor_id);
         }
@@ -429,6 +435,20 @@ mod tests {
                 executor_id: ExecutorId("exec-2".into()),
                 state: WorkerExecutorState::Exited(flint_protocol::exit::ProcessExit::Code(0)),
             },
+        );
+        // A report on an executor placed elsewhere (exec-1 is on b) is ignored.
+        while heard.try_recv().is_ok() {}
+        workers.message(
+            "a",
+            ga,
+            WorkerMessage::ExecutorStateChanged {
+                executor_id: ExecutorId("exec-1".into()),
+                state: WorkerExecutorState::Exited(flint_protocol::exit::ProcessExit::Code(1)),
+            },
+        );
+        assert!(
+            heard.try_recv().is_err(),
+            "a speaks only for its own executors"
         );
         assert!(workers.kill(&ExecutorId("exec-4".into())));
         assert!(
