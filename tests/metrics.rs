@@ -86,6 +86,7 @@ fn metrics_move_with_a_job() {
         sum_over_executors(&now, "flint_executor_running_tasks") == 0.0
             && sum_over_executors(&now, "flint_executor_modules_compiled_total") >= 1.0
             && sum_over_executors(&now, "flint_executor_module_cache_hits_total") >= 1.0
+            && sum_over_executors(&now, "flint_executor_tasks_completed_total") == 6.0
     });
     let after = scrape(&cluster);
     assert_eq!(after["flint_tasks{state=\"succeeded\"}"], 6.0);
@@ -110,6 +111,50 @@ fn metrics_move_with_a_job() {
         sum_over_executors(&after, "flint_executor_tasks_finished_total"),
         6.0
     );
+    // What the executors say of themselves (ExecutorSource): the echoes' 8 bytes of
+    // results, the module downloaded once by each executor that compiled it, and task
+    // threads that ran wasm for at least the sleepers' start-up.
+    assert_eq!(
+        sum_over_executors(&after, "flint_executor_result_bytes_total"),
+        8.0
+    );
+    let compiled = sum_over_executors(&after, "flint_executor_modules_compiled_total");
+    let module_bytes = std::fs::metadata(&guests().testkit).unwrap().len();
+    assert!(
+        sum_over_executors(&after, "flint_executor_fetched_bytes_total")
+            >= compiled * module_bytes as f64,
+        "{after:?}"
+    );
+    assert!(sum_over_executors(&after, "flint_executor_task_cpu_seconds_total") > 0.0);
+    // Every attempt's launch-to-status time: the sleepers' over a second, the echoes'
+    // well under.
+    assert_eq!(after["flint_task_launch_to_status_seconds_count"], 6.0);
+    assert_eq!(
+        after["flint_task_launch_to_status_seconds_bucket{le=\"+Inf\"}"],
+        6.0
+    );
+    assert_eq!(
+        after["flint_task_launch_to_status_seconds_bucket{le=\"1\"}"], 2.0,
+        "{after:?}"
+    );
+    assert!(after["flint_task_launch_to_status_seconds_sum"] >= 6.0);
+    // The same figures per executor in /v1/executors.
+    let executors = cluster.executors();
+    let total = |field: &str| -> u64 {
+        executors
+            .iter()
+            .map(|e| {
+                e[field]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{field} in {e}"))
+            })
+            .sum()
+    };
+    assert_eq!(total("tasks_completed"), 6);
+    assert_eq!(total("result_bytes"), 8);
+    assert_eq!(total("tasks_active"), 0);
+    assert!(total("task_cpu_us") > 0);
+    assert!(total("bytes_fetched") >= module_bytes);
 }
 
 /// One `flint executor` process of the test's own, stopped on drop.

@@ -177,7 +177,7 @@ pub fn render_state(
         let _ = writeln!(out, "flint_cores_free {free}");
 
         type Figure = fn(&crate::scheduler::ExecutorData, Instant) -> String;
-        let per_executor: [(&str, &str, &str, Figure); 10] = [
+        let per_executor: [(&str, &str, &str, Figure); 14] = [
             (
                 "flint_executor_cores",
                 "gauge",
@@ -227,6 +227,30 @@ pub fn render_state(
                 |e, _| e.reported.fetch_misses.to_string(),
             ),
             (
+                "flint_executor_task_cpu_seconds_total",
+                "counter",
+                "CPU time of an executor's task threads, from its heartbeat.",
+                |e, _| format!("{:.6}", e.reported.task_cpu_us as f64 / 1e6),
+            ),
+            (
+                "flint_executor_fetched_bytes_total",
+                "counter",
+                "Bytes an executor downloaded into its fetch cache, from its heartbeat.",
+                |e, _| e.reported.bytes_fetched.to_string(),
+            ),
+            (
+                "flint_executor_result_bytes_total",
+                "counter",
+                "Bytes of the results an executor's tasks produced (inline or in blocks), from its heartbeat.",
+                |e, _| e.reported.result_bytes.to_string(),
+            ),
+            (
+                "flint_executor_tasks_completed_total",
+                "counter",
+                "Attempts an executor reported the end of, from its heartbeat.",
+                |e, _| e.reported.tasks_completed.to_string(),
+            ),
+            (
                 "flint_executor_tasks_finished_total",
                 "counter",
                 "Task attempts an executor finished.",
@@ -256,6 +280,30 @@ pub fn render_state(
                 );
             }
         }
+        let h = &s.launch_to_status;
+        family(
+            &mut out,
+            "flint_task_launch_to_status_seconds",
+            "histogram",
+            "From the scheduler's launch of an attempt to its handling of the attempt's status (the wire both ways, the executor's queue and run).",
+        );
+        for (bound, n) in h.exported_cumulative() {
+            let le = bound.map_or_else(|| "+Inf".to_owned(), |us| (us as f64 / 1e6).to_string());
+            let _ = writeln!(
+                out,
+                "flint_task_launch_to_status_seconds_bucket{{le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "flint_task_launch_to_status_seconds_sum {}",
+            h.sum().as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "flint_task_launch_to_status_seconds_count {}",
+            h.count()
+        );
     }
     out
 }
@@ -343,12 +391,13 @@ pub fn render_allocation(out: &mut String, allocation: Option<&AllocationView>) 
         out,
         "flint_allocation_executors",
         "gauge",
-        "Executors of the driver's cluster manager: wanted (target), launching, running, decommissioning.",
+        "Executors of the driver's cluster manager: wanted (target), launching, running, idle (running, no task), decommissioning.",
     );
     for (kind, n) in [
         ("target", a.target),
         ("launching", a.launching),
         ("running", a.running),
+        ("idle", a.idle),
         ("decommissioning", a.decommissioning),
     ] {
         let _ = writeln!(out, "flint_allocation_executors{{kind=\"{kind}\"}} {n}");

@@ -120,6 +120,11 @@ pub fn executor_view(
         compile_cache_hits: e.reported.compile_cache_hits,
         fetch_hits: e.reported.fetch_hits,
         fetch_misses: e.reported.fetch_misses,
+        task_cpu_us: e.reported.task_cpu_us,
+        bytes_fetched: e.reported.bytes_fetched,
+        result_bytes: e.reported.result_bytes,
+        tasks_active: e.reported.running,
+        tasks_completed: e.reported.tasks_completed,
         excluded_for_ms: e
             .health
             .excluded_until

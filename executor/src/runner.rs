@@ -55,6 +55,14 @@ pub struct TaskRunner {
     fetch_hits: AtomicU64,
     fetch_misses: AtomicU64,
     compile_cache_hits: AtomicU64,
+    /// Bytes downloaded into the fetch cache, results' bytes, and attempts reported.
+    bytes_fetched: AtomicU64,
+    result_bytes: AtomicU64,
+    tasks_completed: AtomicU64,
+    /// Each task thread's `/proc/self/task/<tid>/schedstat`, whose first figure is the
+    /// CPU time the thread has had (read at heartbeats, not timed per task: a clock read
+    /// per attempt would cost a system call on every no-op task).
+    task_threads: Mutex<Vec<PathBuf>>,
     blocks: Option<Arc<dyn BlockWriter>>,
     inline_result_bytes: usize,
 }
@@ -153,6 +161,10 @@ impl TaskRunner {
             fetch_hits: AtomicU64::new(0),
             fetch_misses: AtomicU64::new(0),
             compile_cache_hits: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            result_bytes: AtomicU64::new(0),
+            tasks_completed: AtomicU64::new(0),
+            task_threads: Mutex::new(Vec::with_capacity(threads)),
             blocks,
             inline_result_bytes,
         });
@@ -164,6 +176,13 @@ impl TaskRunner {
                 .name(format!("flint-task-{i}"))
                 .stack_size(TASK_THREAD_STACK)
                 .spawn(move || {
+                    if let (Some(runner), Some(stat)) = (runner.upgrade(), thread_schedstat()) {
+                        runner
+                            .task_threads
+                            .lock()
+                            .expect("task threads lock poisoned")
+                            .push(stat);
+                    }
                     while let Ok(item) = work.recv() {
                         let Some(runner) = runner.upgrade() else {
                             break;
@@ -427,7 +446,27 @@ impl TaskRunner {
             fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
             fetch_misses: self.fetch_misses.load(Ordering::Relaxed),
             compile_cache_hits: self.compile_cache_hits.load(Ordering::Relaxed),
+            task_cpu_us: self.task_cpu_us(),
+            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
+            result_bytes: self.result_bytes.load(Ordering::Relaxed),
+            tasks_completed: self.tasks_completed.load(Ordering::Relaxed),
         }
+    }
+
+    /// CPU time of the task threads since they started, in microseconds; 0 where the
+    /// kernel does not say (no `/proc`, no schedstat).
+    fn task_cpu_us(&self) -> u64 {
+        let threads = self
+            .task_threads
+            .lock()
+            .expect("task threads lock poisoned")
+            .clone();
+        threads
+            .iter()
+            .filter_map(|path| std::fs::read_to_string(path).ok())
+            .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+            .sum::<u64>()
+            / 1_000
     }
 
     pub fn attempts_in_flight(&self) -> usize {
@@ -461,12 +500,13 @@ impl TaskRunner {
             };
             TaskFailure::new(kind, with_causes(&e))
         })?;
-        let counter = if hit {
-            &self.fetch_hits
+        if hit {
+            self.fetch_hits.fetch_add(1, Ordering::Relaxed);
         } else {
-            &self.fetch_misses
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+            self.fetch_misses.fetch_add(1, Ordering::Relaxed);
+            self.bytes_fetched
+                .fetch_add(fetched.size, Ordering::Relaxed);
+        }
         Ok(fetched)
     }
 
@@ -662,6 +702,10 @@ impl TaskRunner {
             }
         }
         let finished_at_us = now_us();
+        self.tasks_completed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(result) = &outcome {
+            self.result_bytes.fetch_add(result.len(), Ordering::Relaxed);
+        }
         let status = TaskStatus {
             task: desc.task,
             attempt: desc.attempt,
@@ -782,4 +826,12 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     message
+}
+
+/// The calling thread's schedstat file, by its own id (`/proc/thread-self` names the
+/// thread as `<pid>/task/<tid>`).
+fn thread_schedstat() -> Option<PathBuf> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    let path = std::path::Path::new("/proc").join(link).join("schedstat");
+    path.exists().then_some(path)
 }

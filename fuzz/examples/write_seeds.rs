@@ -200,6 +200,10 @@ fn frames(seeds: &mut Seeds<'_>) {
             fetch_hits: 3,
             fetch_misses: 1,
             compile_cache_hits: 4,
+            task_cpu_us: 123_456,
+            bytes_fetched: 5 << 20,
+            result_bytes: 640,
+            tasks_completed: 11,
         }),
     ];
     seeds.write(

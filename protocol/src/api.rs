@@ -531,6 +531,19 @@ pub struct ExecutorView {
     pub fetch_hits: u64,
     #[serde(default)]
     pub fetch_misses: u64,
+    /// From its latest heartbeat (Spark's ExecutorSource): CPU time of its task threads
+    /// in microseconds, bytes downloaded into its fetch cache, bytes of the results it
+    /// produced, and attempts running or queued there and ended there.
+    #[serde(default)]
+    pub task_cpu_us: u64,
+    #[serde(default)]
+    pub bytes_fetched: u64,
+    #[serde(default)]
+    pub result_bytes: u64,
+    #[serde(default)]
+    pub tasks_active: u32,
+    #[serde(default)]
+    pub tasks_completed: u64,
     /// Excluded from all placement for this many more milliseconds, after too many task
     /// failures in a short window (see the README's "Failures and exclusion").
     #[serde(default)]
@@ -592,6 +605,9 @@ pub struct AllocationView {
     /// Of those running, being decommissioned (they take no new tasks).
     #[serde(default)]
     pub decommissioning: u32,
+    /// Of those running, with no task running or queued.
+    #[serde(default)]
+    pub idle: u32,
     /// Executors that exited unasked, not cleanly, within `failures_interval_ms`.
     pub recent_failures: u32,
     /// At this many recent failures the driver stops launching (`--max-executor-failures`).

@@ -23,8 +23,9 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// unknown (modules by URL). 6: task inputs made of parts (`results` inputs), compile
 /// cache hits in heartbeats. 7: a job's shared part defined once per connection
 /// (`DefineJob`, `ForgetJob`), launches carrying only the task's own. 8: workers
-/// (`RegisterWorker`, [`WorkerMessage`], [`DriverToWorker`]).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// (`RegisterWorker`, [`WorkerMessage`], [`DriverToWorker`]). 9: executor metrics in
+/// heartbeats (task CPU time, bytes fetched, result bytes, attempts completed).
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +149,15 @@ pub struct Heartbeat {
     /// Modules loaded from the compiled-module cache on disk (compiled by an earlier run
     /// of the executor) instead of being compiled.
     pub compile_cache_hits: u64,
+    /// CPU time its task threads have had since start, in microseconds (guests, their
+    /// WASI calls, instantiation): Spark's ExecutorSource `cpuTime`.
+    pub task_cpu_us: u64,
+    /// Bytes downloaded into its fetch cache (modules, files, inputs; hits are free).
+    pub bytes_fetched: u64,
+    /// Bytes of the results of its attempts that succeeded, inline or in blocks.
+    pub result_bytes: u64,
+    /// Attempts it has reported the end of, however they ended.
+    pub tasks_completed: u64,
 }
 
 /// Driver to executor.

@@ -25,6 +25,7 @@ use exclusion::excluded_for_task;
 use policy::{Demand, Offer};
 
 pub mod exclusion;
+pub mod latency;
 mod model;
 mod offers;
 pub mod policy;
@@ -56,6 +57,8 @@ pub struct ClusterState {
     now: Instant,
     /// The same moment by the wall clock: the end time of jobs a change fails.
     wall: SystemTime,
+    /// Every attempt's launch-to-status time.
+    pub launch_to_status: latency::LatencyHistogram,
 }
 
 impl ClusterState {
@@ -80,6 +83,7 @@ impl ClusterState {
             config,
             now,
             wall,
+            launch_to_status: latency::LatencyHistogram::default(),
         }
     }
 

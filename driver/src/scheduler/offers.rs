@@ -45,23 +45,55 @@ impl ClusterState {
     /// Every live executor offers its free cores; pending tasks are placed by the policy.
     /// Jobs it fails end at the time of the clock the service set.
     pub fn make_offers(&mut self) -> Vec<Action> {
-        self.make_offers_at(self.wall)
+        self.make_offers_at(self.wall, None)
     }
 
-    /// [`Self::make_offers`], with `wall` as the end time of any job it fails.
-    pub(super) fn make_offers_at(&mut self, wall: SystemTime) -> Vec<Action> {
+    /// [`Self::make_offers`], with `wall` as the end time of any job it fails; with
+    /// `only`, a round for what that one executor gave back. Executors without room are
+    /// never offered: at a thousand executors a round that looked at every executor (and
+    /// every attempt it runs) for each burst of task ends was the driver's ceiling. A
+    /// round for one executor is enough after its tasks end, unless they put work back
+    /// (the caller asks for a full round then); the service's tick makes a full round at
+    /// least every locality wait, which also picks up whatever a partial one left.
+    pub(super) fn make_offers_at(
+        &mut self,
+        wall: SystemTime,
+        only: Option<&ExecutorId>,
+    ) -> Vec<Action> {
         let now = self.now;
         let mut actions = Vec::new();
-        self.fail_excluded_jobs(wall, &mut actions);
-        let ids: Vec<ExecutorId> = self
-            .executors
-            .iter()
-            .filter(|(_, e)| e.takes_tasks())
-            .map(|(id, _)| id.clone())
-            .collect();
+        if only.is_none() {
+            // Jobs no executor may run change only with failures and with executors
+            // coming and going, which all make full rounds.
+            self.fail_excluded_jobs(wall, &mut actions);
+        }
         self.queue
             .retain(|id| self.jobs.get(id).is_some_and(Job::has_work));
-        if ids.is_empty() || self.queue.is_empty() {
+        if self.queue.is_empty() {
+            return actions;
+        }
+        let slowest = self.slowest_queued_run_time();
+        let straggler = self.straggler_age(slowest);
+        let has_room = |e: &ExecutorData| {
+            e.takes_tasks()
+                && !e.health.is_excluded(now)
+                && (e.free_cores > 0 || self.queue_depth(e.cores, slowest) > e.queued_ahead)
+        };
+        let ids: Vec<ExecutorId> = match only {
+            Some(id) => self
+                .executors
+                .get(id)
+                .filter(|e| has_room(e))
+                .map(|_| vec![id.clone()])
+                .unwrap_or_default(),
+            None => self
+                .executors
+                .iter()
+                .filter(|(_, e)| has_room(e))
+                .map(|(id, _)| id.clone())
+                .collect(),
+        };
+        if ids.is_empty() {
             return actions;
         }
         if self.config.mode == SchedulingMode::Fair {
@@ -71,8 +103,6 @@ impl ClusterState {
                 .make_contiguous()
                 .sort_by_cached_key(|id| jobs.get(id).map(|j| (j.counts.running, j.key)));
         }
-        let slowest = self.slowest_queued_run_time();
-        let straggler = self.straggler_age(slowest);
         let offers: Vec<Offer> = ids
             .iter()
             .map(|id| {
@@ -87,7 +117,7 @@ impl ClusterState {
                 Offer {
                     free_cores: e.free_cores,
                     meters_fuel: e.meters_fuel,
-                    usable: !e.health.is_excluded(now),
+                    usable: true,
                     ahead: if no_queue {
                         0
                     } else {
@@ -97,10 +127,7 @@ impl ClusterState {
                 }
             })
             .collect();
-        if offers
-            .iter()
-            .all(|o| (o.free_cores == 0 && o.ahead == 0) || !o.usable)
-        {
+        if offers.iter().all(|o| o.free_cores == 0 && o.ahead == 0) {
             return actions;
         }
         let position = |id: &ExecutorId| ids.iter().position(|e| e == id);
@@ -146,14 +173,16 @@ impl ClusterState {
                 let waited = job.locality_wait_since.is_some_and(|since| {
                     now.saturating_duration_since(since) >= self.config.locality_wait
                 });
+                let cold_allowed = self.config.locality_wait.is_zero() || waited;
+                let warm_elsewhere =
+                    !cold_allowed && !warm.contains(&true) && self.warm_without_room(job, &ids);
                 Demand {
                     cores: job.def.resources.cores,
                     count: job.pending.len(),
                     constrained,
                     needs_fuel: job.def.resources.fuel.is_some(),
-                    cold_allowed: self.config.locality_wait.is_zero()
-                        || waited
-                        || !warm.contains(&true),
+                    cold_allowed: cold_allowed || (!warm.contains(&true) && !warm_elsewhere),
+                    warm_elsewhere,
                     warm,
                 }
             })
@@ -165,7 +194,11 @@ impl ClusterState {
                 .get_mut(&self.queue[d])
                 .expect("queued jobs exist");
             if !*waiting {
-                job.locality_wait_since = None;
+                // A round for one executor does not see the cold ones a job may be
+                // holding back from: only a full round ends the wait.
+                if only.is_none() {
+                    job.locality_wait_since = None;
+                }
             } else if job.locality_wait_since.is_none() {
                 job.locality_wait_since = Some(now);
             }
@@ -244,6 +277,22 @@ impl ClusterState {
             }
         }
         actions
+    }
+
+    /// Whether an executor that could take the job's tasks but has no room now (so it is
+    /// not among `offered`) already has the job's module: then the job waits for it, up
+    /// to the locality wait, rather than going to a cold one. Looked at only when no
+    /// offered executor is warm, so it costs a walk over the executors only while a job
+    /// is about to start cold.
+    fn warm_without_room(&self, job: &Job, offered: &[ExecutorId]) -> bool {
+        let module = job.def.module.locality_key();
+        let now = self.now;
+        self.executors.iter().any(|(id, e)| {
+            e.takes_tasks()
+                && !e.health.is_excluded(now)
+                && e.modules.contains(&module)
+                && !offered.contains(id)
+        })
     }
 
     /// Fails every job with a task that no live executor may run: each is excluded for

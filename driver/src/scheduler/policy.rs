@@ -50,6 +50,9 @@ pub struct Demand {
     pub warm: Vec<bool>,
     /// Cold offers may take tasks too (the locality wait is over, or nothing is warm).
     pub cold_allowed: bool,
+    /// An executor that is not offered now (it has no room) already ran the module:
+    /// worth waiting for, like a warm offer.
+    pub warm_elsewhere: bool,
 }
 
 /// One task of demand `demand` goes to offer `offer`; `constrained` says which of the
@@ -78,7 +81,8 @@ impl Demand {
 /// Whether a task barred from `barred` may go to a cold offer.
 fn cold_allowed(demand: &Demand, barred: &[usize]) -> bool {
     demand.cold_allowed
-        || !(0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e))
+        || !(demand.warm_elsewhere
+            || (0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e)))
 }
 
 /// Fills `offers` from `demands` in order.
@@ -333,15 +337,19 @@ mod tests {
             any::<bool>(),
             proptest::collection::vec(any::<bool>(), 0..6),
             any::<bool>(),
+            any::<bool>(),
         )
             .prop_map(
-                |(cores, count, constrained, needs_fuel, warm, cold_allowed)| Demand {
-                    cores,
-                    count,
-                    constrained,
-                    needs_fuel,
-                    warm,
-                    cold_allowed,
+                |(cores, count, constrained, needs_fuel, warm, cold_allowed, warm_elsewhere)| {
+                    Demand {
+                        cores,
+                        count,
+                        constrained,
+                        needs_fuel,
+                        warm,
+                        cold_allowed,
+                        warm_elsewhere,
+                    }
                 },
             )
     }

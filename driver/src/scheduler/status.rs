@@ -27,11 +27,15 @@ impl ClusterState {
         now: SystemTime,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
+        let mut requeued = false;
         for status in statuses {
-            self.attempt_ended(executor_id, generation, status, now, &mut actions);
+            requeued |= self.attempt_ended(executor_id, generation, status, now, &mut actions);
         }
         actions.extend(self.stop_drained());
-        actions.extend(self.make_offers_at(now));
+        // Ends that put tasks back (or whose executor is gone) may have work for any
+        // executor; otherwise only this one's cores came back.
+        let only = (!requeued).then_some(executor_id);
+        actions.extend(self.make_offers_at(now, only));
         actions
     }
 
@@ -42,11 +46,12 @@ impl ClusterState {
         status: TaskStatus,
         now: SystemTime,
         out: &mut Vec<Action>,
-    ) {
+    ) -> bool {
         let clock = self.now;
         let exclusion = self.config.exclusion;
+        let mut put_back = false;
         let Some(executor) = self.live_executor(executor_id, generation) else {
-            return;
+            return false;
         };
         let Some(running) = executor
             .running
@@ -54,7 +59,7 @@ impl ClusterState {
             .filter(|r| r.attempt == status.attempt && status.generation == generation)
             .copied()
         else {
-            return;
+            return false;
         };
         executor.running.remove(&status.task);
         executor.tasks_finished += 1;
@@ -64,10 +69,12 @@ impl ClusterState {
         } else {
             executor.free_cores += running.cores;
         }
+        self.launch_to_status
+            .record(clock.saturating_duration_since(running.since));
         // A job that ended has left the state (its attempts were killed with it): the
         // cores above are all that this report still means.
         let Some(job) = self.jobs.get_mut(&status.task.job) else {
-            return;
+            return false;
         };
         let run = status
             .end
@@ -88,12 +95,24 @@ impl ClusterState {
         if task.state.is_final() {
             // A kill (of this task or its job), or the other attempt's success, got here
             // first: the cores are back now, and whatever this attempt did is not taken.
-            return;
+            return false;
         }
-        let copy_running = self
-            .executors
-            .values()
-            .any(|e| e.running.contains_key(&status.task));
+        // Only speculation runs a task twice at once: without it there is no copy to
+        // look for on every executor, once per end.
+        let copy_running = self.config.speculation.is_some()
+            && self
+                .executors
+                .values()
+                .any(|e| e.running.contains_key(&status.task));
+        debug_assert!(
+            copy_running
+                || !self
+                    .executors
+                    .values()
+                    .any(|e| e.running.contains_key(&status.task)),
+            "a second attempt of {} runs without speculation",
+            status.task
+        );
         // The driver kills attempts only of tasks already final (above), so a killed
         // attempt of a live task was withdrawn by its executor: stopping (SIGTERM, a pod
         // evicted) or cut off from us. A loss of the host, as if the executor had gone:
@@ -103,6 +122,7 @@ impl ClusterState {
         {
             if !copy_running {
                 job.requeue(status.task.index, true);
+                put_back = true;
                 let why = ErrorBody {
                     kind: "executor_stopped".into(),
                     message: format!(
@@ -115,7 +135,7 @@ impl ClusterState {
                     self.queue.push_front(status.task.job.clone());
                 }
             }
-            return;
+            return put_back;
         }
         match status.end.outcome {
             Ok(result) if job.result_bytes + result.len() > job.def.max_result_bytes => {
@@ -146,7 +166,8 @@ impl ClusterState {
                 task.failure = None;
                 job.speculative.retain(|&i| i != status.task.index);
                 actions.push(Action::TaskEnded(status.task.clone()));
-                for (other, e) in &self.executors {
+                let copies = self.config.speculation.is_some().then_some(&self.executors);
+                for (other, e) in copies.into_iter().flatten() {
                     if let Some(running) = e.running.get(&status.task) {
                         actions.push(Action::Kill {
                             executor: other.clone(),
@@ -191,6 +212,7 @@ impl ClusterState {
                 }
                 if !copy_running {
                     job.requeue(status.task.index, false);
+                    put_back = true;
                     let failure = job.tasks[status.task.index as usize].failure.as_ref();
                     let why = ErrorBody {
                         kind: failure.map_or("host_error", |f| f.kind.as_str()).into(),
@@ -221,5 +243,6 @@ impl ClusterState {
         if !job.state.is_final() && job.all_final() {
             actions.extend(Self::end_job(job, JobState::Succeeded, None, now));
         }
+        put_back
     }
 }

@@ -694,6 +694,7 @@ impl Driver {
                     ExecutorState::Alive => {
                         view.running += 1;
                         view.decommissioning += u32::from(e.decommission_by.is_some());
+                        view.idle += u32::from(e.running.is_empty());
                     }
                     _ => {}
                 }
