@@ -8,12 +8,11 @@
 //! (PR_SET_PDEATHSIG): a lost worker's executors are lost.
 
 use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use flint_driver::cluster_manager::runner::{ExecutorCommand, spawn_executor};
 use flint_protocol::codec::FrameCodec;
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::messages::{
@@ -297,82 +296,32 @@ impl Worker {
         if self.running.contains_key(id) {
             anyhow::bail!("executor {id} already runs here");
         }
-        for part in [app_id, id.0.as_str()] {
-            if part.is_empty() || part.contains('/') || part == "." || part == ".." {
-                anyhow::bail!("{part:?} cannot name a work dir");
-            }
-        }
-        let work_dir = self.args.work_dir.join(app_id).join(&id.0);
-        std::fs::create_dir_all(&work_dir)
-            .with_context(|| format!("creating {}", work_dir.display()))?;
-        let stdout = std::fs::File::create(work_dir.join("stdout"))?;
-        let stderr = std::fs::File::create(work_dir.join("stderr"))?;
-        let mut command = tokio::process::Command::new(&self.exe);
-        command
-            .arg("executor")
-            .args(["--driver-url", &self.driver_url])
-            .args(["--executor-id", &id.0])
-            .args(["--cores", &cores.to_string()])
-            .args(["--app-id", app_id])
-            .args(["--hostname", &self.host])
-            .arg("--work-dir")
-            .arg(&work_dir)
-            .args(&self.args.executor_args)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .kill_on_drop(true);
-        if let Some(secret) = &self.args.cluster_secret {
-            command.env("FLINT_CLUSTER_SECRET", secret);
-        }
-        // SAFETY: prctl is async-signal-safe, which is all that may run between fork and
-        // exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting {}", self.exe.display()))?;
-        let pid = child.id().unwrap_or_default();
-        let (signals, mut signalled) = mpsc::unbounded_channel::<i32>();
         let exits = self.exits.clone();
         let monitored = id.clone();
-        tokio::spawn(async move {
-            let status = loop {
-                tokio::select! {
-                    status = child.wait() => break status,
-                    Some(signal) = signalled.recv() => {
-                        if let Some(pid) = child.id() {
-                            // SAFETY: a plain syscall on our own child, not yet reaped
-                            // (only this task waits on it).
-                            unsafe { libc::kill(pid as libc::pid_t, signal) };
-                        }
-                    }
-                }
-            };
-            let exit = match status {
-                Ok(s) => match (s.code(), s.signal()) {
-                    (Some(code), _) => ProcessExit::Code(code),
-                    (None, Some(signal)) => ProcessExit::Signal(signal),
-                    (None, None) => ProcessExit::Unknown,
-                },
-                Err(_) => ProcessExit::Unknown,
-            };
-            let _ = exits.send((monitored, exit));
-        });
+        let started = spawn_executor(
+            ExecutorCommand {
+                exe: &self.exe,
+                driver_url: &self.driver_url,
+                id,
+                cores,
+                app_id,
+                hostname: &self.host,
+                work_root: &self.args.work_dir,
+                extra_args: &self.args.executor_args,
+                cluster_secret: self.args.cluster_secret.as_deref(),
+            },
+            move |exit| {
+                let _ = exits.send((monitored, exit));
+            },
+        )?;
         self.running.insert(
             id.clone(),
             Running {
                 app_id: app_id.to_owned(),
-                signals,
+                signals: started.signals,
             },
         );
-        Ok(pid)
+        Ok(started.pid)
     }
 
     /// SIGTERM to every executor, SIGKILL to those still there 5 s later.

@@ -6,9 +6,9 @@
 mod common;
 
 use std::fs::File;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::netns::Lan;
 use common::{DevCluster, Process, guests, is_final, process, wait_until};
 use serde_json::{Value, json};
 
@@ -218,92 +218,14 @@ fn a_speculative_copy_overtakes_a_slow_first_attempt() {
     });
 }
 
-/// A network namespace joined to this one by a veth pair; deleted on drop.
-struct Netns {
-    name: String,
-    host_if: String,
-    host_ip: String,
-}
-
-fn ip(args: &[&str]) {
-    let output = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        output.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-impl Netns {
-    fn create() -> Netns {
-        let n = std::process::id();
-        let name = format!("flint-part-{n}");
-        let host_if = format!("fp{}h", n % 100_000);
-        let ns_if = format!("fp{}e", n % 100_000);
-        // A /30 of our own, seen only by this host and the namespace.
-        let subnet = format!("10.213.{}", n % 250);
-        let host_ip = format!("{subnet}.1");
-        let netns = Netns {
-            name: name.clone(),
-            host_if: host_if.clone(),
-            host_ip: host_ip.clone(),
-        };
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-        ]);
-        ip(&["link", "set", &ns_if, "netns", &name]);
-        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", &name, "ip"];
-            all.extend_from_slice(args);
-            ip(&all);
-        };
-        inside(&["addr", "add", &format!("{subnet}.2/30"), "dev", &ns_if]);
-        inside(&["link", "set", &ns_if, "up"]);
-        inside(&["link", "set", "lo", "up"]);
-        netns
-    }
-
-    /// Drops every packet in and out of the namespace: no reset, no close, silence.
-    fn partition(&self) {
-        for chain in ["INPUT", "OUTPUT"] {
-            self.iptables(&["-A", chain, "-j", "DROP"]);
-        }
-    }
-
-    fn heal(&self) {
-        self.iptables(&["-F"]);
-    }
-
-    fn iptables(&self, args: &[&str]) {
-        let mut all = vec!["netns", "exec", &self.name, "iptables"];
-        all.extend_from_slice(args);
-        ip(&all);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting the namespace deletes the veth pair with it.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 #[test]
 fn a_silently_partitioned_executor_is_lost_its_task_runs_elsewhere_and_it_comes_back() {
-    let netns = Netns::create();
-    let cluster = DevCluster::driver(&driver_args(&netns.host_ip));
+    // One host on a LAN of its own, beside this one, which holds the driver.
+    let lan = Lan::create(1);
+    let host = &lan.hosts[0];
+    let cluster = DevCluster::driver(&driver_args(&lan.gateway));
     let mut executors = Executors::default();
-    executors.start(&cluster, "exec-cut", Some(&netns.name));
+    executors.start(&cluster, "exec-cut", Some(&host.netns));
     executors.start(&cluster, "exec-host", None);
     cluster.wait_for_alive_executors(2);
     let module = cluster.upload(&guests().testkit);
@@ -322,7 +244,7 @@ fn a_silently_partitioned_executor_is_lost_its_task_runs_elsewhere_and_it_comes_
         .as_u64()
         .unwrap();
 
-    netns.partition();
+    host.partition();
     let cut = Instant::now();
     wait_until(
         Duration::from_secs(15),
@@ -345,7 +267,7 @@ fn a_silently_partitioned_executor_is_lost_its_task_runs_elsewhere_and_it_comes_
     assert_eq!(moved.len(), 1, "the cut-off task ran again: {tasks:?}");
     assert_eq!(moved[0]["executor"], "exec-host", "{tasks:?}");
 
-    netns.heal();
+    host.heal();
     let healed = Instant::now();
     wait_until(
         Duration::from_secs(60),

@@ -141,6 +141,65 @@ fn an_executor_that_fails_at_every_start_stops_being_replaced_at_the_limit() {
 }
 
 #[test]
+fn an_executor_that_never_registers_is_killed_at_the_launch_timeout_and_counted() {
+    // The "executor" hangs before it ever dials the driver.
+    let dir = tempfile::tempdir().unwrap();
+    let hang = dir.path().join("hang");
+    std::fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let started = Instant::now();
+    let mut cluster = DevCluster::spawn(
+        "driver",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--executor-listen",
+            "127.0.0.1:0",
+            "--cluster-manager",
+            "local",
+            "--initial-executors",
+            "1",
+            "--executor-binary",
+            hang.to_str().unwrap(),
+            "--executor-launch-timeout-ms",
+            "700",
+            "--max-executor-failures",
+            "2",
+        ],
+        &[],
+    );
+    wait_until(Duration::from_secs(30), "supervision to give up", || {
+        !allocation(&cluster)["gave_up"].is_null()
+    });
+    // Two launches, each given its 700 ms.
+    assert!(started.elapsed() >= Duration::from_millis(1400));
+    let a = allocation(&cluster);
+    let why = a["gave_up"].as_str().unwrap();
+    assert!(why.contains("2 failed within 600 s"), "{why}");
+    assert!(
+        why.contains(
+            "exec-2, did not register within 700 ms of its launch (--executor-launch-timeout-ms)"
+        ),
+        "{why}"
+    );
+    // Each was killed, not left hanging.
+    wait_until(
+        Duration::from_secs(10),
+        "both hung executors killed",
+        || {
+            let executors = cluster.executors();
+            executors.len() == 2 && executors.iter().all(|e| e["exit_signal"] == 9)
+        },
+    );
+    for e in cluster.executors() {
+        assert_ne!(e["state"], "alive", "{e}");
+        let pid = e["pid"].as_u64().unwrap() as u32;
+        assert!(!process_exists(pid), "{e}");
+    }
+    assert!(cluster.stop().success());
+}
+
+#[test]
 fn flint_driver_with_the_local_cluster_manager_launches_and_stops_its_executors() {
     let mut cluster = DevCluster::spawn(
         "driver",

@@ -94,6 +94,9 @@ pub struct AllocationConfig {
     /// wanted, at least 3).
     pub max_executor_failures: Option<u32>,
     pub executor_failures_interval: Duration,
+    /// A launched executor not registered this long after is killed and counted as a
+    /// failure (`--executor-launch-timeout-ms`).
+    pub executor_launch_timeout: Duration,
     /// A decommissioned executor still running tasks this long after is stopped, its
     /// attempts killed and run again elsewhere (`--decommission-timeout-ms`).
     pub decommission_timeout: Duration,
@@ -116,6 +119,7 @@ impl Default for AllocationConfig {
             executor_failures_interval: Duration::from_millis(
                 defaults::EXECUTOR_FAILURES_INTERVAL_MS,
             ),
+            executor_launch_timeout: Duration::from_millis(defaults::EXECUTOR_LAUNCH_TIMEOUT_MS),
             decommission_timeout: Duration::from_millis(defaults::DECOMMISSION_TIMEOUT_MS),
             dynamic: None,
             executor_binary: None,

@@ -105,6 +105,10 @@ pub const EXECUTOR_MEMORY_MB: u64 = 1024;
 /// Unclean executor exits count towards `--max-executor-failures` for this long
 /// (`--executor-failures-interval-ms`).
 pub const EXECUTOR_FAILURES_INTERVAL_MS: u64 = 600_000;
+/// A launched executor that has not registered this long after its launch is killed and
+/// counted as a failure (`--executor-launch-timeout-ms`): a process hung before dialling,
+/// a pod that cannot be scheduled.
+pub const EXECUTOR_LAUNCH_TIMEOUT_MS: u64 = 60_000;
 /// A decommissioned executor's running tasks get this long to end
 /// (`--decommission-timeout-ms`).
 pub const DECOMMISSION_TIMEOUT_MS: u64 = 120_000;

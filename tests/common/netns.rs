@@ -77,6 +77,23 @@ impl Host {
         command.args(["netns", "exec", &self.netns, program]);
         command
     }
+
+    /// Drops every packet in and out of the host: no reset, no close, silence.
+    pub fn partition(&self) {
+        for chain in ["INPUT", "OUTPUT"] {
+            self.iptables(&["-A", chain, "-j", "DROP"]);
+        }
+    }
+
+    pub fn heal(&self) {
+        self.iptables(&["-F"]);
+    }
+
+    fn iptables(&self, args: &[&str]) {
+        let mut all = vec!["netns", "exec", &self.netns, "iptables"];
+        all.extend_from_slice(args);
+        ip(&all);
+    }
 }
 
 impl Drop for Lan {

@@ -4,18 +4,16 @@
 //! the driver: children get SIGKILL from the kernel if it dies (PR_SET_PDEATHSIG).
 
 use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flint_protocol::ExecutorId;
-use flint_protocol::exit::ProcessExit;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::runner::{ExecutorCommand, spawn_executor};
 use super::{ClusterManager, Dial, ExecutorEvent, LaunchRequest};
 
 pub struct LocalManager {
@@ -53,76 +51,35 @@ impl LocalManager {
     }
 
     fn spawn(&self, request: &LaunchRequest) -> anyhow::Result<(u32, PathBuf)> {
-        let work_dir = self.work_root.join(&request.app_id).join(&request.id.0);
-        std::fs::create_dir_all(&work_dir)
-            .map_err(|e| anyhow::anyhow!("creating {}: {e}", work_dir.display()))?;
-        let stdout = std::fs::File::create(work_dir.join("stdout"))?;
-        let stderr = std::fs::File::create(work_dir.join("stderr"))?;
-        let mut command = tokio::process::Command::new(&self.exe);
-        command
-            .arg("executor")
-            .args(["--driver-url", &self.dial.driver_url])
-            .args(["--executor-id", &request.id.0])
-            .args(["--cores", &request.cores.to_string()])
-            .args(["--app-id", &request.app_id])
-            .args(["--hostname", "127.0.0.1"])
-            .arg("--work-dir")
-            .arg(&work_dir)
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .kill_on_drop(true);
-        if let Some(secret) = &self.dial.cluster_secret {
-            command.env("FLINT_CLUSTER_SECRET", secret);
-        }
-        // SAFETY: prctl is async-signal-safe, which is all that may run between fork and
-        // exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e}", self.exe.display()))?;
-        let pid = child.id().unwrap_or_default();
-        let (signals, mut signalled) = mpsc::unbounded_channel::<i32>();
         let id = request.id.clone();
         let events = self.events.clone();
         let children = self.children.clone();
-        let monitor = tokio::spawn(async move {
-            let status = loop {
-                tokio::select! {
-                    status = child.wait() => break status,
-                    Some(signal) = signalled.recv() => {
-                        if let Some(pid) = child.id() {
-                            // SAFETY: a plain syscall on our own child, not yet reaped
-                            // (only this task waits on it).
-                            unsafe { libc::kill(pid as libc::pid_t, signal) };
-                        }
-                    }
-                }
-            };
-            let exit = match status {
-                Ok(status) => match (status.code(), status.signal()) {
-                    (Some(code), _) => ProcessExit::Code(code),
-                    (None, Some(signal)) => ProcessExit::Signal(signal),
-                    (None, None) => ProcessExit::Unknown,
-                },
-                Err(e) => {
-                    tracing::warn!(executor = %id, error = %e, "waiting for executor");
-                    ProcessExit::Unknown
-                }
-            };
-            lock(&children).remove(&id);
-            let _ = events.send(ExecutorEvent::Exited { id, exit });
-        });
-        lock(&self.children).insert(request.id.clone(), Child { signals, monitor });
-        Ok((pid, work_dir.join("stderr")))
+        let running = spawn_executor(
+            ExecutorCommand {
+                exe: &self.exe,
+                driver_url: &self.dial.driver_url,
+                id: &request.id,
+                cores: request.cores,
+                app_id: &request.app_id,
+                hostname: "127.0.0.1",
+                work_root: &self.work_root,
+                extra_args: &self.extra_args,
+                cluster_secret: self.dial.cluster_secret.as_deref(),
+            },
+            move |exit| {
+                lock(&children).remove(&id);
+                let _ = events.send(ExecutorEvent::Exited { id, exit });
+            },
+        )?;
+        let log = running.work_dir.join("stderr");
+        lock(&self.children).insert(
+            request.id.clone(),
+            Child {
+                signals: running.signals,
+                monitor: running.monitor,
+            },
+        );
+        Ok((running.pid, log))
     }
 
     fn signal_all(&self, signal: i32) {

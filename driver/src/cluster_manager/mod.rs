@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flint_protocol::ExecutorId;
-use flint_protocol::api::AllocationView;
+use flint_protocol::api::{AllocationView, ExecutorState};
 use flint_protocol::exit::ProcessExit;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -31,6 +31,7 @@ use crate::service::{AllocationCommand, Driver};
 
 pub mod allocation;
 pub mod local;
+pub mod runner;
 pub mod standalone;
 pub mod supervisor;
 
@@ -179,8 +180,31 @@ pub async fn supervise(
                 memory_mb: allocation.executor_memory_mb,
             });
         }
+        let timeout = allocation.executor_launch_timeout;
+        let registered = |id: &ExecutorId| {
+            driver.read(|s| {
+                s.executors
+                    .get(id)
+                    .is_some_and(|e| e.state != ExecutorState::Launching)
+            })
+        };
+        for id in supervisor.overdue(now, timeout, registered) {
+            let why = format!(
+                "did not register within {} ms of its launch (--executor-launch-timeout-ms)",
+                timeout.as_millis()
+            );
+            tracing::warn!(executor = %id, why, "killing executor");
+            manager.kill(&id);
+            driver.executor_gone(&id);
+            if let Some(why) = supervisor.gone(&id, Some(&why), now) {
+                tracing::error!(reason = why, "executor supervision gave up");
+            }
+        }
         driver.set_allocation(view(&mut supervisor, manager.name(), now));
-        let wake = supervisor.next_wake(now);
+        let wake = [supervisor.next_wake(now), supervisor.next_overdue(timeout)]
+            .into_iter()
+            .flatten()
+            .min();
         tokio::select! {
             event = events.recv() => match event {
                 Some(event) => on_event(&driver, manager.name(), &mut supervisor, event),
@@ -261,6 +285,7 @@ fn view(supervisor: &mut Supervisor, manager: &str, now: Instant) -> AllocationV
         launching: 0,
         running: 0,
         decommissioning: 0,
+        idle: 0,
         recent_failures: supervisor.recent_failures(now),
         max_failures: supervisor.max_failures(),
         failures_interval_ms: supervisor.interval().as_millis() as u64,

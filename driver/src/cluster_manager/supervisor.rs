@@ -3,7 +3,7 @@
 //! asking (Spark's `spark.executor.maxNumFailures` and its validity interval). Pure: the
 //! caller passes the time and carries out the launches.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use flint_protocol::ExecutorId;
@@ -20,6 +20,8 @@ pub struct Supervisor {
     next_id: u64,
     /// Launched and not yet exited.
     live: BTreeSet<ExecutorId>,
+    /// Of those, the ones not known to have registered yet, with their launch time.
+    unregistered: HashMap<ExecutorId, Instant>,
     /// Asked by the driver to go (killed, decommissioned): their exits are no failures.
     asked_to_stop: HashSet<ExecutorId>,
     /// When each unclean, unasked exit within the interval happened, oldest first.
@@ -39,6 +41,7 @@ impl Supervisor {
             interval,
             next_id: first_id.max(1),
             live: BTreeSet::new(),
+            unregistered: HashMap::new(),
             asked_to_stop: HashSet::new(),
             failures: VecDeque::new(),
             not_before: None,
@@ -56,6 +59,7 @@ impl Supervisor {
             let id = ExecutorId(format!("exec-{}", self.next_id));
             self.next_id += 1;
             self.live.insert(id.clone());
+            self.unregistered.insert(id.clone(), now);
             due.push(id);
         }
         due
@@ -75,6 +79,7 @@ impl Supervisor {
         if !self.live.remove(id) {
             return None;
         }
+        self.unregistered.remove(id);
         let asked = self.asked_to_stop.remove(id);
         let failure = failure.filter(|_| !asked)?;
         self.prune(now);
@@ -92,6 +97,35 @@ impl Supervisor {
         }
         self.not_before = Some(now + backoff(recent));
         None
+    }
+
+    /// Executors launched more than `timeout` ago that have not registered
+    /// (`registered(id)` says whether one has; those are not asked about again). The
+    /// caller kills them and reports them [`Self::gone`] as failures: a process that
+    /// hangs before dialling, a pod that stays pending.
+    pub fn overdue(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        registered: impl Fn(&ExecutorId) -> bool,
+    ) -> Vec<ExecutorId> {
+        self.unregistered.retain(|id, _| !registered(id));
+        let mut late: Vec<ExecutorId> = self
+            .unregistered
+            .iter()
+            .filter(|(_, at)| now.saturating_duration_since(**at) >= timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        late.sort();
+        for id in &late {
+            self.unregistered.remove(id);
+        }
+        late
+    }
+
+    /// When the oldest unregistered executor runs out of time, if any waits.
+    pub fn next_overdue(&self, timeout: Duration) -> Option<Instant> {
+        self.unregistered.values().min().map(|at| *at + timeout)
     }
 
     /// When the next launch may happen, if one is wanted and waits.
@@ -190,6 +224,34 @@ mod tests {
         assert_eq!(s.gone(&ExecutorId("exec-2".into()), Some("x"), t0), None);
         assert_eq!(s.gone(&ExecutorId("other".into()), Some("x"), t0), None);
         assert_eq!(s.recent_failures(t0), 1);
+    }
+
+    #[test]
+    fn an_executor_that_never_registers_is_overdue_once_after_the_launch_timeout() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(60);
+        let mut s = Supervisor::new(2, 4, Duration::from_secs(600), 1);
+        s.launches_due(t0);
+        assert_eq!(s.next_overdue(timeout), Some(t0 + timeout));
+        let registered = |id: &ExecutorId| id.0 == "exec-1";
+        assert!(s.overdue(t0 + timeout / 2, timeout, registered).is_empty());
+        assert_eq!(
+            ids(&s.overdue(t0 + timeout, timeout, registered)),
+            ["exec-2"]
+        );
+        // Told once; a registered one is never overdue.
+        assert!(s.overdue(t0 + timeout * 3, timeout, |_| false).is_empty());
+        assert_eq!(s.next_overdue(timeout), None);
+        // Reported gone as a failure, it is replaced like any other.
+        let late = ExecutorId("exec-2".into());
+        assert_eq!(s.gone(&late, Some("did not register"), t0 + timeout), None);
+        assert_eq!(s.recent_failures(t0 + timeout), 1);
+        assert_eq!(ids(&s.launches_due(t0 + timeout)), ["exec-3"]);
+        // One that is gone before its time is forgotten.
+        s.gone(&ExecutorId("exec-3".into()), None, t0 + timeout);
+        assert_eq!(s.next_overdue(timeout), None);
+        assert_eq!(ids(&s.launches_due(t0 + timeout)), ["exec-4"]);
+        assert_eq!(s.next_overdue(timeout), Some(t0 + timeout * 2));
     }
 
     #[test]

@@ -44,6 +44,14 @@ pub struct Placement {
     pub memory_mb: u64,
 }
 
+/// Live workers the driver takes; a registration past it is refused, naming it.
+pub const MAX_WORKERS: usize = 10_000;
+/// Lost workers still listed (for `GET /v1/workers`); the longest lost go first, so
+/// workers that come and go with new ids for months cost a bounded map.
+pub const LOST_WORKERS_KEPT: usize = 256;
+/// Longest worker id or host name (a DNS name's limit).
+pub const MAX_WORKER_NAME_BYTES: usize = 253;
+
 #[derive(Default)]
 pub struct Workers {
     inner: Mutex<Inner>,
@@ -69,6 +77,7 @@ struct Worker {
     last_heartbeat: Instant,
     registered_at: SystemTime,
     lost_reason: Option<String>,
+    lost_at: Option<Instant>,
 }
 
 impl Worker {
@@ -110,7 +119,27 @@ impl Workers {
         if registration.cores == 0 {
             return Err("a worker needs at least one core".into());
         }
+        for (what, name) in [
+            ("worker id", &registration.worker_id),
+            ("host", &registration.host),
+        ] {
+            if name.is_empty()
+                || name.len() > MAX_WORKER_NAME_BYTES
+                || name.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
+                return Err(format!(
+                    "a worker's {what} must be 1 to {MAX_WORKER_NAME_BYTES} bytes without spaces or control characters (MAX_WORKER_NAME_BYTES), not {:?}",
+                    name.chars().take(64).collect::<String>()
+                ));
+            }
+        }
         let id = registration.worker_id.clone();
+        let live = inner.workers.values().filter(|w| w.alive).count();
+        if live >= MAX_WORKERS && !inner.workers.get(&id).is_some_and(|w| w.alive) {
+            return Err(format!(
+                "the driver already has {live} live workers (MAX_WORKERS {MAX_WORKERS})"
+            ));
+        }
         if let Some(old) = inner.workers.get(&id)
             && old.alive
             && (old.pid != registration.pid || old.host != registration.host)
@@ -159,6 +188,7 @@ impl Workers {
                 last_heartbeat: Instant::now(),
                 registered_at: SystemTime::now(),
                 lost_reason: None,
+                lost_at: None,
             },
         );
         let _ = notify.send(WorkerEvent::Registered {
@@ -214,7 +244,9 @@ impl Workers {
         w.alive = false;
         w.outbox = None;
         w.lost_reason = Some(reason.to_owned());
+        w.lost_at = Some(Instant::now());
         let executors: Vec<ExecutorId> = std::mem::take(&mut w.executors).into_keys().collect();
+        forget_lost_beyond(&mut inner.workers, LOST_WORKERS_KEPT);
         if let Some(notify) = notify {
             let _ = notify.send(WorkerEvent::Lost {
                 worker: worker.to_owned(),
@@ -354,9 +386,60 @@ impl Workers {
     }
 }
 
+/// Drops the longest-lost workers until at most `keep` lost ones are left.
+fn forget_lost_beyond(workers: &mut BTreeMap<String, Worker>, keep: usize) {
+    let mut lost: Vec<(Instant, String)> = workers
+        .iter()
+        .filter_map(|(id, w)| w.lost_at.map(|at| (at, id.clone())))
+        .collect();
+    if lost.len() <= keep {
+        return;
+    }
+    lost.sort();
+    let excess = lost.len() - keep;
+    for (_, id) in lost.into_iter().take(excess) {
+        workers.remove(&id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_names_are_refused_and_lost_workers_are_forgotten_oldest_first() {
+        let workers = Workers::default();
+        let (notify, _heard) = mpsc::unbounded_channel();
+        workers.attach(notify);
+        let (outbox, _sent) = mpsc::unbounded_channel();
+        let register = |r: WorkerRegistration| {
+            workers.register(r, outbox.clone(), "flint", Duration::from_secs(1))
+        };
+        for bad in ["", "a b", "tab\t", &"x".repeat(254)] {
+            let why = register(registration(bad, 1, 1024)).unwrap_err();
+            assert!(why.contains("MAX_WORKER_NAME_BYTES"), "{why}");
+        }
+        let mut long_host = registration("ok", 1, 1024);
+        long_host.host = "h".repeat(300);
+        assert!(register(long_host).unwrap_err().contains("host"));
+        for n in 0..LOST_WORKERS_KEPT + 10 {
+            let id = format!("w{n:04}");
+            let generation = register(registration(&id, 1, 1024)).unwrap();
+            workers.lost(&id, generation, "gone");
+        }
+        let listed = workers.lock().workers.len();
+        assert_eq!(listed, LOST_WORKERS_KEPT);
+        assert!(
+            !workers.lock().workers.contains_key("w0000"),
+            "oldest lost first"
+        );
+        assert!(
+            workers
+                .lock()
+                .workers
+                .contains_key(&format!("w{:04}", LOST_WORKERS_KEPT + 9))
+        );
+    }
 
     fn registration(id: &str, cores: u32, memory_mb: u64) -> WorkerRegistration {
         WorkerRegistration {
