@@ -48,6 +48,8 @@ pub async fn bind(args: &DriverArgs) -> anyhow::Result<Listeners> {
 
 pub struct Cluster {
     pub http_url: String,
+    /// The driver's executor listener.
+    pub executors_addr: std::net::SocketAddr,
     pub driver: Arc<Driver>,
     stop: oneshot::Sender<()>,
     driver_task: JoinHandle<anyhow::Result<()>>,
@@ -67,6 +69,7 @@ impl Cluster {
         args.supervision.apply(allocation);
         let listeners = bind(&args.driver).await?;
         let http_addr = listeners.http.local_addr()?;
+        let executors_addr = listeners.executors.local_addr()?;
         let driver = Driver::new(config, http_addr)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let driver_task = tokio::spawn(flint_driver::run(driver.clone(), listeners, async {
@@ -74,6 +77,7 @@ impl Cluster {
         }));
         Ok(Cluster {
             http_url: format!("http://{http_addr}"),
+            executors_addr,
             driver,
             stop,
             driver_task,

@@ -70,6 +70,9 @@ pub enum Command {
     /// compile time limit). Exits 65 when the module is not valid wasm.
     #[command(hide = true)]
     CompileModule(CompileArgs),
+    /// Simulated executors for `flint bench --simulated-executors` (started by it).
+    #[command(hide = true)]
+    SimulateExecutors(bench::SimulateArgs),
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -450,6 +453,16 @@ pub struct SupervisionArgs {
     #[arg(long, env = "FLINT_EXECUTOR_FAILURES_INTERVAL_MS", default_value_t = flint_protocol::defaults::EXECUTOR_FAILURES_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub executor_failures_interval_ms: u64,
+    /// A launched executor that has not registered this long after its launch is killed
+    /// and counted as a failure.
+    #[arg(long, env = "FLINT_EXECUTOR_LAUNCH_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_LAUNCH_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_launch_timeout_ms: u64,
+    /// The program the `local` cluster manager starts executors with, given `executor
+    /// --driver-url ...` as its arguments (default: this flint binary); e.g. a wrapper
+    /// that sets limits and `exec`s flint.
+    #[arg(long, env = "FLINT_EXECUTOR_BINARY")]
+    pub executor_binary: Option<std::path::PathBuf>,
 }
 
 impl SupervisionArgs {
@@ -457,6 +470,10 @@ impl SupervisionArgs {
         allocation.max_executor_failures = self.max_executor_failures;
         allocation.executor_failures_interval =
             Duration::from_millis(self.executor_failures_interval_ms);
+        allocation.executor_launch_timeout = Duration::from_millis(self.executor_launch_timeout_ms);
+        if let Some(binary) = &self.executor_binary {
+            allocation.executor_binary = Some(binary.clone());
+        }
     }
 }
 

@@ -75,6 +75,7 @@ fn main() {
     };
     match cli.command {
         Command::CompileModule(args) => std::process::exit(compile_module(args)),
+        Command::SimulateExecutors(args) => std::process::exit(bench::simulate::run(args)),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "flint", &mut std::io::stdout());
             return;
@@ -119,7 +120,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Executors(args) => jobs::executors(args).await,
         Command::Workers(args) => jobs::workers(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
-        Command::CompileModule(_) | Command::Completions { .. } => {
+        Command::CompileModule(_) | Command::SimulateExecutors(_) | Command::Completions { .. } => {
             unreachable!("handled before the runtime starts")
         }
     };

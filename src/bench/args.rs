@@ -73,6 +73,41 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub soak_concurrency: u32,
+    /// Instead: the driver alone at scale. For each number in the list (e.g.
+    /// `2,20,200,1000`), a fresh driver and that many simulated executors of `--cores`
+    /// cores (real protocol, real sockets, every task ended at once or after
+    /// `--simulated-task-us`; `flint simulate-executors` processes), one job of
+    /// `--simulated-tasks` tasks: tasks/s, the driver's CPU per task, launch-to-status
+    /// p50 / p99 and the driver's memory per executor.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',',
+          conflicts_with_all = ["pending_memory", "results_mib", "soak"],
+          value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    pub simulated_executors: Vec<u32>,
+    #[arg(long, default_value_t = 500_000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub simulated_tasks: u32,
+    #[arg(long, default_value_t = 0)]
+    pub simulated_task_us: u64,
+    /// Processes the simulated executors are spread over (each one runtime thread).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub simulator_processes: u32,
+    /// Instead: scale-up latency under these cluster managers (`local`, `standalone`,
+    /// or both, comma-separated). A `flint driver` process with dynamic allocation from
+    /// 0 to `--executors` executors of `--cores` cores (under `standalone`, over
+    /// `--workers` `flint worker` processes on this host), one job of
+    /// `--scale-up-tasks` testkit `sleep` tasks of `--scale-up-task-ms`: the time from
+    /// submission to the first task's start on a freshly launched executor, and to
+    /// every executor running one. Needs `--module testkit.wasm`.
+    #[arg(long, value_name = "MANAGER,...", value_delimiter = ',',
+          conflicts_with_all = ["pending_memory", "results_mib", "soak", "simulated_executors"],
+          value_parser = ["local", "standalone"])]
+    pub scale_up: Vec<String>,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+    #[arg(long, default_value_t = 600)]
+    pub scale_up_tasks: u32,
+    #[arg(long, default_value_t = 100)]
+    pub scale_up_task_ms: u64,
     /// A `flint driver` flag for the bench's driver, e.g. `--driver-arg=--job-retention=30s`;
     /// repeatable. The bench's own flags (`--launch-ahead`, ...) cannot be given twice.
     #[arg(long = "driver-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -96,6 +131,7 @@ impl BenchArgs {
         };
         let executors = match self.pending_memory {
             Some(_) => 0,
+            None if !self.simulated_executors.is_empty() => 0,
             None => self.executors,
         };
         let argv: Vec<String> = [

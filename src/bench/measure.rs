@@ -141,6 +141,15 @@ pub async fn throughput_and_latency(
 }
 
 pub(super) async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<()> {
+    wait_for_alive(cluster, args.executors as usize, Duration::from_secs(30)).await
+}
+
+/// Waits until `n` executors are alive in the driver.
+pub(super) async fn wait_for_alive(
+    cluster: &Cluster,
+    n: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         let alive = cluster.driver.read(|s| {
@@ -149,16 +158,13 @@ pub(super) async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> a
                 .filter(|e| e.state == ExecutorState::Alive)
                 .count()
         });
-        if alive == args.executors as usize {
+        if alive == n {
             return Ok(());
         }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!(
-                "only {alive} of {} executors registered within 30 s",
-                args.executors
-            );
+        if started.elapsed() > timeout {
+            bail!("only {alive} of {n} executors registered within {timeout:?}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -351,7 +357,7 @@ pub async fn pending_memory(cluster: &Cluster, wasm: Vec<u8>, tasks: usize) -> a
     Ok(())
 }
 
-fn ensure_succeeded(state: JobState, what: &str) -> anyhow::Result<()> {
+pub(super) fn ensure_succeeded(state: JobState, what: &str) -> anyhow::Result<()> {
     if state != JobState::Succeeded {
         bail!("{what} ended {state:?}");
     }

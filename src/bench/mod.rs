@@ -9,11 +9,15 @@
 mod args;
 mod measure;
 mod procfs;
+mod scale;
+mod scale_up;
+pub mod simulate;
 mod soak;
 
 use anyhow::{Context, bail};
 
 pub use args::BenchArgs;
+pub use simulate::SimulateArgs;
 
 use crate::dev::Cluster;
 
@@ -38,6 +42,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => NOOP_WASM.to_vec(),
     };
     let soak = args.soak()?;
+    if !args.simulated_executors.is_empty() {
+        return scale::run(&args).await;
+    }
+    if !args.scale_up.is_empty() {
+        if args.module.is_none() {
+            bail!("--scale-up needs --module testkit.wasm (its `sleep` is the job's task)");
+        }
+        return scale_up::run(&args, wasm).await;
+    }
     let data_dir = tempfile::tempdir()?;
     let cluster = Cluster::start(&args.dev_args(data_dir.path())?).await?;
     if let Some(soak) = soak {

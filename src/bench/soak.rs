@@ -141,7 +141,7 @@ pub async fn restart(args: &BenchArgs, data_dir: &Path, module: &str) -> anyhow:
             .kill_on_drop(true)
             .spawn()?;
         let healthy = match serving_at(&mut driver).await {
-            Some(url) => healthz(&mut driver, &url, started).await?.map(|t| (url, t)),
+            Some((url, _)) => healthz(&mut driver, &url, started).await?.map(|t| (url, t)),
             None => None,
         };
         if let Some((url, healthy)) = healthy {
@@ -190,7 +190,7 @@ pub async fn restart(args: &BenchArgs, data_dir: &Path, module: &str) -> anyhow:
 }
 
 /// How long after `started` the driver first answered `/healthz`; `None` if it exited.
-async fn healthz(
+pub(super) async fn healthz(
     driver: &mut tokio::process::Child,
     url: &str,
     started: Instant,
@@ -213,8 +213,9 @@ async fn healthz(
     }
 }
 
-/// The address a starting driver prints on its stdout, or `None` if it exits first.
-async fn serving_at(driver: &mut tokio::process::Child) -> Option<String> {
+/// The addresses a starting driver prints on its stdout (its HTTP URL and its executor
+/// listener), or `None` if it exits first.
+pub(super) async fn serving_at(driver: &mut tokio::process::Child) -> Option<(String, String)> {
     use tokio::io::AsyncBufReadExt;
     let stdout = driver.stdout.take()?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
@@ -225,9 +226,9 @@ async fn serving_at(driver: &mut tokio::process::Child) -> Option<String> {
         }
         // The second line comes once both listeners are bound, before the store opens;
         // the rest of the output is drained by a task of its own.
-        if line.starts_with("executors: ") {
+        if let Some(executors) = line.strip_prefix("executors: ") {
             tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            return url;
+            return url.map(|url| (url, executors.trim().to_owned()));
         }
     }
     None

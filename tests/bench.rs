@@ -1,0 +1,96 @@
+//! End to end: `flint bench`'s issue-16 modes run and print their figures, small, so
+//! that they keep working between the sessions that measure with them (BENCHMARKS.md).
+//! Their numbers are not checked here: a debug build on a shared machine says nothing.
+
+mod common;
+
+use std::process::Command;
+
+use common::{FLINT, guests};
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(FLINT)
+        .arg("bench")
+        .args(args)
+        .env("FLINT_LOG", "error")
+        .env_remove("FLINT_TOKEN")
+        .env_remove("FLINT_CLUSTER_SECRET")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn simulated_executors_drive_a_job_at_each_size_and_report_every_figure() {
+    let out = bench(&[
+        "--simulated-executors",
+        "2,5",
+        "--cores",
+        "2",
+        "--simulated-tasks",
+        "3000",
+        "--latency-jobs",
+        "5",
+    ]);
+    for size in ["2 executors: ", "5 executors: "] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(size))
+            .unwrap_or_else(|| panic!("no line for {size:?} in:\n{out}"));
+        for figure in [
+            "tasks/s",
+            "driver CPU",
+            "launch-to-status in the job p50",
+            "5 single-task jobs: launch-to-status p50",
+            "submit-to-result",
+            "KiB/executor",
+        ] {
+            assert!(line.contains(figure), "{figure:?} missing in {line}");
+        }
+    }
+    assert!(out.contains("5 executors run at"), "{out}");
+    // The children's own lines (the driver's addresses) are not passed through.
+    assert!(!out.contains("http: "), "{out}");
+}
+
+#[test]
+fn scale_up_measures_a_local_cluster_from_zero() {
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let out = bench(&[
+        "--module",
+        &testkit,
+        "--scale-up",
+        "local",
+        "--executors",
+        "2",
+        "--scale-up-tasks",
+        "40",
+        "--scale-up-task-ms",
+        "200",
+        "--driver-arg=--scheduler-backlog-timeout-ms=100",
+    ]);
+    let line = out
+        .lines()
+        .find(|l| l.contains("local: first task on a launched executor"))
+        .unwrap_or_else(|| panic!("no scale-up line in:\n{out}"));
+    assert!(line.contains("all 2 executors running"), "{line}");
+    assert!(!line.contains("never"), "both executors ran tasks: {line}");
+}
+
+#[test]
+fn scale_up_needs_the_testkit_module() {
+    let out = Command::new(FLINT)
+        .args(["bench", "--scale-up", "local"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--scale-up needs --module"), "{stderr}");
+}
