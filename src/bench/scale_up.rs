@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 use super::args::BenchArgs;
 use super::measure::ensure_succeeded;
 use super::procfs::{cpu_model, num_cpus};
-use super::soak::{healthz, serving_at};
+use super::soak::{driver_command, healthz, serving_at};
 use crate::client::Client;
 
 pub async fn run(args: &BenchArgs, wasm: Vec<u8>) -> anyhow::Result<()> {
@@ -37,14 +37,7 @@ async fn one_manager(args: &BenchArgs, manager: &str, wasm: &[u8]) -> anyhow::Re
     let data_dir = tempfile::tempdir()?;
     let exe = std::env::current_exe().context("locating the flint binary")?;
     let started = Instant::now();
-    let mut driver = Command::new(&exe)
-        .args([
-            "driver",
-            "--listen",
-            "127.0.0.1:0",
-            "--executor-listen",
-            "127.0.0.1:0",
-        ])
+    let mut driver = driver_command()?
         .arg(format!("--cluster-manager={manager}"))
         .args(["--min-executors=0", "--initial-executors=0"])
         .arg(format!("--max-executors={}", args.executors))
@@ -52,11 +45,8 @@ async fn one_manager(args: &BenchArgs, manager: &str, wasm: &[u8]) -> anyhow::Re
         .args(&args.driver_args)
         .arg("--data-dir")
         .arg(data_dir.path().join("driver"))
-        .env("FLINT_LOG", "warn")
         .env_remove("FLINT_TOKEN")
         .env_remove("FLINT_CLUSTER_SECRET")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .context("starting flint driver")?;
     let Some((url, executors_addr)) = serving_at(&mut driver).await else {

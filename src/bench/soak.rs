@@ -124,21 +124,11 @@ pub async fn restart(args: &BenchArgs, data_dir: &Path, module: &str) -> anyhow:
     let lock_deadline = Instant::now() + Duration::from_secs(60);
     let (mut driver, started, url, healthy) = loop {
         let started = Instant::now();
-        let mut driver = tokio::process::Command::new(std::env::current_exe()?)
-            .args([
-                "driver",
-                "--listen",
-                "127.0.0.1:0",
-                "--executor-listen",
-                "127.0.0.1:0",
-            ])
+        let mut driver = driver_command()?
             .args(&args.driver_args)
             .arg("--data-dir")
             .arg(data_dir)
-            .env("FLINT_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
             .spawn()?;
         let healthy = match serving_at(&mut driver).await {
             Some((url, _)) => healthz(&mut driver, &url, started).await?.map(|t| (url, t)),
@@ -187,6 +177,25 @@ pub async fn restart(args: &BenchArgs, data_dir: &Path, module: &str) -> anyhow:
     );
     let _ = driver.kill().await;
     Ok(())
+}
+
+/// `flint driver` on free loopback ports, logging warnings, its stdout piped for
+/// [`serving_at`], killed on drop; the caller adds its flags.
+pub(super) fn driver_command() -> anyhow::Result<tokio::process::Command> {
+    let exe = std::env::current_exe().context("locating the flint binary")?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args([
+            "driver",
+            "--listen",
+            "127.0.0.1:0",
+            "--executor-listen",
+            "127.0.0.1:0",
+        ])
+        .env("FLINT_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    Ok(command)
 }
 
 /// How long after `started` the driver first answered `/healthz`; `None` if it exited.

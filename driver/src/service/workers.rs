@@ -441,6 +441,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn past_max_workers_a_new_worker_is_refused_naming_the_limit_and_a_live_one_may_come_back() {
+        let workers = Workers::default();
+        let (notify, _heard) = mpsc::unbounded_channel();
+        workers.attach(notify);
+        let (outbox, _sent) = mpsc::unbounded_channel();
+        let register = |r: WorkerRegistration| {
+            workers.register(r, outbox.clone(), "flint", Duration::from_secs(1))
+        };
+        for n in 0..MAX_WORKERS {
+            register(registration(&format!("w{n}"), 1, 1024)).unwrap();
+        }
+        let why = register(registration("one-too-many", 1, 1024)).unwrap_err();
+        assert!(why.contains("MAX_WORKERS 10000"), "{why}");
+        assert!(why.contains("10000 live workers"), "{why}");
+        // The same process registering again (a reconnect) is not a new worker.
+        register(registration("w7", 1, 1024)).unwrap();
+        // One lost makes room again.
+        let generation = register(registration("w8", 1, 1024)).unwrap();
+        workers.lost("w8", generation, "gone");
+        register(registration("one-too-many", 1, 1024)).unwrap();
+    }
+
     fn registration(id: &str, cores: u32, memory_mb: u64) -> WorkerRegistration {
         WorkerRegistration {
             worker_id: id.into(),
