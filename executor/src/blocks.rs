@@ -222,7 +222,7 @@ async fn to_store(
     let mut writer = BufWriter::new(store, path.clone());
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    let written = async {
+    let written: std::io::Result<()> = async {
         while let Some(chunk) = rx.next().await {
             let chunk = chunk?;
             size += chunk.len() as u64;
@@ -230,11 +230,16 @@ async fn to_store(
             // `put` keeps the chunk as it is; `write_all` would copy it into a buffer.
             writer.put(chunk).await?;
         }
-        writer.shutdown().await
+        Ok(())
     }
     .await;
     if let Err(e) = written {
         let _ = writer.abort().await;
+        return Err(format!("writing block {path}: {e}"));
+    }
+    // Not followed by `abort`: object_store's BufWriter panics on an abort after a
+    // shutdown, which took the store's answer (a 403, say) down with the upload task.
+    if let Err(e) = writer.shutdown().await {
         return Err(format!("writing block {path}: {e}"));
     }
     Ok((size, Digest(hasher.finalize().into())))
