@@ -62,8 +62,12 @@ impl CpuTimes {
 
 /// This process's resident set, after returning freed heap pages to the system.
 pub fn resident_bytes() -> anyhow::Result<u64> {
-    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
-    unsafe { libc::malloc_trim(0) };
+    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps (musl,
+    // the image's libc, has none to trim).
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0)
+    };
     let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
     let pages: u64 = statm
         .split_whitespace()
