@@ -3,7 +3,9 @@
 //! inputs and files once per executor; a missing key as a clear `fetch_error`; and the
 //! block store in a bucket (`--block-store s3://bucket/prefix`), written by the
 //! executors directly and read back by the driver, byte-exact, after the executors that
-//! wrote it are gone.
+//! wrote it are gone. With moto checking signatures against its IAM, credentials the
+//! driver pushes (`--executor-credentials`) are the ones executors sign with, and a
+//! rotation reaches running executors before their next write.
 //!
 //! The server is found through `FLINT_MOTO_SERVER` (scripts/test sets it) or at
 //! `$CARGO_TARGET_DIR/venv-moto/bin/moto_server`; without it these tests fail and say
@@ -42,6 +44,10 @@ impl Moto {
     }
 
     fn start() -> Moto {
+        Self::start_with(&[])
+    }
+
+    fn start_with(env: &[(&str, &str)]) -> Moto {
         let binary = Self::binary();
         assert!(
             binary.exists(),
@@ -59,6 +65,7 @@ impl Moto {
         let mut command = Command::new(&binary);
         command
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
         // SAFETY: prctl only, between fork and exec: the server dies with the test even
@@ -83,7 +90,9 @@ impl Moto {
                 let log = std::fs::read_to_string(logs.path().join("moto.log")).unwrap();
                 panic!("moto_server exited ({status}) before it served:\n{log}");
             }
-            if http.get(&endpoint).send().is_ok() {
+            // moto's own API: no S3 action, so not counted against
+            // INITIAL_NO_AUTH_ACTION_COUNT.
+            if http.get(format!("{endpoint}/moto-api/")).send().is_ok() {
                 break;
             }
             assert!(
@@ -446,4 +455,155 @@ fn deleting_a_job_deletes_its_blocks_in_the_bucket_and_retention_does_too() {
         || cluster.get(&format!("/v1/jobs/{retained}")).0 == 404,
     );
     assert_eq!(moto.keys("flint-blocks", "results/"), Vec::<String>::new());
+}
+
+/// IAM in moto: a bucket, a user for the executors with two access keys and one for
+/// the driver with one, each allowed S3 and IAM. Made with boto3 from moto's venv while
+/// moto still lets unsigned requests through (INITIAL_NO_AUTH_ACTION_COUNT: exactly
+/// these 8 actions); every request after them must be signed with a key that exists.
+fn iam_keys(moto: &Moto, bucket: &str) -> Value {
+    let python = Moto::binary().with_file_name("python");
+    let script = r#"
+import boto3, json, sys
+endpoint, bucket = sys.argv[1:3]
+kw = dict(endpoint_url=endpoint, region_name="us-east-1",
+          aws_access_key_id="setup", aws_secret_access_key="setup")
+boto3.client("s3", **kw).create_bucket(Bucket=bucket)
+iam = boto3.client("iam", **kw)
+policy = json.dumps({"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Action": ["s3:*", "iam:*"], "Resource": "*"}]})
+keys = {}
+for user, n in (("executors", 2), ("driver", 1)):
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=policy)
+    keys[user] = [iam.create_access_key(UserName=user)["AccessKey"] for _ in range(n)]
+print(json.dumps({u: [{"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]} for k in ks]
+                  for u, ks in keys.items()}))
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &moto.endpoint, bucket])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Deletes an access key, signed with another that may.
+fn delete_key(moto: &Moto, with: &Value, user: &str, key: &Value) {
+    let python = Moto::binary().with_file_name("python");
+    let script = r#"
+import boto3, sys
+endpoint, kid, secret, user, victim = sys.argv[1:6]
+iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                   aws_access_key_id=kid, aws_secret_access_key=secret)
+iam.delete_access_key(UserName=user, AccessKeyId=victim)
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &moto.endpoint])
+        .args([
+            with["id"].as_str().unwrap(),
+            with["secret"].as_str().unwrap(),
+        ])
+        .args([user, key["id"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn write_credentials(path: &Path, key: &Value) {
+    let json = json!({
+        "Version": 1,
+        "AccessKeyId": key["id"],
+        "SecretAccessKey": key["secret"],
+    });
+    // As a refresher would: the whole file at once.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json.to_string()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+#[test]
+fn pushed_credentials_sign_executor_writes_and_a_rotation_reaches_running_executors() {
+    let moto = Moto::start_with(&[("INITIAL_NO_AUTH_ACTION_COUNT", "8")]);
+    let keys = iam_keys(&moto, "flint-blocks");
+    let (first, second) = (&keys["executors"][0], &keys["executors"][1]);
+    let driver_key = &keys["driver"][0];
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials.json");
+    write_credentials(&credentials, first);
+    // The driver's own key is in the environment the executors inherit too: that they
+    // sign with the pushed ones shows only when the pushed one stops working.
+    let mut env = moto.env();
+    for (k, v) in env.iter_mut() {
+        match k.as_str() {
+            "AWS_ACCESS_KEY_ID" => *v = driver_key["id"].as_str().unwrap().to_owned(),
+            "AWS_SECRET_ACCESS_KEY" => *v = driver_key["secret"].as_str().unwrap().to_owned(),
+            _ => {}
+        }
+    }
+    let credentials_arg = credentials.to_str().unwrap().to_owned();
+    let cluster = DevCluster::start_with_env(
+        1,
+        1,
+        &[
+            "--block-store",
+            "s3://flint-blocks/results",
+            "--inline-result-bytes",
+            "1024",
+            "--executor-credentials",
+            &credentials_arg,
+        ],
+        &env,
+    );
+    let module = cluster.upload(&guests().testkit);
+    let big = "x".repeat(64 << 10);
+    let write_a_block = |cluster: &DevCluster| {
+        cluster.run_job(json!({
+            "module": module, "args": ["echo"], "inputs": [{"text": big}], "max_failures": 1,
+        }))
+    };
+    let job = write_a_block(&cluster);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0).len(), big.len());
+
+    // The pushed key revoked: the executor's next write is refused, though the key in
+    // its environment would still do.
+    delete_key(&moto, driver_key, "executors", first);
+    let refused = write_a_block(&cluster);
+    assert_eq!(refused["state"], "failed", "{refused}");
+    let task = &cluster.tasks(&refused)[0];
+    assert!(
+        task["error"].to_string().contains("InvalidAccessKeyId")
+            || task["error"].to_string().contains("403"),
+        "{task}"
+    );
+
+    // Rotated: the file changes, the driver pushes, the same executor's next write
+    // signs with the new key.
+    write_credentials(&credentials, second);
+    let executor = cluster.executors()[0]["id"].clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let job = loop {
+        let job = write_a_block(&cluster);
+        if job["state"] == "succeeded" || Instant::now() > deadline {
+            break job;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.result(&job, 0).len(), big.len());
+    assert_eq!(
+        cluster.executors()[0]["id"],
+        executor,
+        "the same executor, not a new one"
+    );
+    assert_eq!(cluster.alive_executors(), 1);
 }

@@ -234,8 +234,17 @@ async fn serve(
                     tracing::info!(task = %task, attempt, reason, "killing task");
                     runner.kill(&task, attempt);
                 }
-                // The driver never sends it yet: it will once it has a cluster manager
-                // that retires executors (issue 16).
+                Some(Ok(DriverMessage::UpdateCredentials(credentials))) => {
+                    if let Some(s3) = credentials.s3 {
+                        tracing::info!(access_key_id = s3.access_key_id, "object-store credentials from the driver");
+                        flint_fetch_cache::stores::set_pushed_credentials(
+                            s3.access_key_id,
+                            s3.secret_access_key,
+                            s3.session_token,
+                        );
+                    }
+                }
+                // Decommissioned, or killed by its cluster manager's driver.
                 Some(Ok(DriverMessage::StopExecutor)) => {
                     tracing::info!("driver asked this executor to stop");
                     break ExitReason::Stopped;
@@ -394,6 +403,10 @@ async fn register(
         Some(Ok(DriverMessage::ExecutorConfig(config))) => config,
         other => return Err(lost(format!("expected ExecutorConfig, got {other:?}"))),
     };
+    if config.credentials_pushed {
+        // Before any store is made: none may sign with this process's environment.
+        flint_fetch_cache::stores::expect_pushed_credentials();
+    }
     conn.send(ExecutorMessage::RegisterExecutor {
         executor_id: options.executor_id.clone(),
         hostname: options.hostname.clone(),

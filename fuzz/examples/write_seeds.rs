@@ -136,6 +136,7 @@ fn frames(seeds: &mut Seeds<'_>) {
             fetch_allow: vec!["s3://bucket".into()],
             block_store: "driver".into(),
             inline_result_bytes: 1 << 20,
+            credentials_pushed: false,
         }),
         DriverMessage::RegisteredExecutor { generation: 7 },
         DriverMessage::DefineJob(Box::new(template())),

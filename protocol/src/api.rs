@@ -504,12 +504,14 @@ pub struct ExecutorView {
     pub exit_signal: Option<i32>,
     /// The exit by name (`stopped`, `start_failed`, `bad_command_line`,
     /// `registration_refused`, `driver_unreachable`, `driver_lost`, `error`, `killed`,
-    /// `signal`, `unknown`; the README's executor exit codes) and as a sentence.
+    /// `signal`, `unknown`; the README's executor exit codes; and from its cluster
+    /// manager `oom_killed`, `lost` (its host or pod went away), `launch_failed`,
+    /// `launch_timeout`) and as a sentence (a pod's scheduler reason, say).
     #[serde(default)]
     pub exit_reason: Option<String>,
     #[serde(default)]
     pub exit_description: Option<String>,
-    /// The cluster manager that launched it (`local`, `standalone`); none for an
+    /// The cluster manager that launched it (`local`, `standalone`, `kubernetes`); none for an
     /// executor that dialled in on its own.
     #[serde(default)]
     pub cluster_manager: Option<String>,

@@ -221,8 +221,17 @@ mod tests {
                 fetch_allow: vec!["s3://bucket".into()],
                 block_store: "driver".into(),
                 inline_result_bytes: 1 << 20,
+                credentials_pushed: true,
             }),
             DriverMessage::RegisteredExecutor { generation: 7 },
+            DriverMessage::UpdateCredentials(crate::messages::Credentials {
+                s3: Some(crate::messages::S3Credentials {
+                    access_key_id: "AKIA".into(),
+                    secret_access_key: "secret".into(),
+                    session_token: Some("token".into()),
+                    expires_at_ms: Some(1_800_000_000_000),
+                }),
+            }),
             DriverMessage::RegisterExecutorFailed {
                 reason: "duplicate executor id exec-1".into(),
             },

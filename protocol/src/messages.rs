@@ -9,6 +9,7 @@
 //!                            <-   ExecutorConfig
 //!   RegisterExecutor         ->
 //!                            <-   RegisteredExecutor | RegisterExecutorFailed (then close)
+//!                            <-   UpdateCredentials (right after, and whenever they change)
 //!                            <-   DefineJob / LaunchTask / KillTask / ForgetJob (any time after)
 //!   StatusUpdate / Heartbeat ->                                (any time after)
 //!                            <-   StopExecutor | Shutdown
@@ -24,8 +25,9 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// cache hits in heartbeats. 7: a job's shared part defined once per connection
 /// (`DefineJob`, `ForgetJob`), launches carrying only the task's own. 8: workers
 /// (`RegisterWorker`, [`WorkerMessage`], [`DriverToWorker`]). 9: executor metrics in
-/// heartbeats (task CPU time, bytes fetched, result bytes, attempts completed).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// heartbeats (task CPU time, bytes fetched, result bytes, attempts completed). 10:
+/// object-store credentials pushed by the driver (`UpdateCredentials`).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +188,10 @@ pub enum DriverMessage {
         attempt: u32,
         reason: String,
     },
+    /// The object-store credentials to use from now on for fetches and block writes
+    /// (Spark's UpdateDelegationTokens): sent after RegisteredExecutor and whenever the
+    /// driver's are refreshed, so that executors hold no long-lived secrets.
+    UpdateCredentials(Credentials),
     /// This executor is no longer wanted: kill what runs and exit.
     StopExecutor,
     /// The driver is going away for good: exit without trying to reconnect.
@@ -209,4 +215,44 @@ pub struct ExecutorConfig {
     /// `s3://bucket/prefix` that executors write to directly.
     pub block_store: String,
     pub inline_result_bytes: u64,
+    /// The driver pushes object-store credentials (`UpdateCredentials`): S3 access
+    /// signs with those, not with the executor's own environment.
+    pub credentials_pushed: bool,
+}
+
+/// Credentials an executor uses on the driver's behalf.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    pub s3: Option<S3Credentials>,
+}
+
+/// AWS-style keys (S3 and S3-compatible stores), short-lived ones with their token.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+    /// When they stop working (Unix ms), if the issuer said.
+    pub expires_at_ms: Option<u64>,
+}
+
+// Never in a log: the key id alone says which credentials are meant.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("s3", &self.s3).finish()
+    }
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish()
+    }
 }
