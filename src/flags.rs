@@ -28,6 +28,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the driver's many flags cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
     /// Run a local cluster: the driver plus N executor processes.
@@ -129,6 +131,12 @@ pub struct DriverArgs {
     /// downloads). Required, with --token, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
+    /// Object-store credentials for executors, pushed to them at registration and
+    /// again whenever this file changes: JSON in the AWS credential_process format
+    /// (`{"Version": 1, "AccessKeyId": .., "SecretAccessKey": .., "SessionToken": ..}`).
+    /// Executors then sign S3 requests with these, not their own environment.
+    #[arg(long, env = "FLINT_EXECUTOR_CREDENTIALS")]
+    pub executor_credentials: Option<PathBuf>,
     /// Bearer token every API request must carry (`/healthz`, `/v1/openapi.json` and the
     /// web UI's page `/ui`, which asks for it, excepted). Required, with
     /// --cluster-secret, when a listener is beyond loopback.
@@ -315,6 +323,7 @@ impl DriverArgs {
         config.app_id = self.app_id.clone();
         config.advertise_url = self.advertise_url.clone();
         config.cluster_secret = self.cluster_secret.clone();
+        config.executor_credentials = self.executor_credentials.clone();
         config.api_token = self.token.clone();
         config.edge = flint_driver::config::EdgeLimits {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
@@ -395,6 +404,8 @@ pub enum ClusterManagerArg {
     Local,
     /// Executor processes started by `flint worker`s that register with the driver.
     Standalone,
+    /// Executor pods the driver creates through the Kubernetes API (--k8s-*).
+    Kubernetes,
 }
 
 /// Executors the driver launches through a cluster manager.
@@ -438,6 +449,99 @@ pub struct AllocationArgs {
     pub executor_memory_mb: u64,
     #[command(flatten)]
     pub supervision: SupervisionArgs,
+    #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
+}
+
+/// Executor pods, under `--cluster-manager kubernetes`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KubernetesArgs {
+    /// The image executor pods run (this binary's; `scripts/image` builds it).
+    #[arg(long, env = "FLINT_K8S_IMAGE")]
+    pub k8s_image: Option<String>,
+    /// The namespace executor pods are created in (default: the kubeconfig context's,
+    /// or the driver pod's own).
+    #[arg(long, env = "FLINT_K8S_NAMESPACE")]
+    pub k8s_namespace: Option<String>,
+    #[arg(long, env = "FLINT_K8S_IMAGE_PULL_POLICY",
+          value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub k8s_image_pull_policy: Option<String>,
+    /// A Pod (YAML or JSON) executor pods are made from: its container `flint-executor`
+    /// (or its first) gets the image, environment and resources; the rest is kept.
+    #[arg(long, env = "FLINT_K8S_POD_TEMPLATE")]
+    pub k8s_pod_template: Option<std::path::PathBuf>,
+    /// The driver's own pod (from the downward API): it owns its executors' pods, so
+    /// that Kubernetes deletes them with it.
+    #[arg(long, env = "FLINT_K8S_DRIVER_POD")]
+    pub k8s_driver_pod: Option<String>,
+    /// What executor pods dial: `flint://SERVICE.NAMESPACE.svc:PORT` (default: the
+    /// executor listener's address).
+    #[arg(long, env = "FLINT_K8S_DRIVER_URL")]
+    pub k8s_driver_url: Option<String>,
+    /// `SECRET:KEY`: the Secret holding --cluster-secret, which executor pods read it
+    /// from (it is never written into a pod spec).
+    #[arg(long, env = "FLINT_K8S_CLUSTER_SECRET_REF", value_parser = parse_secret_ref)]
+    pub k8s_cluster_secret_ref: Option<(String, String)>,
+    /// Executor pods created at a time (Spark's spark.kubernetes.allocation.batch.size).
+    #[arg(long, env = "FLINT_K8S_ALLOCATION_BATCH_SIZE", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub k8s_allocation_batch_size: u32,
+    /// The pause between batches of pod creations.
+    #[arg(
+        long,
+        env = "FLINT_K8S_ALLOCATION_BATCH_DELAY_MS",
+        default_value_t = 1000
+    )]
+    pub k8s_allocation_batch_delay_ms: u64,
+    /// Memory a pod asks for beyond --executor-memory-mb, as a fraction of it ...
+    #[arg(long, env = "FLINT_K8S_MEMORY_OVERHEAD_FACTOR", default_value_t = 0.10,
+          value_parser = parse_overhead_factor)]
+    pub k8s_memory_overhead_factor: f64,
+    /// ... and at least this much (the executor process and its compiler subprocess).
+    #[arg(long, env = "FLINT_K8S_MIN_MEMORY_OVERHEAD_MB", default_value_t = 384)]
+    pub k8s_min_memory_overhead_mb: u64,
+    /// The kubeconfig to reach the API with (default: KUBECONFIG, ~/.kube/config, or
+    /// the pod's service account).
+    #[arg(long, env = "FLINT_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl KubernetesArgs {
+    fn config(&self) -> anyhow::Result<Option<flint_driver::config::KubernetesConfig>> {
+        let Some(image) = &self.k8s_image else {
+            return Ok(None);
+        };
+        Ok(Some(flint_driver::config::KubernetesConfig {
+            namespace: self.k8s_namespace.clone(),
+            image: image.clone(),
+            image_pull_policy: self.k8s_image_pull_policy.clone(),
+            pod_template: self.k8s_pod_template.clone(),
+            driver_pod: self.k8s_driver_pod.clone(),
+            driver_url: self.k8s_driver_url.clone(),
+            cluster_secret_ref: self.k8s_cluster_secret_ref.clone(),
+            batch_size: self.k8s_allocation_batch_size,
+            batch_delay: Duration::from_millis(self.k8s_allocation_batch_delay_ms),
+            memory_overhead_factor: self.k8s_memory_overhead_factor,
+            min_memory_overhead_mb: self.k8s_min_memory_overhead_mb,
+            kubeconfig: self.kubeconfig.clone(),
+        }))
+    }
+}
+
+fn parse_secret_ref(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((name, key)) if !name.is_empty() && !key.is_empty() => {
+            Ok((name.to_owned(), key.to_owned()))
+        }
+        _ => Err(format!("{s:?}: expected SECRET:KEY")),
+    }
+}
+
+fn parse_overhead_factor(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=10.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?}: a fraction from 0 to 10")),
+    }
 }
 
 /// When the driver stops replacing executors that fail.
@@ -485,7 +589,16 @@ impl DriverCommand {
         allocation.cluster_manager = a.cluster_manager.map(|kind| match kind {
             ClusterManagerArg::Local => flint_driver::config::ClusterManagerKind::Local,
             ClusterManagerArg::Standalone => flint_driver::config::ClusterManagerKind::Standalone,
+            ClusterManagerArg::Kubernetes => flint_driver::config::ClusterManagerKind::Kubernetes,
         });
+        allocation.kubernetes = a.kubernetes.config()?;
+        if a.cluster_manager == Some(ClusterManagerArg::Kubernetes)
+            && allocation.kubernetes.is_none()
+        {
+            anyhow::bail!(
+                "--cluster-manager kubernetes needs --k8s-image (the image executor pods run)"
+            );
+        }
         if let Some(max) = a.max_executors {
             if a.min_executors > max {
                 anyhow::bail!(
@@ -542,6 +655,11 @@ pub struct ExecutorArgs {
     #[arg(long, env = "FLINT_MAX_MEMORY_MB", default_value_t = MAX_MEMORY_MB,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_memory_mb: u32,
+    /// Memory set aside for this executor's tasks (a pod's or a worker's share): each
+    /// task's linear memory is held to this divided by --cores, so that tasks on every
+    /// core at once fit in it.
+    #[arg(long, env = "FLINT_MEMORY_MB", value_parser = clap::value_parser!(u64).range(1..))]
+    memory_mb: Option<u64>,
     /// Meter wasm work with fuel, so that tasks with `resources.fuel` budgets can run
     /// here (about 12 % slower on tight compute loops).
     #[arg(long, env = "FLINT_FUEL")]
@@ -588,7 +706,12 @@ impl ExecutorArgs {
             cluster_secret: self.cluster_secret,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             reconnect_timeout: Duration::from_millis(self.reconnect_timeout_ms),
-            max_memory_bytes: (self.max_memory_mb as usize) << 20,
+            max_memory_bytes: match self.memory_mb {
+                Some(total) => {
+                    (total / u64::from(self.cores)).clamp(1, u64::from(self.max_memory_mb)) as usize
+                }
+                None => self.max_memory_mb as usize,
+            } << 20,
             fuel: self.fuel,
             fetch: FetchOptions {
                 max_bytes: self.fetch_max_bytes,

@@ -56,6 +56,9 @@ pub struct DriverConfig {
     pub data_dir_max_bytes: u64,
     /// Who launches executors (`--cluster-manager`), and how many of what shape.
     pub allocation: AllocationConfig,
+    /// A file of object-store credentials pushed to executors, re-read when it
+    /// changes (`--executor-credentials`).
+    pub executor_credentials: Option<PathBuf>,
 }
 
 /// The cluster managers the driver can ask for executors (`--cluster-manager`).
@@ -65,6 +68,8 @@ pub enum ClusterManagerKind {
     Local,
     /// Executor processes started by `flint worker`s, which register with the driver.
     Standalone,
+    /// Executor pods the driver creates through the Kubernetes API.
+    Kubernetes,
 }
 
 impl ClusterManagerKind {
@@ -72,6 +77,7 @@ impl ClusterManagerKind {
         match self {
             ClusterManagerKind::Local => "local",
             ClusterManagerKind::Standalone => "standalone",
+            ClusterManagerKind::Kubernetes => "kubernetes",
         }
     }
 }
@@ -106,6 +112,35 @@ pub struct AllocationConfig {
     /// each (`flint dev --executor-arg`).
     pub executor_binary: Option<PathBuf>,
     pub executor_args: Vec<String>,
+    /// The `kubernetes` cluster manager's settings (`--k8s-*`).
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// Executor pods (`--cluster-manager kubernetes`).
+#[derive(Clone, Debug)]
+pub struct KubernetesConfig {
+    /// Where executor pods go (default: the kubeconfig context's, or the driver pod's).
+    pub namespace: Option<String>,
+    pub image: String,
+    pub image_pull_policy: Option<String>,
+    /// A Pod (YAML or JSON) the executor pods are made from, as Spark's
+    /// `podTemplateFile`.
+    pub pod_template: Option<PathBuf>,
+    /// The driver's own pod: the owner of its executors' pods.
+    pub driver_pod: Option<String>,
+    /// `flint://HOST:PORT` the executor pods dial (default: the executor listener's).
+    pub driver_url: Option<String>,
+    /// The Secret and key executors read the cluster secret from.
+    pub cluster_secret_ref: Option<(String, String)>,
+    /// Pods created at a time, and the pause between batches (Spark's
+    /// `allocation.batch.size` / `batch.delay`).
+    pub batch_size: u32,
+    pub batch_delay: Duration,
+    /// Memory asked for beyond the executor's (`max(memory x factor, min)`).
+    pub memory_overhead_factor: f64,
+    pub min_memory_overhead_mb: u64,
+    /// Without it: `KUBECONFIG`, `~/.kube/config`, or the pod's service account.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for AllocationConfig {
@@ -124,6 +159,7 @@ impl Default for AllocationConfig {
             dynamic: None,
             executor_binary: None,
             executor_args: Vec::new(),
+            kubernetes: None,
         }
     }
 }
@@ -167,6 +203,7 @@ impl DriverConfig {
             data_dir,
             app_id: "flint".into(),
             cluster_secret: None,
+            executor_credentials: None,
             api_token: None,
             edge: EdgeLimits::default(),
             heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),

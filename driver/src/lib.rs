@@ -34,6 +34,7 @@ pub mod admission;
 pub mod cluster;
 pub mod cluster_manager;
 pub mod config;
+pub mod credentials;
 pub mod events;
 pub mod executor_logs;
 pub mod http;

@@ -56,6 +56,10 @@ pub async fn run(
         .config
         .sweep_interval()
         .map(|every| tokio::spawn(retention_loop(driver.clone(), every)));
+    let credentials = match &driver.config.executor_credentials {
+        Some(path) => Some(crate::credentials::watch(&driver, path.clone())?),
+        None => None,
+    };
     // Its own token: supervision ends before executors are told to stop, so that none
     // of their exits is taken for one to replace.
     let supervision = CancellationToken::new();
@@ -67,7 +71,7 @@ pub async fn run(
                 cluster_secret: driver.config.cluster_secret.clone(),
             };
             let work_root = driver.config.data_dir.join("work");
-            let (manager, events) = cluster_manager::start(kind, &driver, dial, work_root)?;
+            let (manager, events) = cluster_manager::start(kind, &driver, dial, work_root).await?;
             let supervisor = tokio::spawn(cluster_manager::supervise(
                 driver.clone(),
                 manager.clone(),
@@ -96,6 +100,9 @@ pub async fn run(
     reviver.abort();
     if let Some(retention) = retention {
         retention.abort();
+    }
+    if let Some(credentials) = credentials {
+        credentials.abort();
     }
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;

@@ -109,8 +109,14 @@ pub fn executor_view(
             Some(ProcessExit::Signal(signal)) => Some(signal),
             _ => None,
         },
-        exit_reason: e.exit.map(|x| x.reason().to_owned()),
-        exit_description: e.exit.map(ProcessExit::describe),
+        exit_reason: match &e.end_note {
+            Some((reason, _)) => Some(reason.clone()),
+            None => e.exit.map(|x| x.reason().to_owned()),
+        },
+        exit_description: match &e.end_note {
+            Some((_, description)) => Some(description.clone()),
+            None => e.exit.map(ProcessExit::describe),
+        },
         cluster_manager: e.launched_by.as_ref().map(|b| b.cluster_manager.to_owned()),
         worker: e.launched_by.as_ref().and_then(|b| b.worker.clone()),
         tasks_finished: e.tasks_finished,

@@ -1,11 +1,12 @@
 //! Test helpers, each defined once: the guest fixtures, a real `flint dev` cluster driven
 //! over HTTP, the processes a test starts itself, a loopback origin for fetches, test
-//! data and an event-stream reader.
+//! data, an event-stream reader and a simulated Kubernetes API server.
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod cluster;
 pub mod data;
 pub mod guests;
+pub mod kube_sim;
 pub mod netns;
 pub mod origin;
 pub mod process;

@@ -68,7 +68,11 @@ impl LocalManager {
             },
             move |exit| {
                 lock(&children).remove(&id);
-                let _ = events.send(ExecutorEvent::Exited { id, exit });
+                let _ = events.send(ExecutorEvent::Exited {
+                    id,
+                    exit,
+                    cause: None,
+                });
             },
         )?;
         let log = running.work_dir.join("stderr");

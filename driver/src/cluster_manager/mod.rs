@@ -11,7 +11,8 @@
 //! registration, not from the manager.
 //!
 //! `local` ([`local::LocalManager`]) starts executor processes on the driver's host;
-//! `standalone` ([`standalone::StandaloneManager`]) has `flint worker`s start them.
+//! `standalone` ([`standalone::StandaloneManager`]) has `flint worker`s start them;
+//! `kubernetes` ([`kubernetes::KubernetesManager`]) creates executor pods.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ use crate::scheduler::LaunchedBy;
 use crate::service::{AllocationCommand, Driver};
 
 pub mod allocation;
+pub mod kubernetes;
 pub mod local;
 pub mod runner;
 pub mod standalone;
@@ -60,8 +62,13 @@ pub enum ExecutorEvent {
     },
     /// It could not be started at all.
     LaunchFailed { id: ExecutorId, reason: String },
-    /// Its process ended.
-    Exited { id: ExecutorId, exit: ProcessExit },
+    /// Its process ended; `cause` when its launcher knows more than the exit code
+    /// (the kubelet's `OOMKilled`).
+    Exited {
+        id: ExecutorId,
+        exit: ProcessExit,
+        cause: Option<String>,
+    },
     /// Its host went away with it; how it ended is not known.
     Lost { id: ExecutorId, reason: String },
 }
@@ -88,10 +95,15 @@ pub trait ClusterManager: Send + Sync {
     fn executors_outlive_driver(&self) -> bool {
         false
     }
+    /// Why a launched executor has not started yet, when the manager can tell (a
+    /// pod's scheduler or kubelet reason): said when it is given up on.
+    fn pending_reason(&self, _id: &ExecutorId) -> Option<String> {
+        None
+    }
 }
 
 /// The configured cluster manager, and the receiver of its events.
-pub fn start(
+pub async fn start(
     kind: ClusterManagerKind,
     driver: &Arc<Driver>,
     dial: Dial,
@@ -103,6 +115,21 @@ pub fn start(
     let allocation = &driver.config.allocation;
     let (events, received) = mpsc::unbounded_channel();
     let manager: Arc<dyn ClusterManager> = match kind {
+        ClusterManagerKind::Kubernetes => {
+            let Some(config) = &allocation.kubernetes else {
+                anyhow::bail!("--cluster-manager kubernetes needs --k8s-image");
+            };
+            Arc::new(
+                kubernetes::KubernetesManager::start(
+                    config,
+                    &driver.config.app_id,
+                    &dial,
+                    allocation.decommission_timeout,
+                    events,
+                )
+                .await?,
+            )
+        }
         ClusterManagerKind::Standalone => {
             Arc::new(standalone::StandaloneManager::start(driver.clone(), events))
         }
@@ -189,13 +216,16 @@ pub async fn supervise(
             })
         };
         for id in supervisor.overdue(now, timeout, registered) {
-            let why = format!(
+            let mut why = format!(
                 "did not register within {} ms of its launch (--executor-launch-timeout-ms)",
                 timeout.as_millis()
             );
+            if let Some(pending) = manager.pending_reason(&id) {
+                why = format!("{why}: {pending}");
+            }
             tracing::warn!(executor = %id, why, "killing executor");
             manager.kill(&id);
-            driver.executor_gone(&id);
+            driver.executor_gone(&id, Some(("launch_timeout", &why)));
             if let Some(why) = supervisor.gone(&id, Some(&why), now) {
                 tracing::error!(reason = why, "executor supervision gave up");
             }
@@ -251,24 +281,27 @@ fn on_event(
         }
         ExecutorEvent::LaunchFailed { id, reason } => {
             tracing::error!(executor = %id, reason, "could not launch executor");
-            driver.executor_gone(&id);
             let failure = format!("could not be launched: {reason}");
+            driver.executor_gone(&id, Some(("launch_failed", &failure)));
             (id, Some(failure))
         }
-        ExecutorEvent::Exited { id, exit } => {
-            let description = exit.describe();
+        ExecutorEvent::Exited { id, exit, cause } => {
+            let mut description = exit.describe();
+            if let Some(cause) = &cause {
+                description = format!("{description} ({cause})");
+            }
             if exit.is_clean() {
                 tracing::info!(executor = %id, exit = description, "executor exited");
             } else {
                 tracing::warn!(executor = %id, exit = description, "executor exited");
             }
-            driver.executor_exited(&id, exit);
+            driver.executor_exited(&id, exit, cause.as_deref());
             (id, (!exit.is_clean()).then_some(description))
         }
         // Not the executor's doing: replaced, not counted.
         ExecutorEvent::Lost { id, reason } => {
             tracing::warn!(executor = %id, reason, "executor lost with its host");
-            driver.executor_gone(&id);
+            driver.executor_gone(&id, Some(("lost", &reason)));
             (id, None)
         }
     };

@@ -124,7 +124,11 @@ async fn listen(
                     }
                     WorkerExecutorState::Exited(exit) => {
                         state.placed.remove(&executor);
-                        ExecutorEvent::Exited { id: executor, exit }
+                        ExecutorEvent::Exited {
+                            id: executor,
+                            exit,
+                            cause: None,
+                        }
                     }
                 };
                 let _ = events.send(event);

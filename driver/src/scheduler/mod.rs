@@ -304,6 +304,7 @@ impl ClusterState {
             executor.pid = pid;
             executor.free_cores = 0;
             executor.exit = None;
+            executor.end_note = None;
         }
     }
 
@@ -394,18 +395,21 @@ impl ClusterState {
 
     /// Its cluster manager lost it with its host, or could not launch it. One that
     /// registered is lost when its connection closes; one that never did is lost now.
-    pub fn executor_gone(&mut self, id: &ExecutorId) {
-        if let Some(e) = self.executors.get_mut(id)
-            && e.state == ExecutorState::Launching
-        {
-            e.state = ExecutorState::Lost;
+    pub fn executor_gone(&mut self, id: &ExecutorId, note: Option<(&str, &str)>) {
+        if let Some(e) = self.executors.get_mut(id) {
+            if e.state == ExecutorState::Launching {
+                e.state = ExecutorState::Lost;
+            }
+            if let Some((reason, description)) = note {
+                e.end_note = Some((reason.to_owned(), description.to_owned()));
+            }
         }
     }
 
     /// A process a cluster manager launched has exited. One that never registered is
     /// listed too, so its exit is visible; a registered one is `exited` once its
     /// connection closes too (its tasks are re-queued then).
-    pub fn executor_exited(&mut self, id: &ExecutorId, exit: ProcessExit) {
+    pub fn executor_exited(&mut self, id: &ExecutorId, exit: ProcessExit, cause: Option<&str>) {
         let now = self.now;
         let executor = self.executors.entry(id.clone()).or_insert_with(|| {
             let mut e = ExecutorData::new(String::new(), 0, now);
@@ -413,6 +417,20 @@ impl ClusterState {
             e
         });
         executor.exit = Some(exit);
+        // A note the driver made first (it gave up on the launch, and killed it for
+        // that) says more than the SIGKILL that followed.
+        if let Some(cause) = cause {
+            executor.end_note = Some(match cause {
+                "OOMKilled" => (
+                    "oom_killed".to_owned(),
+                    format!("{}: OOMKilled, over its memory limit", exit.describe()),
+                ),
+                other => (
+                    exit.reason().to_owned(),
+                    format!("{} ({other})", exit.describe()),
+                ),
+            });
+        }
         if executor.state != ExecutorState::Alive {
             executor.state = ExecutorState::Exited;
         }

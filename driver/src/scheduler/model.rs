@@ -130,6 +130,9 @@ pub struct ExecutorData {
     pub pid: Option<u32>,
     /// How its process ended, when its cluster manager said.
     pub exit: Option<ProcessExit>,
+    /// How it ended in its launcher's words, when it said more than an exit: the
+    /// reason's name and a sentence (`oom_killed`, `lost`, `launch_timeout`).
+    pub end_note: Option<(String, String)>,
     /// Which cluster manager (and worker) launched it; none for one that dialled in.
     pub launched_by: Option<LaunchedBy>,
     pub tasks_finished: u64,
@@ -323,6 +326,7 @@ impl ExecutorData {
             last_heartbeat: now,
             pid: None,
             exit: None,
+            end_note: None,
             launched_by: None,
             decommission_by: None,
             stop_sent: false,

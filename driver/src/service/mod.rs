@@ -124,6 +124,8 @@ pub struct Driver {
     pub workers: workers::Workers,
     /// To the cluster manager's supervisor, when there is one.
     commands: std::sync::Mutex<Option<mpsc::UnboundedSender<AllocationCommand>>>,
+    /// What `UpdateCredentials` carries, once `--executor-credentials` was read.
+    credentials: std::sync::Mutex<Option<flint_protocol::messages::Credentials>>,
 }
 
 /// What the API asks of the cluster manager's supervisor.
@@ -199,6 +201,7 @@ impl Driver {
             allocation: Default::default(),
             workers: Default::default(),
             commands: Default::default(),
+            credentials: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -320,6 +323,7 @@ impl Driver {
             fetch_allow: self.config.fetch_allow.clone(),
             block_store: self.blocks.spec().to_owned(),
             inline_result_bytes: self.config.inline_result_bytes,
+            credentials_pushed: self.config.executor_credentials.is_some(),
         }
     }
 
@@ -566,6 +570,10 @@ impl Driver {
             {
                 Ok((generation, mut actions)) => {
                     let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
+                    // Before any launch, so that its first S3 access has them.
+                    if let Some(credentials) = self.credentials() {
+                        let _ = outbox.send(DriverMessage::UpdateCredentials(credentials));
+                    }
                     // Replacing a link drops the old outbox, which ends that connection.
                     inner.links.insert(id, Link { generation, outbox });
                     actions.extend(inner.state.make_offers());
@@ -608,10 +616,15 @@ impl Driver {
         inner.state.executor_launched(id, by, pid);
     }
 
-    pub fn executor_exited(&self, id: &ExecutorId, exit: flint_protocol::exit::ProcessExit) {
+    pub fn executor_exited(
+        &self,
+        id: &ExecutorId,
+        exit: flint_protocol::exit::ProcessExit,
+        cause: Option<&str>,
+    ) {
         let mut inner = self.lock();
         inner.state.set_clock(Instant::now(), SystemTime::now());
-        inner.state.executor_exited(id, exit);
+        inner.state.executor_exited(id, exit, cause);
     }
 
     /// `POST /v1/executors/{id}/decommission`: no new tasks go to it, StopExecutor once
@@ -671,8 +684,9 @@ impl Driver {
     }
 
     /// Lost with its host, or never launched: see `ClusterState::executor_gone`.
-    pub fn executor_gone(&self, id: &ExecutorId) {
-        self.lock().state.executor_gone(id);
+    /// `note`: the reason's name and a sentence, for its view.
+    pub fn executor_gone(&self, id: &ExecutorId, note: Option<(&str, &str)>) {
+        self.lock().state.executor_gone(id, note);
     }
 
     pub fn set_allocation(&self, view: flint_protocol::api::AllocationView) {
@@ -736,6 +750,27 @@ impl Driver {
     }
 
     /// Tells every executor the driver is going away.
+    /// The object-store credentials executors get (`--executor-credentials`).
+    pub fn credentials(&self) -> Option<flint_protocol::messages::Credentials> {
+        self.credentials
+            .lock()
+            .expect("credentials lock poisoned")
+            .clone()
+    }
+
+    /// New credentials (a refreshed file): kept for executors that register later, and
+    /// sent now to every connected one. Stored before the send, so that a registration
+    /// in between gets these or is on the list the send goes to.
+    pub fn set_credentials(&self, credentials: flint_protocol::messages::Credentials) {
+        *self.credentials.lock().expect("credentials lock poisoned") = Some(credentials.clone());
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link
+                .outbox
+                .send(DriverMessage::UpdateCredentials(credentials.clone()));
+        }
+    }
+
     pub fn shutdown_executors(&self) {
         let inner = self.lock();
         for link in inner.links.values() {

@@ -356,7 +356,7 @@ fn a_launched_executor_is_launching_until_it_registers_and_keeps_where_it_came_f
     assert_eq!(e.free_cores, 2);
     assert_eq!(e.launched_by.as_ref(), Some(&by));
     // Its process is seen to exit before its connection closes: alive until then.
-    state.executor_exited(&exec(1), ProcessExit::Signal(9));
+    state.executor_exited(&exec(1), ProcessExit::Signal(9), None);
     assert_eq!(state.executors[&exec(1)].state, ExecutorState::Alive);
     state.executor_lost(&exec(1), generation);
     let e = &state.executors[&exec(1)];
@@ -364,7 +364,7 @@ fn a_launched_executor_is_launching_until_it_registers_and_keeps_where_it_came_f
     assert_eq!(e.exit, Some(ProcessExit::Signal(9)));
     // One that exits before it registers is listed as exited, with where it came from.
     state.executor_launched(&exec(2), by.clone(), Some(42));
-    state.executor_exited(&exec(2), ProcessExit::Code(2));
+    state.executor_exited(&exec(2), ProcessExit::Code(2), None);
     let e = &state.executors[&exec(2)];
     assert_eq!(e.state, ExecutorState::Exited);
     assert_eq!(e.launched_by.as_ref(), Some(&by));

@@ -1,0 +1,591 @@
+//! `kubernetes`: executors as pods (Spark's KubernetesClusterManager, its
+//! ExecutorPodsAllocator and ExecutorPodsWatchSnapshotSource). A launch queues a pod;
+//! pods are created in batches (`--k8s-allocation-batch-size` every
+//! `--k8s-allocation-batch-delay-ms`), retried with a backoff on 429 and 5xx; one watch
+//! of the app's pods (kube's watcher: it resumes from the last resourceVersion and
+//! re-lists on 410 Gone) turns their statuses into executor events: running, exited
+//! with its code and the kubelet's reason (`OOMKilled`), evicted or deleted (lost, and
+//! replaced). Pending pods count as launched; one pending past
+//! `--executor-launch-timeout-ms` is deleted by the supervisor and reported with the
+//! scheduler's or kubelet's reason. The driver stopping deletes every pod of its app;
+//! the driver's pod, when named, owns its executors' pods, so that Kubernetes deletes
+//! them if the driver goes without stopping.
+
+pub mod pod;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use flint_protocol::ExecutorId;
+use flint_protocol::exit::ProcessExit;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+use self::pod::{PodFate, PodSettings};
+use super::{ClusterManager, Dial, ExecutorEvent, LaunchRequest};
+use crate::config::KubernetesConfig;
+
+/// Backoff of a pod creation the API refused for now (429, 5xx, no connection).
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+pub struct KubernetesManager {
+    inner: Arc<Inner>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct Inner {
+    api: Api<Pod>,
+    settings: PodSettings,
+    batch_size: usize,
+    batch_delay: Duration,
+    events: mpsc::UnboundedSender<ExecutorEvent>,
+    state: Mutex<State>,
+    queued: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Asked for, their pods not created yet.
+    queue: VecDeque<LaunchRequest>,
+    /// Pods of this driver's executors, by pod name, from the creation request until
+    /// the watch has seen them deleted.
+    pods: HashMap<String, Tracked>,
+}
+
+struct Tracked {
+    id: ExecutorId,
+    created: bool,
+    /// Seen by the watch: only those can be missing from a re-list.
+    observed: bool,
+    launched: bool,
+    /// Its end was reported (exited, lost): later statuses are news to nobody.
+    ended: bool,
+    /// The driver deleted it (a kill): its deletion is no loss.
+    deleting: bool,
+    pending: Option<String>,
+}
+
+impl KubernetesManager {
+    /// Connects to the API (`--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the
+    /// pod's service account), finds the driver's own pod for owner references, and
+    /// starts the pod creator and the watch.
+    pub async fn start(
+        config: &KubernetesConfig,
+        app_id: &str,
+        dial: &Dial,
+        termination_grace: Duration,
+        events: mpsc::UnboundedSender<ExecutorEvent>,
+    ) -> anyhow::Result<Self> {
+        if !pod::is_label_value(app_id) {
+            anyhow::bail!(
+                "--app-id {app_id:?} cannot be a Kubernetes label value (at most 63 letters, \
+                 digits, '-', '_' or '.', beginning and ending with a letter or digit)"
+            );
+        }
+        if dial.cluster_secret.is_some() && config.cluster_secret_ref.is_none() {
+            anyhow::bail!(
+                "with --cluster-secret, executor pods need --k8s-cluster-secret-ref \
+                 SECRET:KEY, the Secret that holds it (it is never written into a pod spec)"
+            );
+        }
+        let client_config = match &config.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .with_context(|| format!("--kubeconfig {}", path.display()))?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("finding the Kubernetes API (in-cluster service account or kubeconfig)")?,
+        };
+        let namespace = config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client_config.default_namespace.clone());
+        let client = kube::Client::try_from(client_config).context("the Kubernetes client")?;
+        let api: Api<Pod> = Api::namespaced(client, &namespace);
+        let owner = match &config.driver_pod {
+            Some(name) => {
+                let me = api.get(name).await.with_context(|| {
+                    format!("getting the driver's own pod {namespace}/{name} (--k8s-driver-pod)")
+                })?;
+                let uid = me.metadata.uid.context("the driver's pod has no uid")?;
+                Some(pod::Owner {
+                    name: name.clone(),
+                    uid,
+                })
+            }
+            None => None,
+        };
+        let template = match &config.pod_template {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --k8s-pod-template {}", path.display()))?;
+                let value: serde_json::Value = serde_yaml_ng::from_str(&text)
+                    .with_context(|| format!("--k8s-pod-template {}", path.display()))?;
+                Some(value)
+            }
+            None => None,
+        };
+        let settings = PodSettings {
+            namespace: namespace.clone(),
+            app_id: app_id.to_owned(),
+            image: config.image.clone(),
+            image_pull_policy: config.image_pull_policy.clone(),
+            driver_url: config
+                .driver_url
+                .clone()
+                .unwrap_or_else(|| dial.driver_url.clone()),
+            cluster_secret_ref: config.cluster_secret_ref.clone(),
+            owner,
+            template,
+            termination_grace_seconds: termination_grace.as_secs().max(1),
+            memory_overhead: pod::MemoryOverhead {
+                factor: config.memory_overhead_factor,
+                min_mb: config.min_memory_overhead_mb,
+            },
+        };
+        // A template that cannot make a pod is an error now, not at the first launch.
+        pod::executor_pod(&settings, &ExecutorId("exec-0".into()), 1, 1)
+            .map_err(|e| anyhow::anyhow!("--k8s-pod-template: {e}"))?;
+        tracing::info!(namespace, image = settings.image, driver_url = settings.driver_url,
+            owner = ?settings.owner.as_ref().map(|o| &o.name), "kubernetes cluster manager");
+        let inner = Arc::new(Inner {
+            api,
+            settings,
+            batch_size: config.batch_size.max(1) as usize,
+            batch_delay: config.batch_delay,
+            events,
+            state: Mutex::default(),
+            queued: Notify::new(),
+        });
+        let tasks = vec![
+            tokio::spawn(create_pods(inner.clone())),
+            tokio::spawn(watch_pods(inner.clone())),
+        ];
+        Ok(KubernetesManager {
+            inner,
+            tasks: Mutex::new(tasks),
+        })
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("kubernetes state lock poisoned")
+    }
+
+    fn pod_name(&self, id: &ExecutorId) -> String {
+        pod::pod_name(&self.settings.app_id, id)
+    }
+
+    fn send(&self, event: ExecutorEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Deletes a pod in the background; `grace` `None` is the pod's own grace.
+    fn delete_later(self: &Arc<Self>, name: String, grace: Option<u32>) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let mut params = DeleteParams::background();
+            if let Some(grace) = grace {
+                params = params.grace_period(grace);
+            }
+            let mut wait = FIRST_RETRY;
+            for _ in 0..8 {
+                match inner.api.delete(&name, &params).await {
+                    Ok(_) => return,
+                    Err(kube::Error::Api(s)) if s.code == 404 => return,
+                    Err(e) if retriable(&e) => {
+                        tracing::warn!(pod = name, error = %e, "deleting executor pod; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(MAX_RETRY);
+                    }
+                    Err(e) => {
+                        tracing::error!(pod = name, error = %e, "deleting executor pod");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Creates one executor's pod, retrying what the API refuses for now until the
+    /// executor is no longer wanted.
+    async fn create(self: &Arc<Self>, request: LaunchRequest) {
+        let name = self.pod_name(&request.id);
+        let pod = match pod::executor_pod(
+            &self.settings,
+            &request.id,
+            request.cores,
+            request.memory_mb,
+        ) {
+            Ok(pod) => pod,
+            Err(reason) => {
+                self.lock().pods.remove(&name);
+                self.send(ExecutorEvent::LaunchFailed {
+                    id: request.id,
+                    reason,
+                });
+                return;
+            }
+        };
+        let mut wait = FIRST_RETRY;
+        loop {
+            if self.lock().pods.get(&name).is_none_or(|t| t.deleting) {
+                // Killed before it was created.
+                self.lock().pods.remove(&name);
+                return;
+            }
+            let outcome = self.api.create(&PostParams::default(), &pod).await;
+            let failed = match outcome {
+                Ok(_) => None,
+                // A retried creation whose first try had landed.
+                Err(kube::Error::Api(s)) if s.code == 409 => None,
+                Err(e) if retriable(&e) => {
+                    tracing::warn!(pod = name, error = %e, retry_in = ?wait,
+                        "the API refused an executor pod for now; backing off");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_RETRY);
+                    continue;
+                }
+                Err(e) => Some(e),
+            };
+            let mut state = self.lock();
+            if let Some(e) = failed {
+                state.pods.remove(&name);
+                drop(state);
+                self.send(ExecutorEvent::LaunchFailed {
+                    id: request.id,
+                    reason: format!("creating pod {name}: {e}"),
+                });
+                return;
+            }
+            tracing::info!(pod = name, executor = %request.id, "executor pod created");
+            let Some(tracked) = state.pods.get_mut(&name) else {
+                return;
+            };
+            tracked.created = true;
+            let killed = tracked.deleting;
+            drop(state);
+            if killed {
+                self.delete_later(name, Some(0));
+            } else {
+                // Listed as launching while it is pending; its node comes once it runs.
+                self.send(ExecutorEvent::Launched {
+                    id: request.id,
+                    worker: None,
+                    pid: None,
+                    log: None,
+                });
+            }
+            return;
+        }
+    }
+
+    fn on_pod(self: &Arc<Self>, pod: &Pod) {
+        let Some(name) = pod.metadata.name.clone() else {
+            return;
+        };
+        let mut state = self.lock();
+        let Some(tracked) = state.pods.get_mut(&name) else {
+            drop(state);
+            // A pod of this app this driver did not ask for: left by an earlier run
+            // (its tasks run again anyway, and its id could be taken by a launch).
+            if pod.metadata.deletion_timestamp.is_none() {
+                tracing::warn!(
+                    pod = name,
+                    "a pod of this app that this driver did not create; deleting it"
+                );
+                self.delete_later(name, Some(0));
+            }
+            return;
+        };
+        tracked.observed = true;
+        if tracked.ended {
+            return;
+        }
+        let id = tracked.id.clone();
+        match pod::fate(pod) {
+            PodFate::Pending(reason) => {
+                if reason.is_some() && reason != tracked.pending {
+                    tracing::warn!(pod = name, executor = %id, reason, "executor pod pending");
+                }
+                tracked.pending = reason;
+            }
+            PodFate::Running { node } => {
+                if !tracked.launched {
+                    tracked.launched = true;
+                    drop(state);
+                    self.send(ExecutorEvent::Launched {
+                        id,
+                        worker: node,
+                        pid: None,
+                        log: None,
+                    });
+                }
+            }
+            PodFate::Terminated { exit, cause } => {
+                tracked.ended = true;
+                let deleting = tracked.deleting;
+                drop(state);
+                self.send(ExecutorEvent::Exited { id, exit, cause });
+                // `restartPolicy: Never` leaves a finished pod behind until deleted.
+                if !deleting {
+                    self.delete_later(name, Some(0));
+                }
+            }
+            PodFate::Lost(reason) => {
+                tracked.ended = true;
+                drop(state);
+                self.send(ExecutorEvent::Lost {
+                    id,
+                    reason: format!("{name}: {reason}"),
+                });
+                self.delete_later(name, Some(0));
+            }
+        }
+    }
+
+    fn on_deleted(&self, name: &str, how: &str) {
+        let Some(tracked) = self.lock().pods.remove(name) else {
+            return;
+        };
+        if tracked.ended {
+            return;
+        }
+        let event = match tracked.deleting {
+            // Killed on the driver's word: as a SIGKILLed process.
+            true => ExecutorEvent::Exited {
+                id: tracked.id,
+                exit: ProcessExit::Signal(libc::SIGKILL),
+                cause: None,
+            },
+            false => ExecutorEvent::Lost {
+                id: tracked.id,
+                reason: format!("pod {name} {how}"),
+            },
+        };
+        self.send(event);
+    }
+}
+
+/// What the API may answer differently in a moment: throttling, its own errors, no
+/// connection at all.
+fn retriable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+async fn create_pods(inner: Arc<Inner>) {
+    let mut last_batch: Option<Instant> = None;
+    loop {
+        let batch: Vec<LaunchRequest> = {
+            let mut state = inner.lock();
+            let n = inner.batch_size.min(state.queue.len());
+            state.queue.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            inner.queued.notified().await;
+            continue;
+        }
+        // Spark's spark.kubernetes.allocation.batch.delay: a burst of launches reaches
+        // the API server a batch at a time.
+        if let Some(at) = last_batch {
+            tokio::time::sleep_until((at + inner.batch_delay).into()).await;
+        }
+        last_batch = Some(Instant::now());
+        tracing::info!(pods = batch.len(), "creating executor pods");
+        futures_util::future::join_all(batch.into_iter().map(|r| inner.create(r))).await;
+    }
+}
+
+async fn watch_pods(inner: Arc<Inner>) {
+    let selector = format!("{}={}", pod::APP_LABEL, inner.settings.app_id);
+    let mut stream = watcher::watcher(
+        inner.api.clone(),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .boxed();
+    // During a (re-)list: the pods the watch had seen before it, and those listed.
+    let mut relist: Option<(HashSet<String>, HashSet<String>)> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => {
+                let observed = inner
+                    .lock()
+                    .pods
+                    .iter()
+                    .filter(|(_, t)| t.observed)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                tracing::info!("listing executor pods");
+                relist = Some((observed, HashSet::new()));
+            }
+            Ok(Event::InitApply(pod)) => {
+                if let (Some((_, listed)), Some(name)) = (&mut relist, &pod.metadata.name) {
+                    listed.insert(name.clone());
+                }
+                inner.on_pod(&pod);
+            }
+            Ok(Event::InitDone) => {
+                if let Some((observed, listed)) = relist.take() {
+                    for name in observed.difference(&listed) {
+                        inner.on_deleted(name, "was deleted while the watch was down");
+                    }
+                }
+            }
+            Ok(Event::Apply(pod)) => inner.on_pod(&pod),
+            Ok(Event::Delete(pod)) => {
+                inner.on_pod(&pod);
+                if let Some(name) = &pod.metadata.name {
+                    inner.on_deleted(name, "was deleted");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "watching executor pods"),
+        }
+    }
+}
+
+impl ClusterManager for KubernetesManager {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn launch(&self, request: LaunchRequest) {
+        let name = self.inner.pod_name(&request.id);
+        let mut state = self.inner.lock();
+        state.pods.insert(
+            name,
+            Tracked {
+                id: request.id.clone(),
+                created: false,
+                observed: false,
+                launched: false,
+                ended: false,
+                deleting: false,
+                pending: None,
+            },
+        );
+        state.queue.push_back(request);
+        drop(state);
+        self.inner.queued.notify_one();
+    }
+
+    fn kill(&self, id: &ExecutorId) {
+        let name = self.inner.pod_name(id);
+        let mut state = self.inner.lock();
+        if let Some(at) = state.queue.iter().position(|r| r.id == *id) {
+            state.queue.remove(at);
+            state.pods.remove(&name);
+            drop(state);
+            self.inner.send(ExecutorEvent::Lost {
+                id: id.clone(),
+                reason: "killed before its pod was created".into(),
+            });
+            return;
+        }
+        let Some(tracked) = state.pods.get_mut(&name) else {
+            return;
+        };
+        tracked.deleting = true;
+        let created = tracked.created;
+        drop(state);
+        // One still being created is deleted once its creation returns.
+        if created {
+            self.inner.delete_later(name, Some(0));
+        }
+    }
+
+    fn pending_reason(&self, id: &ExecutorId) -> Option<String> {
+        let name = self.inner.pod_name(id);
+        let state = self.inner.lock();
+        let tracked = state.pods.get(&name)?;
+        Some(match (&tracked.pending, tracked.created) {
+            (Some(reason), _) => format!("pod {name} pending: {reason}"),
+            (None, true) => format!("pod {name} pending"),
+            (None, false) => {
+                format!("pod {name} not created yet (the API server refused it for now)")
+            }
+        })
+    }
+
+    fn executors_outlive_driver(&self) -> bool {
+        // A driver outside the cluster that crashes leaves its pods running.
+        true
+    }
+
+    fn stop(&self, grace: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let tasks: Vec<JoinHandle<()>> =
+                std::mem::take(&mut *self.tasks.lock().expect("kubernetes tasks lock poisoned"));
+            self.inner.lock().queue.clear();
+            let api = &self.inner.api;
+            let selector = format!("{}={}", pod::APP_LABEL, self.inner.settings.app_id);
+            let list = ListParams::default().labels(&selector);
+            let deadline = Instant::now() + grace;
+            // Past the grace, what is left is deleted at once; past this, given up on.
+            let give_up = deadline + Duration::from_secs(5);
+            let mut forced = false;
+            loop {
+                let now = Instant::now();
+                let pods = match api.list(&list).await {
+                    Ok(pods) => pods.items,
+                    Err(e) if now < give_up => {
+                        tracing::warn!(error = %e, "listing executor pods to delete them");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "executor pods may be left behind");
+                        break;
+                    }
+                };
+                if pods.is_empty() {
+                    break;
+                }
+                if now >= give_up {
+                    tracing::error!(pods = pods.len(), "executor pods not gone in time");
+                    break;
+                }
+                let past = now >= deadline;
+                // Their executors were told to stop: what is left gets the rest of the
+                // grace, then none.
+                let seconds = deadline.saturating_duration_since(now).as_secs() as u32;
+                for pod in &pods {
+                    let Some(name) = &pod.metadata.name else {
+                        continue;
+                    };
+                    let fresh = pod.metadata.deletion_timestamp.is_none();
+                    if fresh || (past && !forced) {
+                        let params = DeleteParams::background().grace_period(seconds);
+                        if let Err(e) = api.delete(name, &params).await
+                            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+                        {
+                            tracing::warn!(pod = name, error = %e, "deleting executor pod");
+                        }
+                    }
+                }
+                forced |= past;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            for task in tasks {
+                task.abort();
+            }
+        })
+    }
+}

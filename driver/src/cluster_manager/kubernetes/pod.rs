@@ -1,0 +1,507 @@
+//! An executor's pod: the spec the driver sends (a built-in template, merged into the
+//! operator's `--k8s-pod-template` as Spark merges `podTemplateFile`), and what a pod's
+//! status says about its executor. Pure: no API calls.
+
+use std::collections::BTreeSet;
+
+use flint_protocol::ExecutorId;
+use flint_protocol::exit::ProcessExit;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Map, Value, json};
+
+/// The container the driver fills in: the template's container of this name, else its
+/// first, else a new one.
+pub const CONTAINER: &str = "flint-executor";
+/// Labels every executor pod carries; the watch selects on the app's.
+pub const APP_LABEL: &str = "flint.dev/app";
+pub const EXECUTOR_LABEL: &str = "flint.dev/executor-id";
+/// Where the executor's work dir (fetch cache, scratch files) lives: an emptyDir, so
+/// that the root filesystem can stay read-only.
+const WORK_MOUNT: &str = "/work";
+/// The image's non-root user (Containerfile).
+const IMAGE_USER: u32 = 65532;
+
+/// What every executor pod of this driver shares.
+#[derive(Clone, Debug)]
+pub struct PodSettings {
+    pub namespace: String,
+    pub app_id: String,
+    pub image: String,
+    pub image_pull_policy: Option<String>,
+    /// `flint://HOST:PORT` the executors dial.
+    pub driver_url: String,
+    /// The Secret and key holding the cluster secret: executors get it by reference,
+    /// never inline in the pod spec.
+    pub cluster_secret_ref: Option<(String, String)>,
+    /// The driver's own pod: its executors' owner, so that Kubernetes deletes them
+    /// with it.
+    pub owner: Option<Owner>,
+    /// The operator's template (`--k8s-pod-template`), as JSON.
+    pub template: Option<Value>,
+    /// Matches `--decommission-timeout-ms`: a pod being deleted gets as long to drain
+    /// as a decommission does.
+    pub termination_grace_seconds: u64,
+    pub memory_overhead: MemoryOverhead,
+}
+
+#[derive(Clone, Debug)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
+}
+
+/// Memory a pod asks for on top of its tasks' (Spark's `memoryOverheadFactor` and its
+/// 384 MiB floor): the executor process, the compiler subprocess, the fetch cache's
+/// buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryOverhead {
+    pub factor: f64,
+    pub min_mb: u64,
+}
+
+impl MemoryOverhead {
+    pub fn of(self, memory_mb: u64) -> u64 {
+        ((memory_mb as f64 * self.factor).ceil() as u64).max(self.min_mb)
+    }
+}
+
+/// A pod name for an executor of an app: DNS-1123 (lowercase letters, digits, '-'), at
+/// most 63 bytes so that it can be a host name too.
+pub fn pod_name(app_id: &str, id: &ExecutorId) -> String {
+    let raw = format!("flint-{app_id}-{}", id.0).to_ascii_lowercase();
+    let mut name = String::with_capacity(raw.len());
+    for c in raw.chars() {
+        let c = if c.is_ascii_alphanumeric() { c } else { '-' };
+        if !(c == '-' && name.ends_with('-')) {
+            name.push(c);
+        }
+    }
+    name.truncate(63);
+    name.trim_end_matches('-').to_owned()
+}
+
+/// Whether `s` can be a label value (what the watch's selector matches the app by).
+pub fn is_label_value(s: &str) -> bool {
+    s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && s.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric())
+}
+
+/// The pod for one executor: the template with the driver's parts put in.
+pub fn executor_pod(
+    settings: &PodSettings,
+    id: &ExecutorId,
+    cores: u32,
+    memory_mb: u64,
+) -> Result<Pod, String> {
+    let mut pod = settings.template.clone().unwrap_or_else(|| json!({}));
+    let Some(root) = pod.as_object_mut() else {
+        return Err("the pod template is not an object".into());
+    };
+    root.insert("apiVersion".into(), json!("v1"));
+    root.insert("kind".into(), json!("Pod"));
+    let name = pod_name(&settings.app_id, id);
+
+    let metadata = object(root, "metadata")?;
+    // A template's name would make every executor's pod the same one.
+    metadata.remove("generateName");
+    metadata.insert("name".into(), json!(name));
+    metadata.insert("namespace".into(), json!(settings.namespace));
+    let labels = object(metadata, "labels")?;
+    for (k, v) in [
+        ("app.kubernetes.io/name", "flint"),
+        ("app.kubernetes.io/component", "executor"),
+        (APP_LABEL, settings.app_id.as_str()),
+        (EXECUTOR_LABEL, id.0.as_str()),
+    ] {
+        labels.insert(k.into(), json!(v));
+    }
+    if let Some(owner) = &settings.owner {
+        let owners = array(metadata, "ownerReferences")?;
+        owners.push(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": owner.name,
+            "uid": owner.uid,
+            "controller": true,
+        }));
+    }
+
+    let spec = object(root, "spec")?;
+    // The driver replaces executors itself; a kubelet restarting one in place would
+    // bring back an id the driver has already given up on.
+    spec.insert("restartPolicy".into(), json!("Never"));
+    spec.entry("terminationGracePeriodSeconds")
+        .or_insert(json!(settings.termination_grace_seconds));
+    // Executors talk to the driver only, never to the API server.
+    spec.entry("automountServiceAccountToken")
+        .or_insert(json!(false));
+    spec.entry("enableServiceLinks").or_insert(json!(false));
+    spec.entry("securityContext").or_insert(json!({
+        "runAsNonRoot": true,
+        "runAsUser": IMAGE_USER,
+        "runAsGroup": IMAGE_USER,
+        "fsGroup": IMAGE_USER,
+        "seccompProfile": { "type": "RuntimeDefault" },
+    }));
+    let volumes = array(spec, "volumes")?;
+    let volume_names: BTreeSet<String> = volumes
+        .iter()
+        .filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    for volume in ["flint-work", "flint-tmp"] {
+        if !volume_names.contains(volume) {
+            volumes.push(json!({ "name": volume, "emptyDir": {} }));
+        }
+    }
+
+    let containers = array(spec, "containers")?;
+    let at = containers
+        .iter()
+        .position(|c| c.get("name").and_then(Value::as_str) == Some(CONTAINER))
+        .unwrap_or(0);
+    if containers.is_empty() {
+        containers.push(json!({}));
+    }
+    let Some(container) = containers[at].as_object_mut() else {
+        return Err("a container of the pod template is not an object".into());
+    };
+    container.insert("name".into(), json!(CONTAINER));
+    container.insert("image".into(), json!(settings.image));
+    if let Some(policy) = &settings.image_pull_policy {
+        container.insert("imagePullPolicy".into(), json!(policy));
+    }
+    // The image's entrypoint is flint; its subcommand and everything else come from
+    // the environment below.
+    container.remove("command");
+    container.insert("args".into(), json!(["executor"]));
+    let limit_mb = memory_mb + settings.memory_overhead.of(memory_mb);
+    let mut env = vec![
+        value_env("FLINT_DRIVER_URL", &settings.driver_url),
+        value_env("FLINT_EXECUTOR_ID", &id.0),
+        value_env("FLINT_CORES", &cores.to_string()),
+        value_env("FLINT_MEMORY_MB", &memory_mb.to_string()),
+        value_env("FLINT_APP_ID", &settings.app_id),
+        value_env("FLINT_WORK_DIR", WORK_MOUNT),
+        json!({ "name": "FLINT_HOSTNAME",
+                "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } }),
+    ];
+    if let Some((secret, key)) = &settings.cluster_secret_ref {
+        env.push(json!({
+            "name": "FLINT_CLUSTER_SECRET",
+            "valueFrom": { "secretKeyRef": { "name": secret, "key": key } },
+        }));
+    }
+    let ours: BTreeSet<String> = env
+        .iter()
+        .filter_map(|e| e["name"].as_str().map(str::to_owned))
+        .collect();
+    let template_env = array(container, "env")?;
+    template_env.retain(|e| {
+        e.get("name")
+            .and_then(Value::as_str)
+            .is_none_or(|n| !ours.contains(n))
+    });
+    template_env.extend(env);
+    let resources = object(container, "resources")?;
+    let requests = object(resources, "requests")?;
+    requests.insert("cpu".into(), json!(cores.to_string()));
+    requests.insert("memory".into(), json!(format!("{limit_mb}Mi")));
+    let limits = object(resources, "limits")?;
+    limits.insert("memory".into(), json!(format!("{limit_mb}Mi")));
+    container.entry("securityContext").or_insert(json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": { "drop": ["ALL"] },
+    }));
+    let mounts = array(container, "volumeMounts")?;
+    for (volume, path) in [("flint-work", WORK_MOUNT), ("flint-tmp", "/tmp")] {
+        if !mounts
+            .iter()
+            .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(path))
+        {
+            mounts.push(json!({ "name": volume, "mountPath": path }));
+        }
+    }
+    serde_json::from_value(pod).map_err(|e| format!("the executor pod is not a valid Pod: {e}"))
+}
+
+fn value_env(name: &str, value: &str) -> Value {
+    json!({ "name": name, "value": value })
+}
+
+fn object<'a>(
+    map: &'a mut Map<String, Value>,
+    key: &str,
+) -> Result<&'a mut Map<String, Value>, String> {
+    let entry = map.entry(key).or_insert_with(|| json!({}));
+    if entry.is_null() {
+        *entry = json!({});
+    }
+    entry
+        .as_object_mut()
+        .ok_or_else(|| format!("`{key}` in the pod template is not an object"))
+}
+
+fn array<'a>(map: &'a mut Map<String, Value>, key: &str) -> Result<&'a mut Vec<Value>, String> {
+    let entry = map.entry(key).or_insert_with(|| json!([]));
+    if entry.is_null() {
+        *entry = json!([]);
+    }
+    entry
+        .as_array_mut()
+        .ok_or_else(|| format!("`{key}` in the pod template is not a list"))
+}
+
+/// What a pod's status says of its executor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodFate {
+    /// Not running yet; why, when the scheduler or the kubelet said.
+    Pending(Option<String>),
+    /// Its container runs, on this node.
+    Running { node: Option<String> },
+    /// Its container ended: the exit code, and the kubelet's reason when it is telling
+    /// (`OOMKilled`, not `Error` or `Completed`).
+    Terminated {
+        exit: ProcessExit,
+        cause: Option<String>,
+    },
+    /// Evicted or failed without its container ending (node pressure, preemption):
+    /// the host went away with it.
+    Lost(String),
+}
+
+pub fn fate(pod: &Pod) -> PodFate {
+    let Some(status) = &pod.status else {
+        return PodFate::Pending(None);
+    };
+    let container = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == CONTAINER)
+        .or_else(|| status.container_statuses.iter().flatten().next());
+    let state = container.and_then(|c| c.state.as_ref());
+    if status.reason.as_deref() == Some("Evicted") {
+        let message = status.message.as_deref().unwrap_or("no message");
+        return PodFate::Lost(format!("pod evicted: {message}"));
+    }
+    if let Some(ended) = state.and_then(|s| s.terminated.as_ref()) {
+        // The kubelet's exit code is what it reports reliably (137 for a SIGKILL,
+        // OOMKilled or not); its `signal` is seldom set.
+        let exit = ProcessExit::Code(ended.exit_code);
+        let cause = ended
+            .reason
+            .clone()
+            .filter(|r| !matches!(r.as_str(), "Error" | "Completed" | ""));
+        return PodFate::Terminated { exit, cause };
+    }
+    match status.phase.as_deref() {
+        Some("Running") if state.is_some_and(|s| s.running.is_some()) => PodFate::Running {
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        },
+        Some("Failed") | Some("Succeeded") => PodFate::Lost(format!(
+            "pod {}: {}",
+            status.phase.as_deref().unwrap_or_default(),
+            status
+                .message
+                .as_deref()
+                .or(status.reason.as_deref())
+                .unwrap_or("its container has no status")
+        )),
+        _ => PodFate::Pending(pending_reason(pod)),
+    }
+}
+
+/// Why a pod is not running: the scheduler's (`Unschedulable: 0/3 nodes are
+/// available: 3 Insufficient cpu.`) or the kubelet's (`ErrImagePull: ...`).
+fn pending_reason(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(c) = unscheduled {
+        return Some(join(c.reason.as_deref(), c.message.as_deref()));
+    }
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| w.reason.as_deref() != Some("ContainerCreating"))
+        .map(|w| join(w.reason.as_deref(), w.message.as_deref()))
+}
+
+fn join(reason: Option<&str>, message: Option<&str>) -> String {
+    match (reason, message) {
+        (Some(r), Some(m)) => format!("{r}: {m}"),
+        (Some(s), None) | (None, Some(s)) => s.to_owned(),
+        (None, None) => "no reason given".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> PodSettings {
+        PodSettings {
+            namespace: "flint".into(),
+            app_id: "batch_7".into(),
+            image: "localhost/flint:dev".into(),
+            image_pull_policy: Some("IfNotPresent".into()),
+            driver_url: "flint://flint-driver.flint.svc:7071".into(),
+            cluster_secret_ref: Some(("flint-secrets".into(), "cluster-secret".into())),
+            owner: Some(Owner {
+                name: "flint-driver-0".into(),
+                uid: "u-1".into(),
+            }),
+            template: None,
+            termination_grace_seconds: 120,
+            memory_overhead: MemoryOverhead {
+                factor: 0.1,
+                min_mb: 384,
+            },
+        }
+    }
+
+    fn env_of(pod: &Pod) -> Value {
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        serde_json::to_value(&c.env).unwrap()
+    }
+
+    #[test]
+    fn the_built_in_pod_carries_env_limits_labels_owner_and_no_inline_secret() {
+        let pod = executor_pod(&settings(), &ExecutorId("exec-3".into()), 2, 2048).unwrap();
+        let json = serde_json::to_value(&pod).unwrap();
+        assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-3");
+        assert_eq!(json["metadata"]["labels"][APP_LABEL], "batch_7");
+        assert_eq!(json["metadata"]["labels"][EXECUTOR_LABEL], "exec-3");
+        assert_eq!(json["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        let c = &json["spec"]["containers"][0];
+        assert_eq!(c["args"], json!(["executor"]));
+        // 10 % of 2048 is under the 384 MiB floor.
+        assert_eq!(c["resources"]["limits"]["memory"], "2432Mi");
+        assert_eq!(c["resources"]["requests"]["cpu"], "2");
+        assert_eq!(json["spec"]["restartPolicy"], "Never");
+        assert_eq!(json["spec"]["terminationGracePeriodSeconds"], 120);
+        let env = env_of(&pod);
+        let secret = env
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "FLINT_CLUSTER_SECRET")
+            .unwrap();
+        assert!(secret.get("value").is_none(), "{secret}");
+        assert_eq!(secret["valueFrom"]["secretKeyRef"]["key"], "cluster-secret");
+        for name in [
+            "FLINT_DRIVER_URL",
+            "FLINT_EXECUTOR_ID",
+            "FLINT_CORES",
+            "FLINT_MEMORY_MB",
+            "FLINT_APP_ID",
+        ] {
+            assert!(
+                env.as_array().unwrap().iter().any(|e| e["name"] == name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_template_keeps_its_sidecars_env_and_volumes_and_loses_what_flint_owns() {
+        let mut s = settings();
+        s.template = Some(json!({
+            "metadata": { "name": "ignored", "labels": { "team": "ml" } },
+            "spec": {
+                "restartPolicy": "Always",
+                "nodeSelector": { "pool": "wasm" },
+                "containers": [
+                    { "name": "proxy", "image": "envoy" },
+                    { "name": "flint-executor", "image": "old", "command": ["/bin/sh"],
+                      "env": [ { "name": "RUST_LOG", "value": "debug" },
+                               { "name": "FLINT_CORES", "value": "99" } ],
+                      "resources": { "limits": { "ephemeral-storage": "1Gi" } } }
+                ]
+            }
+        }));
+        let pod = executor_pod(&s, &ExecutorId("exec-1".into()), 4, 8192).unwrap();
+        let json = serde_json::to_value(&pod).unwrap();
+        assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-1");
+        assert_eq!(json["metadata"]["labels"]["team"], "ml");
+        assert_eq!(json["spec"]["restartPolicy"], "Never");
+        assert_eq!(json["spec"]["nodeSelector"]["pool"], "wasm");
+        let containers = json["spec"]["containers"].as_array().unwrap();
+        assert_eq!(containers[0]["image"], "envoy");
+        let c = &containers[1];
+        assert_eq!(c["image"], "localhost/flint:dev");
+        assert!(c.get("command").is_none());
+        assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "1Gi");
+        // 10 % of 8192 is above the floor.
+        assert_eq!(c["resources"]["limits"]["memory"], "9012Mi");
+        let env = c["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e["name"] == "RUST_LOG"));
+        let cores: Vec<&Value> = env.iter().filter(|e| e["name"] == "FLINT_CORES").collect();
+        assert_eq!(cores.len(), 1);
+        assert_eq!(cores[0]["value"], "4");
+    }
+
+    #[test]
+    fn pod_names_are_dns_labels() {
+        let id = ExecutorId("exec-12".into());
+        assert_eq!(pod_name("My.App_x", &id), "flint-my-app-x-exec-12");
+        let long = "a".repeat(64);
+        let name = pod_name(&long, &id);
+        assert!(name.len() <= 63 && !name.ends_with('-'), "{name}");
+        assert!(is_label_value("batch_7") && !is_label_value("-x") && !is_label_value(&long));
+    }
+
+    fn pod(status: Value) -> Pod {
+        serde_json::from_value(json!({ "metadata": { "name": "p" }, "status": status })).unwrap()
+    }
+
+    #[test]
+    fn statuses_map_to_fates() {
+        assert_eq!(
+            fate(&pod(json!({ "phase": "Pending", "conditions": [
+                { "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                  "message": "0/1 nodes are available: 1 Insufficient cpu." } ] }))),
+            PodFate::Pending(Some(
+                "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.".into()
+            ))
+        );
+        assert_eq!(
+            fate(&pod(json!({ "phase": "Pending", "containerStatuses": [
+                { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                  "state": { "waiting": { "reason": "ImagePullBackOff", "message": "Back-off pulling image" } } } ] }))),
+            PodFate::Pending(Some("ImagePullBackOff: Back-off pulling image".into()))
+        );
+        assert_eq!(
+            fate(&pod(json!({ "phase": "Failed", "containerStatuses": [
+                { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                  "state": { "terminated": { "exitCode": 137, "reason": "OOMKilled" } } } ] }))),
+            PodFate::Terminated {
+                exit: ProcessExit::Code(137),
+                cause: Some("OOMKilled".into())
+            }
+        );
+        assert_eq!(
+            fate(&pod(json!({ "phase": "Succeeded", "containerStatuses": [
+                { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                  "state": { "terminated": { "exitCode": 0, "reason": "Completed" } } } ] }))),
+            PodFate::Terminated {
+                exit: ProcessExit::Code(0),
+                cause: None
+            }
+        );
+        assert!(matches!(
+            fate(&pod(json!({ "phase": "Failed", "reason": "Evicted",
+                              "message": "The node was low on resource: memory." }))),
+            PodFate::Lost(m) if m.contains("evicted") && m.contains("low on resource")
+        ));
+    }
+}
