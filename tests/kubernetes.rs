@@ -107,6 +107,11 @@ fn kube_sim_runs_lists_watches_and_deletes_a_pod() {
         let client = client.clone();
         move || read_watch(client.get(url).send().unwrap(), |e| e["type"] == "DELETED")
     });
+    // The list's resourceVersion is "0" here, which means "any": a watch that arrived
+    // after the creation would start from the pod as it is then, not from its ADDED.
+    wait_until(Duration::from_secs(10), "the watch open", || {
+        sim.requests().iter().any(|(verb, _, _)| verb == "watch")
+    });
 
     let (status, created) = create(&sim, &client, &sh_pod("sleeper", "exec sleep 30"));
     assert_eq!(status, 201, "{created}");

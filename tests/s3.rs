@@ -462,7 +462,6 @@ fn deleting_a_job_deletes_its_blocks_in_the_bucket_and_retention_does_too() {
 /// moto still lets unsigned requests through (INITIAL_NO_AUTH_ACTION_COUNT: exactly
 /// these 8 actions); every request after them must be signed with a key that exists.
 fn iam_keys(moto: &Moto, bucket: &str) -> Value {
-    let python = Moto::binary().with_file_name("python");
     let script = r#"
 import boto3, json, sys
 endpoint, bucket = sys.argv[1:3]
@@ -480,8 +479,15 @@ for user, n in (("executors", 2), ("driver", 1)):
 print(json.dumps({u: [{"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]} for k in ks]
                   for u, ks in keys.items()}))
 "#;
+    serde_json::from_slice(&boto3(script, &[&moto.endpoint, bucket])).unwrap()
+}
+
+/// Runs a boto3 script with moto's venv's python; its stdout.
+fn boto3(script: &str, args: &[&str]) -> Vec<u8> {
+    let python = Moto::binary().with_file_name("python");
     let out = Command::new(&python)
-        .args(["-c", script, &moto.endpoint, bucket])
+        .args(["-c", script])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -489,12 +495,11 @@ print(json.dumps({u: [{"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]} f
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out.stdout
 }
 
 /// Deletes an access key, signed with another that may.
 fn delete_key(moto: &Moto, with: &Value, user: &str, key: &Value) {
-    let python = Moto::binary().with_file_name("python");
     let script = r#"
 import boto3, sys
 endpoint, kid, secret, user, victim = sys.argv[1:6]
@@ -502,20 +507,9 @@ iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
                    aws_access_key_id=kid, aws_secret_access_key=secret)
 iam.delete_access_key(UserName=user, AccessKeyId=victim)
 "#;
-    let out = Command::new(&python)
-        .args(["-c", script, &moto.endpoint])
-        .args([
-            with["id"].as_str().unwrap(),
-            with["secret"].as_str().unwrap(),
-        ])
-        .args([user, key["id"].as_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let id = |k: &Value| k["id"].as_str().unwrap().to_owned();
+    let secret = with["secret"].as_str().unwrap();
+    boto3(script, &[&moto.endpoint, &id(with), secret, user, &id(key)]);
 }
 
 fn write_credentials(path: &Path, key: &Value) {

@@ -20,7 +20,8 @@
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
 //! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
-//! | 4 | [`cluster_manager`] | who launches executors (`local`, `standalone`), the supervisor that keeps the target and replaces what exits, dynamic allocation's arithmetic | 0-3 |
+//! | 4 | [`cluster_manager`] | who launches executors (`local`, `standalone`, `kubernetes`), the supervisor that keeps the target and replaces what exits, dynamic allocation's arithmetic | 0-3 |
+//! | 4 | [`credentials`] | the object-store credentials pushed to executors, read from their file as it changes | 0-3 |
 //! | 5 | [`server`] | [`run`]: the listeners, the revive loop; where the parts are joined | all |
 //!
 //! No layer below `http` uses axum; nothing below `service` holds the lock.

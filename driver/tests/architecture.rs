@@ -25,6 +25,7 @@ const RANKS: &[(&str, u8)] = &[
     ("http", 4),
     ("cluster", 4),
     ("cluster_manager", 4),
+    ("credentials", 4),
     ("server", 5),
 ];
 
