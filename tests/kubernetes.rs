@@ -107,8 +107,8 @@ fn kube_sim_runs_lists_watches_and_deletes_a_pod() {
         let client = client.clone();
         move || read_watch(client.get(url).send().unwrap(), |e| e["type"] == "DELETED")
     });
-    // The list's resourceVersion is "0" here, which means "any": a watch that arrived
-    // after the creation would start from the pod as it is then, not from its ADDED.
+    // Not needed for correctness (the watch replays from the list's resourceVersion,
+    // which is never "0", i.e. "any"), but it keeps the test reading a live watch.
     wait_until(Duration::from_secs(10), "the watch open", || {
         sim.requests().iter().any(|(verb, _, _)| verb == "watch")
     });
@@ -190,7 +190,7 @@ fn kube_sim_runs_lists_watches_and_deletes_a_pod() {
         (&json!(143), &json!(15)),
         "{last}"
     );
-    assert!(sim.pods(NS).is_empty());
+    assert!(sim.pods(NS).is_empty(), "{:#?} {types:?}", sim.pods(NS));
     assert!(!process_exists(pid));
 
     let (status, _, gone) = send(client.get(format!("{}/sleeper", pods_url(&sim))));
