@@ -291,3 +291,173 @@ fn in_fair_mode_a_small_job_is_not_stuck_behind_a_big_one() {
     let fifo = run("fifo");
     assert_eq!(fifo, 60, "FIFO: the small job waited for the big one");
 }
+
+/// `GET /v1/jobs/{id}/results` read back into (index, result) frames.
+fn frames(body: &[u8]) -> Vec<(u32, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        assert!(rest.len() >= 13, "a cut frame header: {} bytes", rest.len());
+        let index = u32::from_be_bytes(rest[..4].try_into().unwrap());
+        let present = rest[4];
+        let len = u64::from_be_bytes(rest[5..13].try_into().unwrap()) as usize;
+        rest = &rest[13..];
+        match present {
+            1 => {
+                out.push((index, Some(rest[..len].to_vec())));
+                rest = &rest[len..];
+            }
+            0 => {
+                assert_eq!(len, 0);
+                out.push((index, None));
+            }
+            other => panic!("frame of task {index}: presence byte {other}"),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_result_comes_in_one_response_in_task_order_inline_and_block_alike() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    // Task 1's result is past the inline limit (1 MiB): it lives in the block store.
+    let big = 3 * 1024 * 1024 / 2;
+    let tasks = json!([
+        {"input": {"text": "first"}, "args": ["echo"]},
+        {"input": {"text": ""}, "args": ["print", big.to_string()]},
+        {"input": {"text": ""}, "args": ["noop"]},
+        {"input": {"text": "last"}, "args": ["echo"]},
+    ]);
+    let job = cluster.run_job(json!({"module": module, "tasks": tasks}));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap();
+    let response = cluster
+        .client
+        .get(cluster.url(&format!("/v1/jobs/{id}/results")))
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/vnd.flint.results"
+    );
+    let got = frames(&response.bytes().unwrap());
+    assert_eq!(
+        got,
+        vec![
+            (0, Some(b"first".to_vec())),
+            (1, Some(vec![b'x'; big])),
+            (2, Some(Vec::new())),
+            (3, Some(b"last".to_vec())),
+        ]
+    );
+
+    // A failed job: its failed and killed tasks have frames without a result.
+    let failing = cluster.run_job(json!({"module": module, "tasks": [
+        {"input": {"text": "ok"}, "args": ["echo"]},
+        {"input": {"text": ""}, "args": ["exit", "3"]},
+    ], "max_failures": 1}));
+    assert_eq!(failing["state"], "failed", "{failing}");
+    let (status, body) = cluster.get_bytes(&format!(
+        "/v1/jobs/{}/results",
+        failing["id"].as_str().unwrap()
+    ));
+    assert_eq!(status, 200);
+    let got = frames(&body);
+    assert_eq!(got[1], (1, None));
+    assert_eq!(got.len(), 2);
+
+    // Not before the job has ended, and not for a job that is not there.
+    let sleeping = cluster.submit(&spec(&module, &["sleep", "30000"], &["z"]));
+    let (status, body) = cluster.get(&format!("/v1/jobs/{sleeping}/results"));
+    assert_eq!(
+        (status, &body["error"]["kind"]),
+        (409, &json!("job_running")),
+        "{body}"
+    );
+    let (status, _) = cluster.post_raw(&format!("/v1/jobs/{sleeping}/kill"), "");
+    assert_eq!(status, 202);
+    let (status, body) = cluster.get("/v1/jobs/job-none/results");
+    assert_eq!(
+        (status, &body["error"]["kind"]),
+        (404, &json!("job_not_found")),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_jobs_timeline_pages_through_every_attempt_and_the_cluster_history_samples_each_second() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    let job = cluster.run_job(spec(&module, &["echo"], &["a", "b", "c", "d", "e"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let query = match &after {
+            Some(a) => format!("?limit=2&after={a}"),
+            None => "?limit=2".to_owned(),
+        };
+        let (status, page) = cluster.get(&format!("/v1/jobs/{id}/timeline{query}"));
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        assert!(page["attempts"].as_array().unwrap().len() <= 2);
+        assert!(page["finished_us"].as_u64().unwrap() >= page["created_us"].as_u64().unwrap());
+        for a in page["attempts"].as_array().unwrap() {
+            assert_eq!(a["outcome"], "succeeded", "{a}");
+            assert_eq!(a["attempt"], 1, "{a}");
+            assert!(
+                a["end_us"].as_u64().unwrap() >= a["start_us"].as_u64().unwrap(),
+                "{a}"
+            );
+            assert!(a["executor"].as_str().unwrap().starts_with("exec-"), "{a}");
+            seen.push(a["task"].as_u64().unwrap());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!((seen, pages), (vec![0, 1, 2, 3, 4], 3));
+    let (status, body) = cluster.get(&format!("/v1/jobs/{id}/timeline?limit=0"));
+    assert_eq!(
+        (status, &body["error"]["kind"]),
+        (400, &json!("bad_query")),
+        "{body}"
+    );
+    let (status, body) = cluster.get("/v1/jobs/job-none/timeline");
+    assert_eq!(
+        (status, &body["error"]["kind"]),
+        (404, &json!("job_not_found")),
+        "{body}"
+    );
+
+    common::wait_until(
+        Duration::from_secs(10),
+        "two samples of the cluster",
+        || {
+            cluster.get("/v1/cluster/history").1["samples"]
+                .as_array()
+                .is_some_and(|s| s.len() >= 2)
+        },
+    );
+    let (status, history) = cluster.get("/v1/cluster/history");
+    assert_eq!(status, 200);
+    assert_eq!(history["interval_ms"], 1000);
+    let samples = history["samples"].as_array().unwrap();
+    let last = samples.last().unwrap();
+    assert_eq!(
+        (&last["cores"], &last["executors"]),
+        (&json!(2), &json!(2)),
+        "{history}"
+    );
+    assert!(
+        samples
+            .windows(2)
+            .all(|w| w[0]["t_ms"].as_u64() < w[1]["t_ms"].as_u64())
+    );
+}

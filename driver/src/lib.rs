@@ -17,6 +17,7 @@
 //! | 2 | [`events`] | jobs' event channels (what `GET /v1/jobs/{id}/events` streams) | 0-1 |
 //! | 2 | [`metrics`] | the counters fed as tasks end, and `/metrics` rendered from the state | 0-1 |
 //! | 2 | [`executor_logs`] | where the executors a cluster manager launched write their stderr | 0-1 |
+//! | 2 | [`history`] | the cluster sampled once a second (what `GET /v1/cluster/history` shows) | 0-1 |
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
 //! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
@@ -38,6 +39,7 @@ pub mod config;
 pub mod credentials;
 pub mod events;
 pub mod executor_logs;
+pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod scheduler;

@@ -52,6 +52,7 @@ pub async fn run(
         stop.clone(),
     ));
     let reviver = tokio::spawn(revive_loop(driver.clone()));
+    let sampler = tokio::spawn(history_loop(driver.clone()));
     let retention = driver
         .config
         .sweep_interval()
@@ -98,6 +99,7 @@ pub async fn run(
     driver.workers.shutdown();
     stop.cancel();
     reviver.abort();
+    sampler.abort();
     if let Some(retention) = retention {
         retention.abort();
     }
@@ -121,6 +123,18 @@ pub async fn run(
     )
     .await;
     Ok(())
+}
+
+/// A sample of the cluster every second, for `GET /v1/cluster/history`.
+async fn history_loop(driver: Arc<Driver>) {
+    let mut tick = tokio::time::interval(crate::history::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now();
+        let sample = driver.read(|s| crate::history::sample(s, now));
+        driver.history.record(sample);
+    }
 }
 
 /// Deletes what retention says is old enough, every `every` (a first round at start).

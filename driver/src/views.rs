@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use flint_protocol::api::{ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView};
+use flint_protocol::api::{
+    AttemptView, ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView, TimelineView,
+};
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::records::JobSummaryRecord;
 use flint_protocol::{ExecutorId, JobId};
@@ -138,6 +140,72 @@ pub fn executor_view(
             .map(|until| (until - now).as_millis() as u64),
         recent_task_failures: e.health.recent_failures(exclusion, now) as u32,
         log_url,
+    }
+}
+
+/// Attempts a timeline page holds at most.
+pub const TIMELINE_PAGE: usize = 100_000;
+
+/// A page of a job's attempts as `GET /v1/jobs/{id}/timeline` shows them: from the
+/// `first` (in launch order), at most `limit`. A task that ended without a span (it
+/// ended before a driver restart, or in a data dir from before attempts were kept) is
+/// shown, after the others, as one attempt from its deciding attempt's times.
+pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> TimelineView {
+    let mut covered = vec![false; job.tasks.len()];
+    for s in &job.attempts {
+        if let Some(c) = covered.get_mut(s.task as usize) {
+            *c = true;
+        }
+    }
+    let spans = job.attempts.iter().map(|s| AttemptView {
+        task: s.task,
+        attempt: s.attempt,
+        executor: job.attempt_executors[s.executor as usize].clone(),
+        start_us: s.start_us,
+        end_us: s.end_us,
+        outcome: s.outcome.map(|o| o.as_str().to_owned()),
+        speculative: s.speculative,
+    });
+    let rebuilt = job.tasks.iter().enumerate().filter_map(|(index, task)| {
+        if covered[index] || !task.state.is_final() {
+            return None;
+        }
+        let (Some(start), Some(end), Some(executor)) =
+            (task.started_at_us, task.finished_at_us, &task.executor)
+        else {
+            return None;
+        };
+        Some(AttemptView {
+            task: index as u32,
+            attempt: task.attempts.max(1),
+            executor: executor.clone(),
+            start_us: start,
+            end_us: Some(end),
+            outcome: Some(match task.state {
+                TaskState::Succeeded => "succeeded".to_owned(),
+                _ => task
+                    .failure
+                    .as_ref()
+                    .map_or("killed", |f| f.kind.as_str())
+                    .to_owned(),
+            }),
+            speculative: false,
+        })
+    });
+    let mut page = spans.chain(rebuilt).skip(first);
+    let attempts: Vec<AttemptView> = page.by_ref().take(limit).collect();
+    let next = page.next().map(|_| (first + attempts.len()).to_string());
+    let us = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    };
+    TimelineView {
+        job: job.def.id.clone(),
+        now_us: us(now),
+        created_us: job.def.created_at_ms.saturating_mul(1000),
+        finished_us: job.finished_at.map(us),
+        attempts,
+        next,
     }
 }
 

@@ -427,6 +427,73 @@ pub struct TaskView {
     pub finished_at: Option<String>,
 }
 
+/// `GET /v1/jobs/{id}/timeline`: every attempt of every task, for drawing the job over
+/// time (the web UI's timeline, throughput and duration charts).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TimelineView {
+    pub job: JobId,
+    /// The driver's clock when this was read (Unix microseconds): where a running
+    /// attempt's bar ends for now.
+    pub now_us: u64,
+    /// When the job was accepted and when it ended (Unix microseconds, driver's clock).
+    pub created_us: u64,
+    pub finished_us: Option<u64>,
+    /// In launch order.
+    pub attempts: Vec<AttemptView>,
+    /// More attempts follow: pass this as `after` for the next page.
+    pub next: Option<String>,
+}
+
+/// One attempt of a task on an executor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptView {
+    pub task: u32,
+    /// 1 for the first launch of the task, counting retries and speculative copies.
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    /// Unix microseconds: when the guest started and ended, from the executor's clock
+    /// where it reported them; otherwise the driver's launch time, and for an attempt
+    /// that never reported (its executor was lost, its job ended first) the time the
+    /// driver gave up on it.
+    pub start_us: u64,
+    /// None while it runs.
+    pub end_us: Option<u64>,
+    /// `succeeded`, a failure kind (`exit`, `timeout`, `killed`, `host_error`, ...),
+    /// `lost` (its executor was lost or stopped it; the task ran again), or none while
+    /// it runs.
+    pub outcome: Option<String>,
+    /// A copy launched because the task ran slow (speculation).
+    pub speculative: bool,
+}
+
+/// `GET /v1/cluster/history`: the cluster once a second over the last minutes, oldest
+/// first (kept in the driver's memory: a restart starts it afresh).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterHistory {
+    pub interval_ms: u64,
+    pub samples: Vec<ClusterSample>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterSample {
+    /// Unix milliseconds.
+    pub t_ms: u64,
+    /// Attempts running (or queued) on executors.
+    pub running_tasks: u32,
+    /// Cores of live executors given to tasks.
+    pub busy_cores: u32,
+    /// Cores of live executors.
+    pub cores: u32,
+    /// Executors alive.
+    pub executors: u32,
+    /// Tasks of live jobs waiting for a core.
+    pub pending_tasks: u64,
+}
+
 /// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state
 /// (launched, ended, back to pending for a retry, killed with its job).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

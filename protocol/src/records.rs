@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{JobState, TaskState};
 use crate::ids::{ExecutorId, JobId};
-use crate::task::{FileRef, ModuleRef, Resources, TaskFailure, TaskInput, TaskResult};
+use crate::task::{FailureKind, FileRef, ModuleRef, Resources, TaskFailure, TaskInput, TaskResult};
 
 /// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
 /// as it is stored.
@@ -72,4 +72,38 @@ pub struct JobSummaryRecord {
     pub tasks: u32,
     pub counts: crate::api::TaskCounts,
     pub error: Option<(String, String)>,
+}
+
+/// One attempt of a task, for a finished job's timeline: written once the job's last
+/// attempt has ended (the table `job_attempts.v1`, one value per job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub task: u32,
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    pub start_us: u64,
+    pub end_us: Option<u64>,
+    /// None: it never ended (its job ended first and nothing reported it).
+    pub outcome: Option<AttemptOutcome>,
+    pub speculative: bool,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttemptOutcome {
+    Succeeded,
+    Failed(FailureKind),
+    /// Its executor was lost, or withdrew it (stopping): the task ran again.
+    Lost,
+}
+
+impl AttemptOutcome {
+    /// As the API names it: `succeeded`, the failure's kind, or `lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed(kind) => kind.as_str(),
+            AttemptOutcome::Lost => "lost",
+        }
+    }
 }

@@ -9,7 +9,9 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorResponse, JobSpec, JobState, JobView, List, TaskState, TaskView};
+use flint_protocol::api::{
+    ErrorResponse, JobSpec, JobState, JobView, List, TaskState, TaskView, TimelineView,
+};
 use flint_protocol::{JobId, TaskResult, defaults};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -20,7 +22,7 @@ use super::error::{ApiError, ApiResult};
 use crate::scheduler::Task;
 use crate::service::{Driver, IdempotencyKey, ListError, Submitted};
 use crate::store::JobFilter;
-use crate::views::task_view;
+use crate::views::{TIMELINE_PAGE, task_view, timeline_view};
 
 /// The header that makes a submission safe to retry.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -365,6 +367,145 @@ pub(super) async fn get_result(
             .into_response()),
         TaskResult::Block(block) => stream_block(&driver, &block.id).await,
     }
+}
+
+/// The media type of `GET /v1/jobs/{id}/results`.
+pub(super) const RESULTS_TYPE: &str = "application/vnd.flint.results";
+
+/// Every task's result in one response, in task order, so that a client reads a job
+/// of 20,000 tasks in one request rather than 20,000. Each task is a frame: its index
+/// (u32, big-endian), 1 if it succeeded (a result follows) or 0, the result's length
+/// (u64, big-endian), then the bytes. Large results stream from the block store as
+/// `GET .../tasks/{index}/result` would; nothing is held whole in memory but the
+/// inline results.
+#[utoipa::path(get, path = "/v1/jobs/{id}/results", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 200, description = "one frame per task: index (u32 BE), 1 = a result follows or 0, length (u64 BE), the bytes", body = Vec<u8>, content_type = "application/vnd.flint.results"),
+        (status = 404, description = "no such job", body = ErrorResponse),
+        (status = 409, description = "the job has not ended (`job_running`)", body = ErrorResponse),
+    ))]
+pub(super) async fn get_results(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let id = JobId(id);
+    let results: Vec<Option<TaskResult>> = driver
+        .job(&id, |job| {
+            if !job.state.is_final() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "job_running",
+                    format!(
+                        "job {id} is {}: its results are read once it has ended (GET /v1/jobs/{id}?wait=S waits for that)",
+                        job.state.as_str()
+                    ),
+                ));
+            }
+            Ok(job
+                .tasks
+                .iter()
+                .map(|t| t.result.clone().filter(|_| t.state == TaskState::Succeeded))
+                .collect())
+        })?
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))??;
+    use futures_util::StreamExt;
+    let frames =
+        futures_util::stream::iter(results.into_iter().enumerate()).then(move |(index, result)| {
+            let driver = driver.clone();
+            async move { result_frame(&driver, index as u32, result).await }
+        });
+    Ok((
+        [(header::CONTENT_TYPE, RESULTS_TYPE)],
+        Body::from_stream(frames.flatten()),
+    )
+        .into_response())
+}
+
+type Frame = futures_util::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>;
+
+/// One task's frame of `GET .../results`: its header, then its bytes.
+async fn result_frame(driver: &Driver, index: u32, result: Option<TaskResult>) -> Frame {
+    use futures_util::StreamExt;
+    let header = |present: bool, len: u64| {
+        let mut h = Vec::with_capacity(13);
+        h.extend_from_slice(&index.to_be_bytes());
+        h.push(u8::from(present));
+        h.extend_from_slice(&len.to_be_bytes());
+        bytes::Bytes::from(h)
+    };
+    let once = |b: bytes::Bytes| futures_util::stream::iter([Ok(b)]).boxed();
+    match result {
+        None => once(header(false, 0)),
+        Some(TaskResult::Inline(bytes)) => {
+            let len = bytes.len() as u64;
+            futures_util::stream::iter([Ok(header(true, len)), Ok(bytes::Bytes::from(bytes))])
+                .boxed()
+        }
+        Some(TaskResult::Block(block)) => match driver.blocks.get_stream(&block.id).await {
+            // A block of another length would break every frame after it: the
+            // response is cut instead, and the client sees it end early.
+            Ok((len, stream)) if len == block.size => once(header(true, len)).chain(stream).boxed(),
+            Ok((len, _)) => futures_util::stream::iter([Err(std::io::Error::other(format!(
+                "task {index}: block {} holds {len} bytes, not the {} recorded",
+                block.id, block.size
+            )))])
+            .boxed(),
+            Err(e) => futures_util::stream::iter([Err(std::io::Error::other(format!(
+                "task {index}: block {}: {e}",
+                block.id
+            )))])
+            .boxed(),
+        },
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct TimelineQuery {
+    /// Attempts per page, 1 to 100,000 (the default).
+    #[param(minimum = 1, maximum = 100_000)]
+    limit: Option<u64>,
+    /// The `next` cursor of the previous page.
+    after: Option<u64>,
+}
+
+/// Every attempt of the job's tasks (launch, executor, start and end, outcome, whether
+/// a speculative copy), in launch order, a page at a time: what the web UI draws its
+/// timeline, throughput and duration charts from.
+#[utoipa::path(get, path = "/v1/jobs/{id}/timeline", tag = "jobs",
+    params(("id" = String, Path, description = "the job's id"), TimelineQuery),
+    responses(
+        (status = 200, description = "a page of the job's attempts", body = TimelineView),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 404, description = "no such job", body = ErrorResponse),
+    ))]
+pub(super) async fn get_timeline(
+    State(driver): State<Arc<Driver>>,
+    Path(id): Path<String>,
+    query: Result<Query<TimelineQuery>, QueryRejection>,
+) -> ApiResult<axum::Json<TimelineView>> {
+    let Query(query) = query.map_err(ApiError::query)?;
+    let limit = match query.limit {
+        None => TIMELINE_PAGE,
+        Some(n @ 1..=100_000) => n as usize,
+        Some(n) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_query",
+                format!("limit={n}: a timeline page holds 1 to {TIMELINE_PAGE} attempts"),
+            ));
+        }
+    };
+    let first = query
+        .after
+        .map_or(0, |a| usize::try_from(a).unwrap_or(usize::MAX));
+    let id = JobId(id);
+    driver
+        .job(&id, |job| {
+            axum::Json(timeline_view(job, SystemTime::now(), first, limit))
+        })?
+        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))
 }
 
 /// A task's log (its stderr), capped at 1 MiB.

@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::ExecutorId;
-use flint_protocol::api::{ErrorResponse, ExecutorList, List, WorkerView};
+use flint_protocol::api::{ClusterHistory, ErrorResponse, ExecutorList, List, WorkerView};
 
 use super::error::ApiError;
 use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
@@ -17,6 +17,16 @@ use crate::metrics;
 use crate::service::Driver;
 use crate::service::ExecutorRefusal;
 use crate::views::executor_view;
+
+/// The cluster once a second over the last 15 minutes (running tasks, busy and total
+/// cores, live executors, pending tasks), oldest first; kept in the driver's memory.
+#[utoipa::path(get, path = "/v1/cluster/history", tag = "executors",
+    responses((status = 200, description = "samples, oldest first", body = ClusterHistory)))]
+pub(super) async fn cluster_history(
+    State(driver): State<Arc<Driver>>,
+) -> axum::Json<ClusterHistory> {
+    axum::Json(driver.history.view())
+}
 
 /// Liveness: answers while the driver serves requests. Needs no token.
 #[utoipa::path(get, path = "/healthz", tag = "driver", security(()),

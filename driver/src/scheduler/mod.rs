@@ -154,7 +154,10 @@ impl ClusterState {
     }
 
     fn remove_job(&mut self, job: &JobId) -> Option<Job> {
-        let removed = self.jobs.remove(job)?;
+        let mut removed = self.jobs.remove(job)?;
+        // Nothing reports an attempt of a job out of the state; every one has reported
+        // by now, so this is only for the timeline's sake.
+        removed.close_open_spans(self.wall);
         if let Some(at) = self.queue.iter().position(|q| q == job) {
             self.queue.remove(at);
         }
@@ -244,9 +247,13 @@ impl ClusterState {
         };
         executor.free_cores = 0;
         executor.queued_ahead = 0;
-        let running: Vec<TaskId> = executor.running.drain().map(|(t, _)| t).collect();
+        let running: Vec<(TaskId, RunningAttempt)> = executor.running.drain().collect();
         let mut actions = Vec::new();
-        for task_id in running {
+        let now = self.wall;
+        for (task_id, attempt) in running {
+            if let Some(job) = self.jobs.get_mut(&task_id.job) {
+                job.close_span(attempt.span, Outcome::Lost, None, now);
+            }
             if self.attempts_running(&task_id) > 0 {
                 continue;
             }
@@ -486,6 +493,9 @@ impl ClusterState {
                 result_bytes: 0,
                 counts,
                 run_time_us: None,
+                attempts: Vec::new(),
+                attempt_executors: Vec::new(),
+                attempt_executor_at: FastMap::default(),
             },
         );
     }

@@ -106,6 +106,8 @@ impl Default for SchedulingConfig {
 pub struct RunningAttempt {
     pub attempt: u32,
     pub since: Instant,
+    /// Its span in its job's [`Job::attempts`].
+    pub span: u32,
     /// Its job's cores per task, so that placement can see a multi-core task here
     /// without a job lookup per running attempt.
     pub cores: u32,
@@ -200,6 +202,37 @@ pub struct Job {
     /// Moving average of its attempts' run time (guest start to end, in microseconds),
     /// which sizes how far ahead its tasks are queued; `None` until one has ended.
     pub(crate) run_time_us: Option<f64>,
+    /// Every attempt launched, in launch order: the job's timeline.
+    pub attempts: Vec<AttemptSpan>,
+    /// The executors named by `attempts` (an index into this), so that a span holds no
+    /// string of its own; and where each is in it.
+    pub attempt_executors: Vec<ExecutorId>,
+    pub(crate) attempt_executor_at: FastMap<ExecutorId, u32>,
+}
+
+/// One attempt of a task, from its launch to its end. About 40 bytes: a job keeps one
+/// per launch for its timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptSpan {
+    pub task: u32,
+    pub attempt: u32,
+    /// Index into [`Job::attempt_executors`].
+    pub executor: u32,
+    pub speculative: bool,
+    /// Unix microseconds: the driver's launch time until the executor reports the
+    /// guest's own start.
+    pub start_us: u64,
+    pub end_us: Option<u64>,
+    pub outcome: Option<Outcome>,
+}
+
+/// How an attempt ended.
+pub use flint_protocol::records::AttemptOutcome as Outcome;
+
+/// Unix microseconds of a wall-clock time.
+pub(crate) fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The one way a task's state changes, so that its job's counts stay true.
@@ -232,6 +265,71 @@ pub struct Task {
 }
 
 impl Job {
+    /// Records a launch of task `index` on `executor`: its span, whose index the
+    /// running attempt keeps.
+    pub(crate) fn open_span(
+        &mut self,
+        index: u32,
+        executor: &ExecutorId,
+        speculative: bool,
+        now: SystemTime,
+    ) -> u32 {
+        let at = match self.attempt_executor_at.get(executor) {
+            Some(&at) => at,
+            None => {
+                let at = self.attempt_executors.len() as u32;
+                self.attempt_executors.push(executor.clone());
+                self.attempt_executor_at.insert(executor.clone(), at);
+                at
+            }
+        };
+        self.attempts.push(AttemptSpan {
+            task: index,
+            attempt: self.tasks[index as usize].attempts,
+            executor: at,
+            speculative,
+            start_us: unix_us(now),
+            end_us: None,
+            outcome: None,
+        });
+        (self.attempts.len() - 1) as u32
+    }
+
+    /// Closes an attempt's span; the executor's own times (when it reported them)
+    /// replace the driver's.
+    pub(crate) fn close_span(
+        &mut self,
+        span: u32,
+        outcome: Outcome,
+        times: Option<(u64, u64)>,
+        now: SystemTime,
+    ) {
+        let Some(span) = self.attempts.get_mut(span as usize) else {
+            return;
+        };
+        if span.end_us.is_some() {
+            return;
+        }
+        match times {
+            // A guest that never started (a fetch failed) reports zeros.
+            Some((start, end)) if start > 0 && end >= start => {
+                span.start_us = start;
+                span.end_us = Some(end);
+            }
+            _ => span.end_us = Some(unix_us(now).max(span.start_us)),
+        }
+        span.outcome = Some(outcome);
+    }
+
+    /// Closes every span still open (the job is over and nothing will report them).
+    pub(crate) fn close_open_spans(&mut self, now: SystemTime) {
+        let end = unix_us(now);
+        for span in self.attempts.iter_mut().filter(|s| s.end_us.is_none()) {
+            span.end_us = Some(end.max(span.start_us));
+            span.outcome = Some(Outcome::Failed(FailureKind::Killed));
+        }
+    }
+
     /// Ends every task that has not started: its job is over.
     pub(crate) fn kill_pending(&mut self) {
         self.speculative.clear();

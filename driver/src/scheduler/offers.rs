@@ -238,17 +238,21 @@ impl ClusterState {
                 job.state = JobState::Running;
             }
             let task = &mut job.tasks[index as usize];
+            // A running task launched again is a speculative copy.
+            let speculative = task.state == TaskState::Running;
             set_state(&mut job.counts, task, TaskState::Running);
             task.attempts += 1;
             task.executor = Some(executor_id.clone());
+            let span = job.open_span(index, executor_id, speculative, wall);
             executor.running.insert(
                 TaskId {
                     job: job_id.clone(),
                     index,
                 },
                 RunningAttempt {
-                    attempt: task.attempts,
+                    attempt: job.tasks[index as usize].attempts,
                     since: now,
+                    span,
                     cores: job.def.resources.cores,
                 },
             );

@@ -76,6 +76,20 @@ impl ClusterState {
         let Some(job) = self.jobs.get_mut(&status.task.job) else {
             return false;
         };
+        let outcome = match &status.end.outcome {
+            Ok(_) => Outcome::Succeeded,
+            // Not the driver's kill (it kills only tasks already final): the executor
+            // withdrew it, and the task runs again (below).
+            Err(f)
+                if f.kind == FailureKind::Killed
+                    && !job.tasks[status.task.index as usize].state.is_final() =>
+            {
+                Outcome::Lost
+            }
+            Err(f) => Outcome::Failed(f.kind),
+        };
+        let times = (status.end.started_at_us, status.end.finished_at_us);
+        job.close_span(running.span, outcome, Some(times), now);
         let run = status
             .end
             .finished_at_us

@@ -123,7 +123,8 @@ fn footprint(job: &Job) -> usize {
                 }
         })
         .sum();
-    std::mem::size_of::<Job>() + 512 + tasks
+    let attempts = job.attempts.capacity() * std::mem::size_of::<crate::scheduler::AttemptSpan>();
+    std::mem::size_of::<Job>() + 512 + tasks + attempts
 }
 
 /// A finished job stripped of what nothing reads once it is over: its tasks' inputs.
@@ -134,5 +135,6 @@ pub(super) fn strip(mut job: Job) -> Job {
         task.env = Vec::new();
     }
     job.tasks.shrink_to_fit();
+    job.attempts.shrink_to_fit();
     job
 }

@@ -126,6 +126,8 @@ pub struct Driver {
     commands: std::sync::Mutex<Option<mpsc::UnboundedSender<AllocationCommand>>>,
     /// What `UpdateCredentials` carries, once `--executor-credentials` was read.
     credentials: std::sync::Mutex<Option<flint_protocol::messages::Credentials>>,
+    /// The cluster once a second, for `GET /v1/cluster/history`.
+    pub history: crate::history::History,
 }
 
 /// What the API asks of the cluster manager's supervisor.
@@ -198,6 +200,7 @@ impl Driver {
             metrics: crate::metrics::Metrics::default(),
             events,
             executor_logs: Default::default(),
+            history: Default::default(),
             allocation: Default::default(),
             workers: Default::default(),
             commands: Default::default(),
@@ -474,7 +477,8 @@ impl Driver {
         let Some(stored) = self.store.job(id)? else {
             return Ok(None);
         };
-        let job = Arc::new(durable::finished_job(stored));
+        let attempts = self.store.attempts(id)?;
+        let job = Arc::new(durable::finished_job(stored, attempts));
         let mut inner = self.lock();
         // Ended and removed meanwhile? Only cache what no deletion may have raced.
         if inner.archive.deletions == deletions && !inner.state.jobs.contains_key(id) {
@@ -513,6 +517,12 @@ impl Driver {
                     last = last.max(write);
                 }
             }
+        }
+        let write = self
+            .store
+            .attempts_ended(job.def.id.clone(), durable::attempt_records(&job));
+        if last != u64::MAX {
+            last = last.max(write);
         }
         inner.archive(job, last);
     }

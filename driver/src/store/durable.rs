@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
-    JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord, TaskInputRecord,
+    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord, TaskInputRecord,
 };
 
-use crate::scheduler::{Action, ClusterState, Job, NewJob, NewTask, Task};
+use crate::scheduler::{Action, AttemptSpan, ClusterState, Job, NewJob, NewTask, Task};
 use crate::store::StoredJob;
 
 pub fn job_record(job: &NewJob) -> JobRecord {
@@ -61,9 +61,50 @@ pub fn job_summary(job: &Job) -> JobSummaryRecord {
     }
 }
 
-/// A finished job read back from the store, as the API shows it: its tasks' ends, no
-/// inputs (nothing runs it again).
-pub fn finished_job(stored: StoredJob) -> Job {
+/// A job's attempts as the store keeps them.
+pub fn attempt_records(job: &Job) -> Vec<AttemptRecord> {
+    job.attempts
+        .iter()
+        .map(|s| AttemptRecord {
+            task: s.task,
+            attempt: s.attempt,
+            executor: job.attempt_executors[s.executor as usize].clone(),
+            start_us: s.start_us,
+            end_us: s.end_us,
+            outcome: s.outcome,
+            speculative: s.speculative,
+        })
+        .collect()
+}
+
+/// The attempts read back, as the job held them.
+fn restore_attempts(job: &mut Job, records: Vec<AttemptRecord>) {
+    job.attempts = Vec::with_capacity(records.len());
+    for r in records {
+        let executor = match job.attempt_executor_at.get(&r.executor) {
+            Some(&at) => at,
+            None => {
+                let at = job.attempt_executors.len() as u32;
+                job.attempt_executor_at.insert(r.executor.clone(), at);
+                job.attempt_executors.push(r.executor);
+                at
+            }
+        };
+        job.attempts.push(AttemptSpan {
+            task: r.task,
+            attempt: r.attempt,
+            executor,
+            speculative: r.speculative,
+            start_us: r.start_us,
+            end_us: r.end_us,
+            outcome: r.outcome,
+        });
+    }
+}
+
+/// A finished job read back from the store, as the API shows it: its tasks' ends and
+/// attempts (when stored), no inputs (nothing runs it again).
+pub fn finished_job(stored: StoredJob, attempts: Option<Vec<AttemptRecord>>) -> Job {
     let StoredJob { job, tasks, end } = stored;
     let mut state = ClusterState::new(
         0,
@@ -93,10 +134,14 @@ pub fn finished_job(stored: StoredJob) -> Job {
         }],
         SystemTime::now(),
     );
-    state
+    let mut job = state
         .jobs
         .remove(&id)
-        .expect("a restored job is in the state")
+        .expect("a restored job is in the state");
+    if let Some(attempts) = attempts {
+        restore_attempts(&mut job, attempts);
+    }
+    job
 }
 
 impl ClusterState {

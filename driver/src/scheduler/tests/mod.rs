@@ -373,3 +373,66 @@ fn a_launched_executor_is_launching_until_it_registers_and_keeps_where_it_came_f
     state.executor_launched(&exec(1), by, None);
     assert_eq!(state.executors[&exec(1)].state, ExecutorState::Alive);
 }
+
+#[test]
+fn every_attempt_is_a_span_with_its_executor_times_and_outcome() {
+    let (mut state, gens) = cluster(2, 1);
+    let placed = launches(&state.submit_job(job("j", 2, 1)));
+    let on1 = placed.iter().find(|p| p.0 == exec(1)).unwrap().clone();
+    let on2 = placed.iter().find(|p| p.0 == exec(2)).unwrap().clone();
+    // exec-1 is lost: its attempt ends `lost`, at the driver's time.
+    state.executor_lost(&exec(1), gens[0]);
+    // exec-2's attempt fails on the job's budget, then both tasks run there again.
+    let next = finish(&mut state, &on2, "j", fetch_error("http://o/x"));
+    assert_eq!(next, vec![(exec(2), on1.1, 2)]);
+    let next = finish(&mut state, &next[0], "j", Ok(()));
+    assert_eq!(next, vec![(exec(2), on2.1, 2)]);
+    finish(&mut state, &next[0], "j", Ok(()));
+    let job = &state.jobs[&JobId("j".into())];
+    assert_eq!(job.state, JobState::Succeeded);
+    // In launch order: the first two in either order, then the relaunches.
+    let spans: Vec<_> = job
+        .attempts
+        .iter()
+        .map(|s| {
+            let executor = job.attempt_executors[s.executor as usize].clone();
+            (s.task, s.attempt, executor, s.outcome, s.speculative)
+        })
+        .collect();
+    let mut first_two = spans[..2].to_vec();
+    first_two.sort_by_key(|s| s.2.clone());
+    assert_eq!(
+        first_two,
+        vec![
+            (on1.1, 1, exec(1), Some(Outcome::Lost), false),
+            (
+                on2.1,
+                1,
+                exec(2),
+                Some(Outcome::Failed(FailureKind::FetchError)),
+                false
+            ),
+        ]
+    );
+    assert_eq!(
+        spans[2..],
+        [
+            (on1.1, 2, exec(2), Some(Outcome::Succeeded), false),
+            (on2.1, 2, exec(2), Some(Outcome::Succeeded), false),
+        ]
+    );
+    // Reported attempts carry the executor's clock (the test's reports say 1..2 µs);
+    // the lost one the driver's.
+    for s in &job.attempts {
+        match s.outcome {
+            Some(Outcome::Lost) => {
+                assert!(s.start_us > 2 && s.end_us.unwrap() >= s.start_us, "{s:?}")
+            }
+            _ => assert_eq!((s.start_us, s.end_us), (1, Some(2)), "{s:?}"),
+        }
+    }
+    // Two executors named, each once.
+    let mut named = job.attempt_executors.clone();
+    named.sort();
+    assert_eq!(named, vec![exec(1), exec(2)]);
+}

@@ -93,6 +93,33 @@ fn a_slow_task_gets_a_copy_and_the_first_success_wins() {
     let job = &state.jobs[&JobId("j".into())];
     assert_eq!(job.tasks[slow.1 as usize].state, TaskState::Succeeded);
     assert_eq!(job.counts().succeeded, 4);
+    // Its timeline: the original killed, the copy marked and the winner.
+    let spans: Vec<_> = job
+        .attempts
+        .iter()
+        .filter(|s| s.task == slow.1)
+        .map(|s| {
+            (
+                s.attempt,
+                s.speculative,
+                s.outcome,
+                job.attempt_executors[s.executor as usize].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        spans,
+        vec![
+            (
+                1,
+                false,
+                Some(Outcome::Failed(FailureKind::Killed)),
+                exec(1)
+            ),
+            (2, true, Some(Outcome::Succeeded), exec(2)),
+        ]
+    );
+    assert_eq!(job.attempts.len(), 5, "four tasks, one copy");
 }
 
 #[test]

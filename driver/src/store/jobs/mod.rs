@@ -22,7 +22,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
-use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord};
+use flint_protocol::records::{
+    AttemptRecord, JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+};
 use flint_protocol::{Digest, JobId};
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
@@ -50,6 +52,11 @@ const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v3");
 /// v5 (layout 5); v4 was keyed by sequence alone, many jobs per value.
 const TASK_ENDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("task_ends.v5");
 const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v3");
+/// Job -> its attempts (`Vec<AttemptRecord>`), written once its last attempt has
+/// ended: the timeline of a finished job. Added in layout 5 without a new layout: a
+/// data dir without it has no timelines, and its jobs' timelines are rebuilt from
+/// their task ends.
+const JOB_ATTEMPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_attempts.v1");
 /// Idempotency keys: key -> (the SHA-256 of the canonical spec the key was given with,
 /// the job it made). Written in the job's own transaction, so a job and its key are
 /// stored together or not at all.
@@ -239,6 +246,25 @@ impl JobStore {
     pub fn job_ended(&self, job: JobId, end: JobEndRecord, summary: JobSummaryRecord) -> u64 {
         self.writer
             .send(writer::Write::JobEnd(job, end, Box::new(summary)))
+    }
+
+    /// Queues a finished job's attempts (its timeline) for the next group commit; returns
+    /// the write's number.
+    pub fn attempts_ended(&self, job: JobId, attempts: Vec<AttemptRecord>) -> u64 {
+        self.writer.send(writer::Write::Attempts(job, attempts))
+    }
+
+    /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a
+    /// job stored without them (still running, or finished before they were kept).
+    pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let table = match txn.open_table(JOB_ATTEMPTS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(db_error(e)),
+        };
+        let value = table.get(id.0.as_str()).map_err(db_error)?;
+        Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
     }
 
     /// Whether the write numbered `write` (and every one before it) is committed.
@@ -436,6 +462,7 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
         txn.open_table(table).map_err(db_error)?;
     }
     txn.open_table(TASK_ENDS).map_err(db_error)?;
+    txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;
     txn.open_table(JOB_KEYS).map_err(db_error)?;
     txn.open_table(BY_STATE).map_err(db_error)?;
@@ -605,6 +632,10 @@ fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Deleted>, Store
         }
     }
     txn.open_table(JOB_ENDS)
+        .map_err(db_error)?
+        .remove(id)
+        .map_err(db_error)?;
+    txn.open_table(JOB_ATTEMPTS)
         .map_err(db_error)?
         .remove(id)
         .map_err(db_error)?;

@@ -287,7 +287,9 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
         job_end(JobState::Succeeded, 5),
         final_summary(&gone, JobState::Succeeded, 5),
     );
+    store.attempts_ended(id.clone(), vec![attempt(0, 1)]);
     store.flush();
+    assert!(store.attempts(&id).unwrap().is_some());
     let deleted = store.delete_job(&id).unwrap().expect("it was there");
     assert_eq!(deleted.key.as_deref(), Some("key-1"));
     assert!(store.delete_job(&id).unwrap().is_none(), "once");
@@ -298,7 +300,7 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
     for table in txn.list_tables().unwrap() {
         let name = table.name().to_owned();
         let found = match name.as_str() {
-            "jobs.v3" | "job_ends.v3" | "job_summaries.v1" => txn
+            "jobs.v3" | "job_ends.v3" | "job_summaries.v1" | "job_attempts.v1" => txn
                 .open_table(TableDefinition::<&str, &[u8]>::new(&name))
                 .unwrap()
                 .get("gone")
@@ -634,4 +636,37 @@ fn after_a_failed_write_the_store_reopens_its_file_and_takes_writes_again() {
     assert!(handle::Handle::needs_reopen(&StoreError::Full(
         "No space left on device".into()
     )));
+}
+
+fn attempt(task: u32, attempt: u32) -> AttemptRecord {
+    AttemptRecord {
+        task,
+        attempt,
+        executor: flint_protocol::ExecutorId("exec-1".into()),
+        start_us: 10,
+        end_us: Some(20),
+        outcome: Some(flint_protocol::records::AttemptOutcome::Succeeded),
+        speculative: attempt > 1,
+    }
+}
+
+#[test]
+fn a_finished_jobs_attempts_come_back_after_a_reopen_and_none_for_a_job_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    store.put_job(&record_at("done", "a", 1), None).unwrap();
+    let id = JobId("done".into());
+    assert_eq!(store.attempts(&id).unwrap(), None, "none before its end");
+    let attempts = vec![attempt(0, 1), attempt(1, 1), attempt(1, 2)];
+    store.attempts_ended(id.clone(), attempts.clone());
+    // A job deleted (or never stored) before the write is committed gets no timeline:
+    // nothing would ever delete it.
+    let never = JobId("never-stored".into());
+    let write = store.attempts_ended(never.clone(), vec![attempt(0, 1)]);
+    store.flush();
+    assert!(store.is_durable(write));
+    let store = reopen(store, &path);
+    assert_eq!(store.attempts(&id).unwrap(), Some(attempts));
+    assert_eq!(store.attempts(&never).unwrap(), None);
 }

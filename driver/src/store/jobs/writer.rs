@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flint_protocol::JobId;
-use flint_protocol::records::{JobEndRecord, JobSummaryRecord, TaskEndRecord};
-use redb::Database;
+use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord, TaskEndRecord};
+use redb::{Database, ReadableTable};
 
 use super::handle::Handle;
 
-use super::{META, NEXT_SEQUENCE, StoreError, TASK_ENDS, db_error, end_job};
+use super::{JOB_ATTEMPTS, JOBS, META, NEXT_SEQUENCE, StoreError, TASK_ENDS, db_error, end_job};
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
 const GROUP_COMMIT: usize = 4096;
@@ -34,6 +34,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub(super) enum Write {
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord, Box<JobSummaryRecord>),
+    Attempts(JobId, Vec<AttemptRecord>),
     /// Try to commit what came before now, then answer.
     Flush(mpsc::SyncSender<()>),
 }
@@ -260,6 +261,7 @@ fn commit(
             Ok::<_, StoreError>(())
         };
         let mut job_ends = Vec::new();
+        let mut timelines = Vec::new();
         for (_, write) in batch {
             match write {
                 Write::TaskEnd(job, index, end) => {
@@ -278,6 +280,7 @@ fn commit(
                     }
                 }
                 Write::JobEnd(job, end, summary) => job_ends.push((job, end, summary)),
+                Write::Attempts(job, attempts) => timelines.push((job, attempts)),
                 Write::Flush(_) => {}
             }
         }
@@ -291,6 +294,20 @@ fn commit(
         for (job, end, summary) in job_ends {
             end_job(&txn, &job.0, end, summary)?;
         }
+        let mut attempts = txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
+        let jobs = txn.open_table(JOBS).map_err(db_error)?;
+        for (job, value) in timelines {
+            // A job deleted (or never stored) before this commit: nothing would ever
+            // delete its timeline.
+            if jobs.get(job.0.as_str()).map_err(db_error)?.is_none() {
+                continue;
+            }
+            let bytes = postcard::to_stdvec(value)?;
+            attempts
+                .insert(job.0.as_str(), bytes.as_slice())
+                .map_err(db_error)?;
+        }
+        drop((attempts, jobs));
         txn.open_table(META)
             .map_err(db_error)?
             .insert(NEXT_SEQUENCE, sequence)
