@@ -5,7 +5,9 @@
 //! token the page asks for it, refuses a wrong one, and with the right one shows the
 //! same, and opens logs and results, all with the token in a header. Screenshots are
 //! kept as test artifacts at `$CARGO_TARGET_DIR/artifacts/ui.png` and `ui-secured.png`
-//! (`target/artifacts/` by default).
+//! (`target/artifacts/` by default), and of the charts of a job with a retry and a
+//! speculative copy (`ui-timeline.png`, `ui-throughput.png`, `ui-durations.png`,
+//! `ui-cluster.png`) and of a 20,000-task job's timeline (`ui-timeline-20k.png`).
 
 mod common;
 
@@ -14,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::origin::{Origin, Reply};
 use common::{DevCluster, Process, free_port, guests, spec, wait_until};
 use serde_json::{Value, json};
 
@@ -159,6 +162,23 @@ impl Browser {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// A screenshot of one element (scrolled into view first).
+    fn element_screenshot(&self, selector: &str) -> Vec<u8> {
+        self.eval(&format!(
+            "document.querySelector({}).scrollIntoView({{block: 'center'}}); return true;",
+            json!(selector)
+        ));
+        let element = self.element(selector);
+        let png = self.session_call(
+            "GET",
+            &format!("/element/{element}/screenshot"),
+            Value::Null,
+        );
+        base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap()
     }
 
     fn screenshot(&self) -> Vec<u8> {
@@ -573,4 +593,242 @@ fn the_web_ui_reopens_a_refused_event_stream_and_follows_the_job_to_its_end() {
         "the reopened stream's end event",
         "return document.body.getAttribute('data-last-event') === 'end';",
     );
+}
+
+/// The (task, attempt) pairs the page drew, sorted.
+fn drawn_attempts(browser: &Browser) -> Vec<(u64, u64)> {
+    let bars =
+        browser.eval("return window.flintCharts.timeline.bars.map((b) => [b.task, b.attempt]);");
+    let mut pairs: Vec<(u64, u64)> = bars
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b[0].as_u64().unwrap(), b[1].as_u64().unwrap()))
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+#[test]
+fn the_web_ui_draws_a_jobs_attempts_with_its_retry_and_speculative_copy_and_its_charts() {
+    // Task 1 reads a URL that answers 500 until the test fixes it (a retry, on the
+    // job's budget); task 0 spins 20 s on its first attempt only, so that speculation
+    // copies it and the copy wins (the first attempt is killed).
+    let origin = Origin::start(&[("/flaky", Reply::Status(500))]);
+    // No launch pipelining: nothing waits behind the slow attempt, so the other
+    // executor runs the rest and 75 % succeed while it spins.
+    let cluster = DevCluster::start_with(
+        2,
+        1,
+        &[
+            "--speculation",
+            "--launch-ahead",
+            "0",
+            "--fetch-allow",
+            &origin.origin,
+        ],
+    );
+    let module = cluster.upload(&guests().testkit);
+    let mut tasks = vec![
+        json!({"input": {"text": "slow"}, "args": ["slow-first", "20000"]}),
+        json!({"input": {"url": origin.url("/flaky")}, "args": ["echo"]}),
+    ];
+    tasks.extend(
+        (2..12).map(|i| json!({"input": {"text": format!("t{i}")}, "args": ["sleep", "150"]})),
+    );
+    let spec = json!({"module": module, "tasks": tasks, "max_failures": 100});
+    let (status, job) = cluster.post_raw("/v1/jobs", spec.to_string());
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    wait_until(
+        Duration::from_secs(30),
+        "the flaky URL's first answer",
+        || origin.hits("/flaky") >= 1,
+    );
+    origin.set("/flaky", Reply::Body(b"fixed".to_vec()));
+    let job = cluster.wait_for_job(&id, Duration::from_secs(60));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let tasks = cluster.tasks(&job);
+    assert_eq!(tasks[0]["attempts"], 2, "{}", tasks[0]);
+    assert!(tasks[1]["attempts"].as_u64().unwrap() >= 2, "{}", tasks[1]);
+    // Every attempt the driver counted, once.
+    let mut expected: Vec<(u64, u64)> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| (1..=t["attempts"].as_u64().unwrap()).map(move |a| (i as u64, a)))
+        .collect();
+    expected.sort_unstable();
+    // The API's timeline: the same attempts, each with its outcome, the copy marked.
+    wait_until(
+        Duration::from_secs(10),
+        "the killed first attempt to report",
+        || {
+            let (_, t) = cluster.get(&format!("/v1/jobs/{id}/timeline"));
+            t["attempts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| !a["end_us"].is_null())
+        },
+    );
+    let (status, timeline) = cluster.get(&format!("/v1/jobs/{id}/timeline"));
+    assert_eq!(status, 200, "{timeline}");
+    let attempts = timeline["attempts"].as_array().unwrap();
+    let mut listed: Vec<(u64, u64)> = attempts
+        .iter()
+        .map(|a| (a["task"].as_u64().unwrap(), a["attempt"].as_u64().unwrap()))
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(listed, expected, "{timeline}");
+    let of = |task: u64| -> Vec<&Value> { attempts.iter().filter(|a| a["task"] == task).collect() };
+    let slow = of(0);
+    assert_eq!(slow[0]["outcome"], "killed", "{timeline}");
+    assert_eq!(slow[1]["outcome"], "succeeded", "{timeline}");
+    assert_eq!(slow[1]["speculative"], true, "{timeline}");
+    assert_ne!(slow[0]["executor"], slow[1]["executor"], "{timeline}");
+    let flaky = of(1);
+    assert_eq!(flaky[0]["outcome"], "fetch_error", "{timeline}");
+    assert_eq!(flaky.last().unwrap()["outcome"], "succeeded", "{timeline}");
+
+    let browser = Browser::start();
+    browser.goto(&cluster.url(&format!("/ui#job={id}")));
+    browser.wait_for(
+        "the timeline of the job",
+        &format!(
+            "const c = document.getElementById('timeline-canvas'); \
+             return !document.getElementById('job-charts').hidden \
+                && document.getElementById('job-charts').getAttribute('data-job') === {} \
+                && Number(c.getAttribute('data-attempts')) === {};",
+            json!(id),
+            expected.len()
+        ),
+    );
+    // One bar per attempt, none twice, none left out. Those under a pixel (a fetch
+    // that failed at once) are folded into pixel columns, no more columns than bars.
+    assert_eq!(drawn_attempts(&browser), expected);
+    let folded = browser.eval(
+        "const t = window.flintCharts.timeline; \
+         return [t.bars.filter((b) => b.x1 - b.x0 < 1).length, t.columns];",
+    );
+    let (narrow, columns) = (folded[0].as_u64().unwrap(), folded[1].as_u64().unwrap());
+    assert!(
+        columns <= narrow && (columns == 0) == (narrow == 0),
+        "{folded}"
+    );
+    let speculative = browser.eval(
+        "return window.flintCharts.timeline.bars.filter((b) => b.speculative).map((b) => [b.task, b.outcome]);",
+    );
+    assert_eq!(speculative, json!([[0, "succeeded"]]));
+    // Two executors of one core: two lanes, whatever ran where.
+    assert_eq!(
+        browser.eval("return window.flintCharts.timeline.rows.length;"),
+        json!(2)
+    );
+    // The throughput chart counts every attempt's end once; the histogram every ended
+    // attempt's run time.
+    let ends = browser.eval(
+        "const t = window.flintCharts.throughput; \
+         return t.ended.reduce((a, b) => a + b, 0) + t.failed.reduce((a, b) => a + b, 0);",
+    );
+    assert_eq!(ends, json!(expected.len()));
+    let binned =
+        browser.eval("return window.flintCharts.histogram.bins.reduce((a, b) => a + b, 0);");
+    assert_eq!(binned, json!(expected.len()));
+    // The tooltip names the attempt under the pointer.
+    let tip = browser.eval(
+        "const t = window.flintCharts.timeline; \
+         const b = t.bars.find((b) => b.speculative); \
+         const c = document.getElementById('timeline-canvas'); \
+         const r = c.getBoundingClientRect(); \
+         const y = 18 + b.lane * 16 + 7; \
+         c.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: r.left + (b.x0 + b.x1) / 2, clientY: r.top + y})); \
+         return document.getElementById('tooltip').textContent;",
+    );
+    let tip = tip.as_str().unwrap();
+    assert!(
+        tip.contains("task 0 attempt 2 (speculative)") && tip.contains("succeeded"),
+        "{tip}"
+    );
+    // Zooming in halves the span shown; the whole job comes back on a double-click.
+    let span = "const t = window.flintCharts.timeline; return t.to - t.from;";
+    let whole = browser.eval(span).as_f64().unwrap();
+    browser.click("#zoom-in");
+    let zoomed = browser.eval(span).as_f64().unwrap();
+    assert!((zoomed / whole - 0.5).abs() < 0.01, "{whole} -> {zoomed}");
+    browser.eval(
+        "document.getElementById('timeline-canvas').dispatchEvent(new MouseEvent('dblclick', {bubbles: true})); return true;",
+    );
+    assert_eq!(browser.eval(span).as_f64().unwrap(), whole);
+    // The cluster's history: samples once a second, busy cores drawn.
+    browser.wait_for(
+        "the cluster chart",
+        "return Number(document.getElementById('cluster-canvas').getAttribute('data-samples')) >= 2;",
+    );
+    save_artifact(
+        "ui-timeline.png",
+        &browser.element_screenshot("#timeline-canvas"),
+    );
+    save_artifact(
+        "ui-throughput.png",
+        &browser.element_screenshot("#throughput-canvas"),
+    );
+    save_artifact(
+        "ui-durations.png",
+        &browser.element_screenshot("#histogram-canvas"),
+    );
+    save_artifact("ui-cluster.png", &browser.element_screenshot("#cluster"));
+    save_artifact("ui-charts.png", &browser.element_screenshot("#job-charts"));
+}
+
+#[test]
+fn the_web_ui_draws_a_20000_task_job_folding_bars_under_a_pixel_into_columns() {
+    let cluster = DevCluster::start(2, 1);
+    let module = cluster.upload(&guests().testkit);
+    let inputs: Vec<Value> = (0..20_000).map(|_| json!({"text": ""})).collect();
+    let job = cluster.run_job(json!({"module": module, "args": ["noop"], "inputs": inputs}));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    let browser = Browser::start();
+    browser.goto(&cluster.url(&format!("/ui#job={id}")));
+    browser.wait_for(
+        "the timeline of 20,000 attempts",
+        "return Number(document.getElementById('timeline-canvas').getAttribute('data-attempts')) === 20000;",
+    );
+    let drawn = drawn_attempts(&browser);
+    assert_eq!(drawn.len(), 20_000);
+    assert!(
+        drawn
+            .iter()
+            .enumerate()
+            .all(|(i, &(t, a))| t == i as u64 && a == 1)
+    );
+    // Far more attempts than pixels: folded into columns, fewer than the plot is wide.
+    let (columns, plot) = (
+        browser
+            .eval("return window.flintCharts.timeline.columns;")
+            .as_u64()
+            .unwrap(),
+        browser
+            .eval("return window.flintCharts.timeline.plot;")
+            .as_f64()
+            .unwrap(),
+    );
+    assert!(
+        columns > 0 && (columns as f64) <= 2.0 * (plot + 1.0),
+        "{columns} columns over {plot} px"
+    );
+    save_artifact(
+        "ui-timeline-20k.png",
+        &browser.element_screenshot("#job-charts"),
+    );
+    // Zoomed in 8 times, the bars of a few hundred tasks are wide enough to draw one
+    // by one again.
+    for _ in 0..8 {
+        browser.click("#zoom-in");
+    }
+    let wide = browser
+        .eval("const t = window.flintCharts.timeline; return t.bars.filter((b) => b.x1 - b.x0 >= 1).length;")
+        .as_u64()
+        .unwrap();
+    assert!(wide > 0, "no bar a pixel wide after zooming in");
 }
