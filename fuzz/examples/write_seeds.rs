@@ -12,7 +12,10 @@ use bytes::BytesMut;
 use flint_protocol::api::{InputSpec, JobSpec, ResourcesSpec, ResultsRef, TaskSpec};
 use flint_protocol::codec::FrameCodec;
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
+use flint_protocol::records::{
+    AttemptOutcome, AttemptRecord, JobDef, JobEndRecord, JobRecord, TaskEndRecord,
+    TaskInputRecord,
+};
 use flint_protocol::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -239,7 +242,7 @@ fn frames(seeds: &mut Seeds<'_>) {
 }
 
 /// job_record: selector 0 `JobRecord`, 1 a task-end batch, 2 `JobEndRecord`, 3 `JobDef`,
-/// 4 `TaskInputRecord`, 5 `TaskEndRecord`.
+/// 4 `TaskInputRecord`, 5 `TaskEndRecord`, 6 a finished job's attempts.
 fn records(seeds: &mut Seeds<'_>) {
     let template = template();
     let def = JobDef {
@@ -306,6 +309,27 @@ fn records(seeds: &mut Seeds<'_>) {
     seeds.write("job_record", "job-def", 3, &bytes(&def));
     seeds.write("job_record", "task-input", 4, &bytes(&job.tasks[2]));
     seeds.write("job_record", "task-end", 5, &bytes(&ok));
+    let attempt = |task, attempt, outcome, speculative| AttemptRecord {
+        task,
+        attempt,
+        executor: flint_protocol::ExecutorId("exec-1".into()),
+        start_us: 1_764_547_200_000_000,
+        end_us: outcome.map(|_| 1_764_547_200_250_000),
+        outcome,
+        speculative,
+    };
+    let attempts = vec![
+        attempt(0, 1, Some(AttemptOutcome::Succeeded), false),
+        attempt(1, 1, Some(AttemptOutcome::Lost), false),
+        attempt(
+            1,
+            2,
+            Some(AttemptOutcome::Failed(flint_protocol::FailureKind::Timeout)),
+            false,
+        ),
+        attempt(1, 3, None, true),
+    ];
+    seeds.write("job_record", "attempts", 6, &bytes(&attempts));
 }
 
 /// job_spec: the README's job, and one of every input kind and field.

@@ -3,8 +3,9 @@
 //!
 //! The first byte picks the record: `JobRecord` (table `jobs`), a batch of
 //! `(JobId, u32, TaskEndRecord)` (table `task_ends`), `JobEndRecord` (table `job_ends`),
-//! and the parts of a `JobRecord` (`JobDef`, `TaskInputRecord`) and a lone
-//! `TaskEndRecord`. Properties:
+//! and the parts of a `JobRecord` (`JobDef`, `TaskInputRecord`), a lone
+//! `TaskEndRecord`, and a finished job's attempts, `Vec<AttemptRecord>` (table
+//! `job_attempts`). Properties:
 //! - decoding never panics and never allocates much more than the input: a length
 //!   prefix of 2^60 must not become a 2^60-byte allocation (`scripts/fuzz` runs this
 //!   target with `-malloc_limit_mb=64` to catch one, inputs being a few KiB);
@@ -15,7 +16,9 @@
 use std::fmt::Debug;
 
 use flint_protocol::JobId;
-use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord};
+use flint_protocol::records::{
+    AttemptRecord, JobDef, JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord,
+};
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,13 +27,14 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, bytes)) = data.split_first() else {
         return;
     };
-    match selector % 6 {
+    match selector % 7 {
         0 => check::<JobRecord>(bytes),
         1 => check::<Vec<(JobId, u32, TaskEndRecord)>>(bytes),
         2 => check::<JobEndRecord>(bytes),
         3 => check::<JobDef>(bytes),
         4 => check::<TaskInputRecord>(bytes),
-        _ => check::<TaskEndRecord>(bytes),
+        5 => check::<TaskEndRecord>(bytes),
+        _ => check::<Vec<AttemptRecord>>(bytes),
     }
 });
 
