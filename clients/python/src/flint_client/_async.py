@@ -1,0 +1,445 @@
+"""The asyncio (anyio) client: :class:`AsyncClient` and its :class:`AsyncJob` handles.
+
+The same surface as :class:`~flint_client.Client` and :class:`~flint_client.Job`, with
+``async`` methods and async iterators; the requests and their parsing are the shared
+core's (:mod:`flint_client._core`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from typing import Any, AsyncGenerator, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+
+import anyio
+import httpx
+
+from . import _core as core
+from ._core import FileLike, Flow, Module, Request
+from ._progress import Progress
+from ._sync import DEFAULT_TIMEOUT, EVENTS_READ_TIMEOUT, _headers, _rfc3339, _settings
+from .errors import FlintError, FlintTimeoutError, Overloaded, WaitTimeout
+from .models import ClusterHistory, EndEvent, Event, ExecutorList, JobView, LaggedEvent, TaskView, Timeline, WorkerView
+from .specs import Input, Resources, ResultRef, ResultsRef, Task
+
+__all__ = ["AsyncClient", "AsyncJob"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An async client of a Flint driver: :class:`~flint_client.Client`'s methods,
+    awaited.
+
+    ``url`` defaults to ``FLINT_URL`` (else ``http://127.0.0.1:7070``), ``token`` to
+    ``FLINT_TOKEN``; ``timeout`` and ``retries`` as for the blocking client::
+
+        async with AsyncClient() as client:
+            counts = await client.map("wordcount.wasm", ["a b a"], decode="json")
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
+        *,
+        retries: int = 3,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.url, token, self._timeout = _settings(url, token, timeout)
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=_headers(token), timeout=self._timeout, transport=transport
+        )
+
+    # --- plumbing -------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Closes the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
+    def _build(self, request: Request) -> httpx.Request:
+        args = core.request_args(request, self._timeout)
+        if request.upload is not None:
+            path = request.upload
+
+            async def chunks() -> AsyncIterator[bytes]:
+                with open(path, "rb") as f:
+                    while True:
+                        chunk = await anyio.to_thread.run_sync(f.read, core.UPLOAD_CHUNK)
+                        if not chunk:
+                            return
+                        yield chunk
+
+            args["content"] = chunks()
+        return self._http.build_request(**args)
+
+    async def _send(self, request: Request, stream: bool = False) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(self._build(request), stream=stream)
+                if core.is_success(response):
+                    return response
+                if stream:
+                    await response.aread()
+                    await response.aclose()
+            except httpx.TransportError as e:
+                raise core.transport_error(e, self.url) from e
+            error = core.error_from_response(response)
+            if isinstance(error, Overloaded) and request.retry_overloaded and attempt < self.retries:
+                attempt += 1
+                await anyio.sleep(min(1.0 if error.retry_after is None else error.retry_after, 30.0))
+                continue
+            raise error
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        """Runs a flow of the core, awaiting each request it yields."""
+        try:
+            request = next(flow)
+            while True:
+                try:
+                    response = await self._send(request)
+                except FlintError as error:
+                    request = flow.throw(error)
+                    continue
+                request = flow.send(response)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def _chunks(self, request: Request, chunk_size: Optional[int] = None) -> AsyncGenerator[bytes, None]:
+        response = await self._send(request, stream=True)
+        try:
+            async for chunk in response.aiter_bytes(chunk_size):
+                yield chunk
+        except httpx.TransportError as e:
+            raise core.transport_error(e, self.url) from e
+        finally:
+            await response.aclose()
+
+    # --- uploads and jobs -------------------------------------------------------------
+
+    async def upload_module(self, module: Union[str, "os.PathLike[str]", bytes]) -> str:
+        """Uploads a wasm module (a path, or the bytes); returns its ``sha256:`` id."""
+        return (await self._drive(core.upload("modules", module))).id
+
+    async def upload_file(self, file: Union[str, "os.PathLike[str]", bytes]) -> str:
+        """Uploads a file jobs can mount; returns its ``sha256:`` id."""
+        return (await self._drive(core.upload("files", file))).id
+
+    async def submit(
+        self,
+        module: Module,
+        inputs: Optional[Sequence[Input]] = None,
+        *,
+        tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+        files: Optional[Mapping[str, FileLike]] = None,
+        args: Optional[Sequence[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        max_failures: Optional[int] = None,
+        max_result_bytes: Optional[int] = None,
+        name: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        wait: Optional[float] = None,
+    ) -> "AsyncJob":
+        """Submits a job and returns its :class:`AsyncJob` (see
+        :meth:`flint_client.Client.submit` for the arguments)."""
+        view = await self._drive(
+            core.submit(
+                module,
+                inputs=inputs,
+                tasks=tasks,
+                files=files,
+                args=args,
+                env=env,
+                resources=resources,
+                max_failures=max_failures,
+                max_result_bytes=max_result_bytes,
+                name=name,
+                idempotency_key=idempotency_key,
+                wait=wait,
+            )
+        )
+        return AsyncJob(self, view.id, view)
+
+    async def map(
+        self,
+        module: Module,
+        inputs: Sequence[Input],
+        *,
+        decode: str = "bytes",
+        progress: bool = False,
+        raise_on_failure: bool = True,
+        timeout: Optional[float] = None,
+        **options: Any,
+    ) -> List[Any]:
+        """Runs ``module`` once per input and returns the results in input order (see
+        :meth:`flint_client.Client.map`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = None if progress else (core.MAX_WAIT if timeout is None else min(core.MAX_WAIT, timeout))
+        job = await self.submit(module, inputs, wait=wait, **options)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        view = await job.wait(remaining, progress=progress, raise_on_failure=raise_on_failure)
+        return await job.results(decode=decode, view=view)
+
+    def job(self, job_id: str) -> "AsyncJob":
+        """The :class:`AsyncJob` of an id (no request is made)."""
+        return AsyncJob(self, job_id)
+
+    async def jobs(
+        self,
+        state: Optional[str] = None,
+        name: Optional[str] = None,
+        limit: Optional[int] = None,
+        *,
+        created_after: Union[str, datetime, None] = None,
+        created_before: Union[str, datetime, None] = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[JobView]:
+        """The jobs, newest first, page after page (see
+        :meth:`flint_client.Client.jobs`)."""
+        after: Optional[str] = None
+        seen = 0
+        while limit is None or seen < limit:
+            size = page_size if limit is None else max(1, min(page_size, limit - seen))
+            items, after = await self._drive(
+                core.job_page(
+                    after=after,
+                    limit=min(size, core.MAX_PAGE),
+                    state=state,
+                    name=name,
+                    created_after=_rfc3339(created_after),
+                    created_before=_rfc3339(created_before),
+                )
+            )
+            for view in items:
+                if limit is not None and seen >= limit:
+                    return
+                seen += 1
+                yield view
+            if after is None or not items:
+                return
+
+    # --- the cluster ------------------------------------------------------------------
+
+    async def executors(self) -> ExecutorList:
+        """The executors and the cluster manager's allocation."""
+        return await self._drive(core.get_executors())
+
+    async def workers(self) -> List[WorkerView]:
+        """The standalone workers that registered."""
+        return await self._drive(core.get_workers())
+
+    async def health(self) -> bool:
+        """``True`` when the driver answers ``GET /healthz``."""
+        return await self._drive(core.get_health())
+
+    async def cluster_history(self) -> ClusterHistory:
+        """Recent samples of the cluster's load."""
+        return await self._drive(core.get_cluster_history())
+
+    async def openapi(self) -> Dict[str, Any]:
+        """The driver's OpenAPI 3.1 document."""
+        return await self._drive(core.get_openapi())
+
+    async def metrics(self) -> str:
+        """The driver's Prometheus metrics, as text."""
+        return await self._drive(core.get_metrics())
+
+
+class AsyncJob:
+    """A job of an :class:`AsyncClient`: :class:`~flint_client.Job`'s methods,
+    awaited (its iterators are async iterators)."""
+
+    def __init__(self, client: AsyncClient, job_id: str, view: Optional[JobView] = None) -> None:
+        self.client = client
+        self.id = job_id
+        self.view = view
+
+    def __repr__(self) -> str:
+        state = f" {self.view.state}" if self.view else ""
+        return f"<AsyncJob {self.id}{state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsyncJob) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    async def info(self, wait: Optional[float] = None) -> JobView:
+        """The job now; with ``wait`` (seconds), once it ended or that time passed."""
+        self.view = await self.client._drive(core.get_job(self.id, wait))
+        return self.view
+
+    async def refresh(self) -> JobView:
+        """The job now; the same as :meth:`info`."""
+        return await self.info()
+
+    async def wait(
+        self, timeout: Optional[float] = None, *, progress: bool = False, raise_on_failure: bool = False
+    ) -> JobView:
+        """Waits for the job to end and returns its final view (see
+        :meth:`flint_client.Job.wait`)."""
+        if progress:
+            view = await self._wait_with_progress(timeout)
+        else:
+            view = await self.client._drive(core.wait_job(self.id, timeout, self.view))
+        self.view = view
+        if raise_on_failure and not view.succeeded:
+            raise await self.client._drive(core.job_failed(view))
+        return view
+
+    async def _wait_with_progress(self, timeout: Optional[float]) -> JobView:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = Progress(self.id)
+        view = self.view
+        try:
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    view = await self.info()
+                    if view.ended:
+                        return view
+                    raise WaitTimeout(f"job {self.id} did not end within {timeout} s (it is {view.state})", view)
+                read = EVENTS_READ_TIMEOUT if remaining is None else max(0.1, min(remaining, EVENTS_READ_TIMEOUT))
+                events = self._events(read)
+                try:
+                    async for event in events:
+                        bar.event(event)
+                        if isinstance(event, EndEvent):
+                            view = event.job
+                            return view
+                        if isinstance(event, LaggedEvent):
+                            bar.view(await self.info())
+                        if deadline is not None and time.monotonic() >= deadline:
+                            break
+                    else:
+                        view = await self.info()
+                        if view.ended:
+                            return view
+                        await anyio.sleep(0.5)
+                except FlintTimeoutError:
+                    continue
+                except Overloaded:
+                    view = await self.info()
+                    while not view.ended:
+                        bar.view(view)
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise WaitTimeout(
+                                f"job {self.id} did not end within {timeout} s (it is {view.state})", view
+                            ) from None
+                        view = await self.info(wait=1.0)
+                    return view
+                finally:
+                    await events.aclose()
+        finally:
+            bar.close(view if view is not None and view.ended else None)
+
+    def events(self) -> AsyncIterator[Event]:
+        """The job's events as they happen, ending after the ``end`` event (see
+        :meth:`flint_client.Job.events`)."""
+        return self._events(EVENTS_READ_TIMEOUT)
+
+    async def _events(self, read_timeout: float) -> AsyncGenerator[Event, None]:
+        request = core.events_request(self.id)
+        request.read_timeout = read_timeout
+        parser = core.SSEParser()
+        chunks = self.client._chunks(request)
+        try:
+            async for chunk in chunks:
+                for name, data in parser.feed(chunk):
+                    event = core.parse_event(name, data)
+                    yield event
+                    if isinstance(event, EndEvent):
+                        self.view = event.job
+                        return
+        finally:
+            await chunks.aclose()
+
+    async def tasks(self) -> AsyncIterator[TaskView]:
+        """Every task of the job in index order, read 10,000 a page."""
+        after: Optional[str] = None
+        while True:
+            items, after = await self.client._drive(core.task_page(self.id, after))
+            for item in items:
+                yield item
+            if after is None:
+                return
+
+    async def result(self, index: int) -> bytes:
+        """Task ``index``'s result bytes."""
+        return await self.client._drive(core.get_result(self.id, index))
+
+    async def text(self, index: int, encoding: str = "utf-8") -> str:
+        """Task ``index``'s result decoded as text."""
+        return (await self.result(index)).decode(encoding)
+
+    async def json(self, index: int) -> Any:
+        """Task ``index``'s result parsed as JSON."""
+        return core.decode(await self.result(index), "json")
+
+    async def stream_result(self, index: int, chunk_size: Optional[int] = 1 << 20) -> AsyncIterator[bytes]:
+        """Task ``index``'s result as it arrives, in chunks, never held whole."""
+        chunks = self.client._chunks(core.result_request(self.id, index), chunk_size)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def iter_results(self) -> AsyncIterator[Tuple[int, Optional[bytes]]]:
+        """``(index, bytes or None)`` for every task in order, from one streamed answer."""
+        parser = core.FrameParser()
+        chunks = self.client._chunks(core.results_request(self.id))
+        try:
+            async for chunk in chunks:
+                for frame in parser.feed(chunk):
+                    yield frame
+        finally:
+            await chunks.aclose()
+        parser.finish()
+
+    async def results(self, decode: str = "bytes", *, view: Optional[JobView] = None) -> List[Any]:
+        """Every task's result in task order (``None`` for a task without one), in one
+        request; ``decode`` is ``"bytes"``, ``"text"`` or ``"json"``."""
+        collector = core.Collector(decode, view or self.view)
+        async for index, data in self.iter_results():
+            collector.add(index, data)
+        return collector.items
+
+    async def kill(self) -> JobView:
+        """Kills the job (a job already over is left as it is)."""
+        self.view = await self.client._drive(core.kill_job(self.id))
+        return self.view
+
+    async def delete(self) -> None:
+        """Deletes the ended job and everything it owns."""
+        await self.client._drive(core.delete_job(self.id))
+
+    async def logs(self, index: int) -> str:
+        """Task ``index``'s log (its stderr, up to 1 MiB)."""
+        return await self.client._drive(core.get_log(self.id, index))
+
+    async def timeline(self) -> Timeline:
+        """Every attempt of the job's tasks."""
+        return await self.client._drive(core.get_timeline(self.id))
+
+    def result_ref(self, index: int) -> ResultRef:
+        """Task ``index``'s result as an input of another job."""
+        return ResultRef(self.id, index)
+
+    def results_ref(self, tasks: Optional[Sequence[int]] = None) -> ResultsRef:
+        """This job's results, one after the other, as one input of another job."""
+        return ResultsRef(self.id, list(tasks) if tasks is not None else None)

@@ -1,0 +1,730 @@
+"""The client's sans-I/O core, shared by :class:`~flint_client.Client` and
+:class:`~flint_client.AsyncClient`.
+
+Every operation is a *flow*: a generator that yields the :class:`Request` it needs
+sent, is sent back the ``httpx.Response`` (its body read), and returns the parsed
+answer. The sync client runs a flow with a plain loop and the async one with an
+``await`` in the same loop, so the request building, the answer parsing, paging and
+waiting loops are written once. An error answer is thrown into the flow at its
+``yield`` (as the :class:`~flint_client.FlintError` it maps to), so a flow may catch it.
+
+Streamed answers (a task's result, the bulk results of a job, the event stream) are
+read chunk by chunk by each client; what the chunks mean is decoded here by the
+incremental :class:`FrameParser` and :class:`SSEParser`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Generator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import FlintError, ProtocolError, TaskFailure, WaitTimeout, error_for
+from .models import (
+    ClusterHistory,
+    EndEvent,
+    Event,
+    ExecutorList,
+    JobEvent,
+    JobView,
+    LaggedEvent,
+    TaskEvent,
+    TaskView,
+    Timeline,
+    TimelineAttempt,
+    UnknownEvent,
+    Uploaded,
+    WorkerView,
+    from_json,
+)
+from .specs import (
+    Input,
+    Resources,
+    Task,
+    Url,
+    as_list,
+    encode_input,
+    encode_resources,
+    encode_task,
+)
+
+T = TypeVar("T")
+
+#: A flow: yields requests, is sent their responses, returns its answer.
+Flow = Generator["Request", httpx.Response, T]
+
+#: The longest ``?wait=`` the driver honours, in seconds.
+MAX_WAIT = 300.0
+#: The largest page of a list the driver serves.
+MAX_PAGE = 10_000
+#: Every field of a ``JobSpec`` that :func:`submit` can set (checked against the live
+#: document by the test suite).
+JOB_SPEC_FIELDS = (
+    "name",
+    "module",
+    "module_sha256",
+    "module_timestamp_ms",
+    "files",
+    "args",
+    "env",
+    "inputs",
+    "tasks",
+    "resources",
+    "max_failures",
+    "max_result_bytes",
+)
+#: The bulk results' media type.
+RESULTS_MEDIA_TYPE = "application/vnd.flint.results"
+
+#: A module as :meth:`Client.submit` takes it: a path, bytes, an ``sha256:`` id, a URL
+#: string, a :class:`Url` (with a digest or timestamp) or an :class:`Uploaded`.
+Module = Union[str, "os.PathLike[str]", bytes, bytearray, Url, Uploaded]
+#: A job file: the same forms as a module (a path or bytes are uploaded).
+FileLike = Union[str, "os.PathLike[str]", bytes, bytearray, Url, Uploaded]
+
+
+@dataclass
+class Request:
+    """One HTTP request a flow wants sent.
+
+    ``path`` is relative to the driver's URL; ``upload`` is a file whose bytes are the
+    body, streamed from disk; ``wait`` is the ``?wait=`` the driver may hold the
+    request for, added to the client's read timeout; ``read_timeout`` replaces the
+    client's read timeout (for streams). Any 2xx answer is a success.
+    """
+
+    method: str
+    path: str
+    params: Optional[Dict[str, Any]] = None
+    headers: Optional[Dict[str, str]] = None
+    json: Any = None
+    content: Optional[bytes] = None
+    upload: Optional[Path] = None
+    wait: Optional[float] = None
+    read_timeout: Optional[float] = None
+    #: Whether an ``overloaded`` answer may be retried (the driver did nothing).
+    retry_overloaded: bool = True
+
+
+#: Bytes read from disk at a time when a file is uploaded.
+UPLOAD_CHUNK = 1 << 20
+
+
+def timeout_for(base: httpx.Timeout, request: Request) -> httpx.Timeout:
+    """The client's timeout stretched by the request's ``?wait=`` (the driver holds a
+    waiting request that long before it answers), or with the stream's read timeout."""
+    read = base.read
+    if request.read_timeout is not None:
+        read = request.read_timeout
+    elif request.wait and read is not None:
+        read = read + request.wait
+    return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+
+
+def request_args(request: Request, base: httpx.Timeout) -> Dict[str, Any]:
+    """The ``httpx`` ``build_request`` arguments of a request, but for an ``upload``
+    body (each client streams the file its own way)."""
+    headers = dict(request.headers or {})
+    args: Dict[str, Any] = {
+        "method": request.method,
+        "url": request.path,
+        "params": request.params,
+        "headers": headers,
+        "timeout": timeout_for(base, request),
+    }
+    if request.json is not None:
+        args["json"] = request.json
+    elif request.content is not None:
+        args["content"] = request.content
+    if request.upload is not None:
+        headers["content-length"] = str(request.upload.stat().st_size)
+    return args
+
+
+def is_success(response: httpx.Response) -> bool:
+    """Whether the answer is a 2xx."""
+    return 200 <= response.status_code < 300
+
+
+def transport_error(error: Exception, base_url: str) -> FlintError:
+    """An ``httpx`` transport failure as :class:`FlintConnectionError` (or
+    :class:`FlintTimeoutError`), naming the driver's address."""
+    from .errors import FlintConnectionError, FlintTimeoutError
+
+    if isinstance(error, httpx.TimeoutException):
+        return FlintTimeoutError(
+            "timeout", f"the driver at {base_url} did not answer in time: {type(error).__name__}: {error}"
+        )
+    return FlintConnectionError("connection", f"cannot reach the driver at {base_url}: {type(error).__name__}: {error}")
+
+
+def job_path(job_id: str, *rest: Union[str, int]) -> str:
+    """``/v1/jobs/{id}[/rest...]`` with each segment escaped."""
+    parts = [quote(str(job_id), safe="")] + [quote(str(p), safe="") for p in rest]
+    return "/v1/jobs/" + "/".join(parts)
+
+
+def error_from_response(response: httpx.Response) -> FlintError:
+    """The :class:`FlintError` for an error answer (``{"error": {"kind", "message"}}``);
+    an answer without that body is named by its status."""
+    status = response.status_code
+    kind, message = "", ""
+    try:
+        body = json.loads(response.content)
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            kind = str(error.get("kind") or "")
+            message = str(error.get("message") or "")
+    except (ValueError, UnicodeDecodeError):
+        pass
+    if not kind:
+        kind = {401: "unauthorized", 404: "not_found", 503: "overloaded"}.get(status, f"http_{status}")
+        text = response.content[:500].decode("utf-8", "replace").strip()
+        message = text or (response.reason_phrase or f"HTTP {status}")
+    if kind == "unauthorized" and "FLINT_TOKEN" not in message:
+        message += " (give the driver's token as Client(token=...) or in FLINT_TOKEN)"
+    retry_after: Optional[float] = None
+    if "retry-after" in response.headers:
+        try:
+            retry_after = float(response.headers["retry-after"])
+        except ValueError:
+            retry_after = None
+    return error_for(kind, message, status, retry_after)
+
+
+def json_of(response: httpx.Response) -> Any:
+    """The answer's JSON body, or :class:`ProtocolError` naming what came instead."""
+    try:
+        return json.loads(response.content)
+    except ValueError as e:
+        snippet = response.content[:200].decode("utf-8", "replace")
+        raise ProtocolError(
+            "bad_response",
+            f"{response.request.method} {response.request.url.path}: expected JSON, got {snippet!r} ({e})",
+            response.status_code,
+        ) from None
+
+
+def parse(cls: "type[T]", response: httpx.Response) -> T:
+    """The answer's JSON body as model ``cls``."""
+    body = json_of(response)
+    try:
+        return from_json(cls, body)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError("bad_response", f"{response.request.url.path}: {e}", response.status_code) from None
+
+
+# --- uploads and submission ---------------------------------------------------------
+
+
+def upload(kind: str, data: Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]) -> Flow[Uploaded]:
+    """``PUT /v1/modules`` (``kind`` ``modules``) or ``PUT /v1/files`` of bytes or of a
+    file's contents (streamed from disk)."""
+    request = Request("PUT", f"/v1/{kind}", headers={"content-type": "application/octet-stream"})
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        request.content = bytes(data)
+    else:
+        path = Path(data)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file: {path}")
+        request.upload = path
+    response = yield request
+    return parse(Uploaded, response)
+
+
+def _looks_like_url(text: str) -> bool:
+    return "://" in text
+
+
+def resolve_module(module: Module) -> Flow[Dict[str, Any]]:
+    """The spec fields naming ``module``, uploading it first when it is a path or bytes."""
+    if isinstance(module, Uploaded):
+        return {"module": module.id}
+    if isinstance(module, Url):
+        fields: Dict[str, Any] = {"module": module.url}
+        if module.sha256 is not None:
+            fields["module_sha256"] = module.sha256
+        if module.timestamp_ms is not None:
+            fields["module_timestamp_ms"] = module.timestamp_ms
+        return fields
+    if isinstance(module, str) and (module.startswith("sha256:") or _looks_like_url(module)):
+        return {"module": module}
+    if isinstance(module, (bytes, bytearray, memoryview, str, os.PathLike)):
+        uploaded = yield from upload("modules", module)
+        return {"module": uploaded.id}
+    raise TypeError(f"a module is a path, bytes, an sha256: id or a URL, not {type(module).__name__}")
+
+
+def resolve_file(value: FileLike) -> Flow[Any]:
+    """A job file's spec value, uploading it first when it is a path or bytes."""
+    if isinstance(value, Uploaded):
+        return value.id
+    if isinstance(value, Url):
+        return value.as_file()
+    if isinstance(value, str) and value.startswith("sha256:"):
+        return value
+    if isinstance(value, str) and _looks_like_url(value):
+        return {"url": value}
+    if isinstance(value, (bytes, bytearray, memoryview, str, os.PathLike)):
+        uploaded = yield from upload("files", value)
+        return uploaded.id
+    raise TypeError(f"a job file is a path, bytes, an sha256: id or a Url, not {type(value).__name__}")
+
+
+def build_spec(
+    module_fields: Mapping[str, Any],
+    *,
+    inputs: Optional[Sequence[Input]] = None,
+    tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+    files: Optional[Mapping[str, Any]] = None,
+    args: Optional[Sequence[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    resources: Union[Resources, Mapping[str, Any], None] = None,
+    max_failures: Optional[int] = None,
+    max_result_bytes: Optional[int] = None,
+    name: Optional[str] = None,
+) -> Dict[str, Any]:
+    """A ``JobSpec`` document (files already resolved to their spec values)."""
+    if (inputs is None) == (tasks is None):
+        raise ValueError("give exactly one of inputs (one task per input) and tasks")
+    spec: Dict[str, Any] = dict(module_fields)
+    if name is not None:
+        spec["name"] = name
+    if inputs is not None:
+        if isinstance(inputs, (str, bytes, bytearray)):
+            raise TypeError("inputs is a list of inputs (one task each), not a single str or bytes")
+        spec["inputs"] = [encode_input(i) for i in inputs]
+    else:
+        assert tasks is not None
+        spec["tasks"] = [encode_task(t) for t in tasks]
+    if files:
+        spec["files"] = dict(files)
+    job_args = as_list(args, "args")
+    if job_args:
+        spec["args"] = job_args
+    if env:
+        spec["env"] = {str(k): str(v) for k, v in env.items()}
+    encoded = encode_resources(resources)
+    if encoded:
+        spec["resources"] = encoded
+    if max_failures is not None:
+        spec["max_failures"] = max_failures
+    if max_result_bytes is not None:
+        spec["max_result_bytes"] = max_result_bytes
+    return spec
+
+
+def submit(
+    module: Module,
+    *,
+    inputs: Optional[Sequence[Input]] = None,
+    tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+    files: Optional[Mapping[str, FileLike]] = None,
+    args: Optional[Sequence[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    resources: Union[Resources, Mapping[str, Any], None] = None,
+    max_failures: Optional[int] = None,
+    max_result_bytes: Optional[int] = None,
+    name: Optional[str] = None,
+    idempotency_key: Optional[str] = None,
+    wait: Optional[float] = None,
+) -> Flow[JobView]:
+    """Uploads what needs uploading, then ``POST /v1/jobs[?wait=S]``."""
+    if (inputs is None) == (tasks is None):
+        raise ValueError("give exactly one of inputs (one task per input) and tasks")
+    module_fields = yield from resolve_module(module)
+    resolved: Dict[str, Any] = {}
+    for file_name, value in (files or {}).items():
+        resolved[file_name] = yield from resolve_file(value)
+    spec = build_spec(
+        module_fields,
+        inputs=inputs,
+        tasks=tasks,
+        files=resolved,
+        args=args,
+        env=env,
+        resources=resources,
+        max_failures=max_failures,
+        max_result_bytes=max_result_bytes,
+        name=name,
+    )
+    request = Request("POST", "/v1/jobs", json=spec)
+    if idempotency_key is not None:
+        request.headers = {"idempotency-key": idempotency_key}
+    if wait is not None and wait > 0:
+        wait = min(float(wait), MAX_WAIT)
+        request.params = {"wait": _num(wait)}
+        request.wait = wait
+    response = yield request
+    return parse(JobView, response)
+
+
+def _num(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:.3f}"
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+
+def get_job(job_id: str, wait: Optional[float] = None) -> Flow[JobView]:
+    """``GET /v1/jobs/{id}[?wait=S]``."""
+    request = Request("GET", job_path(job_id))
+    if wait is not None and wait > 0:
+        wait = min(float(wait), MAX_WAIT)
+        request.params = {"wait": _num(wait)}
+        request.wait = wait
+    response = yield request
+    return parse(JobView, response)
+
+
+def wait_job(job_id: str, timeout: Optional[float] = None, view: Optional[JobView] = None) -> Flow[JobView]:
+    """Long-polls ``GET /v1/jobs/{id}?wait=`` until the job ends; raises
+    :class:`WaitTimeout` once ``timeout`` seconds pass first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while view is None or not view.ended:
+        if deadline is None:
+            wait = MAX_WAIT
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and view is not None:
+                raise WaitTimeout(f"job {job_id} did not end within {timeout} s (it is {view.state})", view)
+            wait = max(0.0, min(MAX_WAIT, remaining))
+        view = yield from get_job(job_id, wait if wait > 0 else None)
+    return view
+
+
+def kill_job(job_id: str) -> Flow[JobView]:
+    """``POST /v1/jobs/{id}/kill``."""
+    response = yield Request("POST", job_path(job_id, "kill"))
+    return parse(JobView, response)
+
+
+def delete_job(job_id: str) -> Flow[None]:
+    """``DELETE /v1/jobs/{id}``."""
+    yield Request("DELETE", job_path(job_id))
+    return None
+
+
+def task_page(job_id: str, after: Optional[str], limit: int = MAX_PAGE) -> Flow[Tuple[List[TaskView], Optional[str]]]:
+    """One page of ``GET /v1/jobs/{id}/tasks``: the tasks and the ``next`` cursor."""
+    params: Dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    response = yield Request("GET", job_path(job_id, "tasks"), params=params)
+    return _page(TaskView, response)
+
+
+def _page(cls: "type[T]", response: httpx.Response) -> Tuple[List[T], Optional[str]]:
+    body = json_of(response)
+    if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+        raise ProtocolError(
+            "bad_response", f"{response.request.url.path}: expected a page of items", response.status_code
+        )
+    try:
+        items = [from_json(cls, item) for item in body["items"]]
+    except (TypeError, ValueError) as e:
+        raise ProtocolError("bad_response", f"{response.request.url.path}: {e}", response.status_code) from None
+    nxt = body.get("next")
+    return items, (str(nxt) if nxt is not None else None)
+
+
+def job_page(
+    *,
+    after: Optional[str] = None,
+    limit: Optional[int] = None,
+    state: Optional[str] = None,
+    name: Optional[str] = None,
+    created_after: Optional[str] = None,
+    created_before: Optional[str] = None,
+) -> Flow[Tuple[List[JobView], Optional[str]]]:
+    """One page of ``GET /v1/jobs``: the jobs (newest first) and the ``next`` cursor."""
+    params = {
+        k: v
+        for k, v in {
+            "after": after,
+            "limit": limit,
+            "state": state,
+            "name": name,
+            "created_after": created_after,
+            "created_before": created_before,
+        }.items()
+        if v is not None
+    }
+    response = yield Request("GET", "/v1/jobs", params=params)
+    return _page(JobView, response)
+
+
+def task_failures(job_id: str) -> Flow[List[TaskFailure]]:
+    """The failed tasks of a job (every page of its tasks), for :class:`JobFailed`."""
+    failures: List[TaskFailure] = []
+    after: Optional[str] = None
+    while True:
+        items, after = yield from task_page(job_id, after)
+        for task in items:
+            if task.state == "failed":
+                error = task.error
+                failures.append(
+                    TaskFailure(
+                        task.index,
+                        error.kind if error else "failed",
+                        error.message if error else "",
+                        task.exit_code,
+                    )
+                )
+        if after is None:
+            return failures
+
+
+def job_failed(view: JobView) -> Flow[FlintError]:
+    """The :class:`JobFailed` of a job that ended without succeeding."""
+    from .errors import JobFailed
+
+    try:
+        failures = yield from task_failures(view.id)
+    except FlintError:
+        failures = []
+    return JobFailed(view, failures)
+
+
+def get_result(job_id: str, index: int) -> Flow[bytes]:
+    """``GET /v1/jobs/{id}/tasks/{index}/result``, the whole body."""
+    response = yield Request("GET", job_path(job_id, "tasks", index, "result"))
+    return response.content
+
+
+def result_request(job_id: str, index: int) -> Request:
+    """The request of a task's result, for streaming it."""
+    return Request("GET", job_path(job_id, "tasks", index, "result"))
+
+
+def results_request(job_id: str) -> Request:
+    """The request of a job's bulk results (``GET /v1/jobs/{id}/results``)."""
+    return Request("GET", job_path(job_id, "results"), headers={"accept": RESULTS_MEDIA_TYPE})
+
+
+def events_request(job_id: str) -> Request:
+    """The request of a job's event stream (``GET /v1/jobs/{id}/events``)."""
+    return Request("GET", job_path(job_id, "events"), headers={"accept": "text/event-stream"}, retry_overloaded=False)
+
+
+def get_log(job_id: str, index: int) -> Flow[str]:
+    """``GET /v1/jobs/{id}/tasks/{index}/log``."""
+    response = yield Request("GET", job_path(job_id, "tasks", index, "log"))
+    return response.content.decode("utf-8", "replace")
+
+
+def get_timeline(job_id: str) -> Flow[Timeline]:
+    """``GET /v1/jobs/{id}/timeline``, every page: one :class:`Timeline` with all the
+    attempts (the times of the last page read)."""
+    attempts: List[TimelineAttempt] = []
+    after: Optional[str] = None
+    while True:
+        params = {"after": after} if after is not None else None
+        response = yield Request("GET", job_path(job_id, "timeline"), params=params)
+        page = parse(Timeline, response)
+        attempts.extend(page.attempts)
+        if page.next is None or not page.attempts:
+            return dataclasses.replace(page, attempts=attempts, next=None)
+        after = page.next
+
+
+# --- the cluster ---------------------------------------------------------------------
+
+
+def get_executors() -> Flow[ExecutorList]:
+    """``GET /v1/executors``."""
+    response = yield Request("GET", "/v1/executors")
+    return parse(ExecutorList, response)
+
+
+def get_workers() -> Flow[List[WorkerView]]:
+    """``GET /v1/workers``."""
+    response = yield Request("GET", "/v1/workers")
+    items, _ = _page(WorkerView, response)
+    return items
+
+
+def get_health() -> Flow[bool]:
+    """``GET /healthz``: true when the driver answers."""
+    response = yield Request("GET", "/healthz")
+    return response.status_code == 200
+
+
+def get_cluster_history() -> Flow[ClusterHistory]:
+    """``GET /v1/cluster/history``."""
+    response = yield Request("GET", "/v1/cluster/history")
+    return parse(ClusterHistory, response)
+
+
+def get_openapi() -> Flow[Dict[str, Any]]:
+    """``GET /v1/openapi.json``, the driver's OpenAPI 3.1 document."""
+    response = yield Request("GET", "/v1/openapi.json")
+    body = json_of(response)
+    if not isinstance(body, dict):
+        raise ProtocolError("bad_response", "/v1/openapi.json is not a JSON object", response.status_code)
+    return body
+
+
+def get_metrics() -> Flow[str]:
+    """``GET /metrics``, Prometheus text."""
+    response = yield Request("GET", "/metrics")
+    return response.content.decode("utf-8", "replace")
+
+
+# --- streamed answers ----------------------------------------------------------------
+
+_FRAME_HEADER = struct.Struct(">IBQ")
+
+
+class FrameParser:
+    """Decodes ``application/vnd.flint.results`` incrementally.
+
+    Per task a 13-byte header (task index, u32 big-endian; ``1`` if a result follows or
+    ``0`` if the task has none; the length, u64 big-endian) and that many bytes. Feed it
+    the body's chunks as they arrive; :meth:`feed` returns the frames they completed as
+    ``(index, bytes)``, or ``(index, None)`` for a task without a result. Only the
+    result being assembled is held, never the body.
+    """
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._index = 0
+        self._remaining = -1  # -1: reading a header
+        self._parts: List[bytes] = []
+        self.frames = 0
+
+    def feed(self, chunk: bytes) -> List[Tuple[int, Optional[bytes]]]:
+        """The frames ``chunk`` completes, in order."""
+        out: List[Tuple[int, Optional[bytes]]] = []
+        view = memoryview(chunk)
+        pos, end = 0, len(view)
+        while pos < end:
+            if self._remaining < 0:
+                take = min(_FRAME_HEADER.size - len(self._head), end - pos)
+                self._head += view[pos : pos + take]
+                pos += take
+                if len(self._head) < _FRAME_HEADER.size:
+                    break
+                index, present, length = _FRAME_HEADER.unpack(self._head)
+                self._head.clear()
+                if present not in (0, 1) or (present == 0 and length != 0):
+                    raise ProtocolError(
+                        "bad_response", f"results stream: bad frame header for task {index} ({present}, {length})"
+                    )
+                self.frames += 1
+                if present == 0:
+                    out.append((index, None))
+                elif length == 0:
+                    out.append((index, b""))
+                else:
+                    self._index, self._remaining = index, length
+                continue
+            take = min(self._remaining, end - pos)
+            if take == self._remaining and not self._parts:
+                out.append((self._index, bytes(view[pos : pos + take])))
+                self._remaining = -1
+            else:
+                self._parts.append(bytes(view[pos : pos + take]))
+                self._remaining -= take
+                if self._remaining == 0:
+                    out.append((self._index, b"".join(self._parts)))
+                    self._parts = []
+                    self._remaining = -1
+            pos += take
+        return out
+
+    def finish(self) -> None:
+        """Checks the body ended between frames (:class:`ProtocolError` if not)."""
+        if self._remaining >= 0 or self._head:
+            raise ProtocolError("bad_response", "results stream: the body ended inside a frame (a truncated answer)")
+
+
+class SSEParser:
+    """Decodes ``text/event-stream`` incrementally: :meth:`feed` returns the
+    ``(event, data)`` pairs the chunk completes; comments (keep-alives) are skipped."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._event = ""
+        self._data: List[str] = []
+
+    def feed(self, chunk: bytes) -> List[Tuple[str, str]]:
+        """The events ``chunk`` completes, in order."""
+        self._buffer += chunk
+        out: List[Tuple[str, str]] = []
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                return out
+            line = bytes(self._buffer[:nl]).rstrip(b"\r").decode("utf-8", "replace")
+            del self._buffer[: nl + 1]
+            if not line:
+                if self._data or self._event:
+                    out.append((self._event or "message", "\n".join(self._data)))
+                self._event, self._data = "", []
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            if value.startswith(" "):
+                value = value[1:]
+            if name == "event":
+                self._event = value
+            elif name == "data":
+                self._data.append(value)
+
+
+def parse_event(name: str, data: str) -> Event:
+    """One server-sent event of a job's stream as its typed :data:`Event`."""
+    try:
+        body: Any = json.loads(data) if name in ("job", "end", "task", "lagged") else None
+        if name == "job":
+            return JobEvent(from_json(JobView, body))
+        if name == "end":
+            return EndEvent(from_json(JobView, body))
+        if name == "task":
+            return from_json(TaskEvent, body)
+        if name == "lagged":
+            return from_json(LaggedEvent, body)
+    except (ValueError, TypeError) as e:
+        raise ProtocolError("bad_response", f"event {name}: {e}: {data[:200]!r}") from None
+    return UnknownEvent(name, data)
+
+
+DECODINGS = ("bytes", "text", "json")
+
+
+class Collector:
+    """Gathers ``(index, bytes)`` pairs into a list in task order, decoding each as it
+    comes (``bytes``, ``text`` or ``json``); sized from the job's view when known."""
+
+    def __init__(self, how: str, view: Optional[JobView] = None) -> None:
+        if how not in DECODINGS:
+            raise ValueError(f"decode is 'bytes', 'text' or 'json', not {how!r}")
+        self.how = how
+        self.items: List[Any] = [None] * (view.tasks if view is not None else 0)
+
+    def add(self, index: int, data: Optional[bytes]) -> None:
+        """Puts task ``index``'s result in its place."""
+        if index >= len(self.items):
+            self.items.extend([None] * (index + 1 - len(self.items)))
+        self.items[index] = decode(data, self.how)
+
+
+def decode(data: Optional[bytes], how: str) -> Any:
+    """A result decoded as ``bytes`` (as is), ``text`` (UTF-8) or ``json``."""
+    if data is None or how == "bytes":
+        return data
+    if how == "text":
+        return data.decode("utf-8")
+    if how == "json":
+        return json.loads(data)
+    raise ValueError(f"decode is 'bytes', 'text' or 'json', not {how!r}")

@@ -1,0 +1,243 @@
+"""The exceptions of the client.
+
+Every error the driver answers is ``{"error": {"kind", "message"}}`` with an HTTP
+status; it is raised as a :class:`FlintError` subclass chosen by ``kind`` first and by
+the status when the kind is one this client does not know, so ``except NotFound``
+catches ``job_not_found`` and ``task_not_found`` alike, and a new kind of 404 still
+lands there. Failing to reach the driver at all raises :class:`FlintConnectionError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Type
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import JobView
+
+__all__ = [
+    "FlintError",
+    "FlintConnectionError",
+    "FlintTimeoutError",
+    "BadRequest",
+    "Unauthorized",
+    "NotFound",
+    "Conflict",
+    "InvalidSpec",
+    "InvalidModule",
+    "TooLarge",
+    "Overloaded",
+    "StorageFull",
+    "ServerError",
+    "ProtocolError",
+    "WaitTimeout",
+    "TaskFailure",
+    "JobFailed",
+    "error_for",
+]
+
+
+class FlintError(Exception):
+    """An error from the driver (or about what it answered).
+
+    ``kind`` is the driver's error kind (``job_not_found``, ``invalid_spec``, ...),
+    ``message`` its explanation and ``status`` the HTTP status (``None`` when the error
+    did not come with one).
+    """
+
+    def __init__(self, kind: str, message: str, status: Optional[int] = None) -> None:
+        super().__init__(kind, message, status)
+        self.kind = kind
+        self.message = message
+        self.status = status
+
+    def __str__(self) -> str:
+        where = f" ({self.status})" if self.status is not None else ""
+        return f"{self.kind}{where}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, message={self.message!r}, status={self.status!r})"
+
+
+class FlintConnectionError(FlintError):
+    """The driver could not be reached, or the connection broke (``kind`` ``connection``).
+
+    The underlying ``httpx`` exception is the ``__cause__``.
+    """
+
+
+class FlintTimeoutError(FlintConnectionError):
+    """A request to the driver took longer than the client's timeout (``kind`` ``timeout``)."""
+
+
+class BadRequest(FlintError):
+    """400: a request the driver could not read (``invalid_json``, ``bad_query``,
+    ``bad_path``, ``bad_body``, ``bad_idempotency_key``)."""
+
+
+class Unauthorized(FlintError):
+    """401 ``unauthorized``: no bearer token, or a wrong one. Give the driver's token as
+    ``Client(token=...)`` or in ``FLINT_TOKEN``."""
+
+
+class NotFound(FlintError):
+    """404: no such job, task, module, file, executor, worker, log or route."""
+
+
+class Conflict(FlintError):
+    """409, or a request that conflicts with the job's state: ``no_result`` (the task
+    has no result), ``job_running`` (kill it first), ``job_in_use``,
+    ``executor_not_alive``, and ``idempotency_conflict`` (422: the key belongs to a job
+    submitted with another spec)."""
+
+
+class InvalidSpec(FlintError):
+    """422: the job spec was refused (``invalid_spec``, ``unknown_module``,
+    ``unknown_file``, ``no_tasks``, ``too_many_tasks``, ``unschedulable``,
+    ``unknown_result``, ``result_not_ready``, ...)."""
+
+
+class InvalidModule(InvalidSpec):
+    """422 ``invalid_module``: the bytes are not a module Flint runs (the message names
+    the rule); also ``invalid_module_id``."""
+
+
+class TooLarge(FlintError):
+    """413: a body over the route's limit (``body_too_large``) or a result over
+    ``max_output_bytes`` (``output_limit``)."""
+
+
+class Overloaded(FlintError):
+    """503 ``overloaded``: the driver is at its concurrency or event-stream limit.
+
+    ``retry_after`` is the driver's ``Retry-After`` in seconds, when it gave one.
+    """
+
+    def __init__(
+        self, kind: str, message: str, status: Optional[int] = None, retry_after: Optional[float] = None
+    ) -> None:
+        super().__init__(kind, message, status)
+        self.retry_after = retry_after
+
+
+class StorageFull(FlintError):
+    """507 ``storage_full``: the data dir is at its quota or the driver's disk is full;
+    nothing was stored."""
+
+
+class ServerError(FlintError):
+    """Another 5xx: the driver failed (``storage``, ...)."""
+
+
+class ProtocolError(FlintError):
+    """The driver answered something this client cannot read (``kind``
+    ``bad_response``): not the JSON it documents, a truncated results stream, ..."""
+
+
+class WaitTimeout(FlintError, TimeoutError):
+    """``Job.wait(timeout=...)`` passed its timeout before the job ended (``kind``
+    ``wait_timeout``). ``job`` is the job as last seen."""
+
+    def __init__(self, message: str, job: "JobView") -> None:
+        super().__init__("wait_timeout", message, None)
+        self.job = job
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """One failed task of a :class:`JobFailed`: its index, the failure's ``kind``
+    (``exit``, ``trap``, ``timeout``, ``memory_limit``, ...), ``message`` and, for
+    ``exit``, the guest's ``exit_code``."""
+
+    index: int
+    kind: str
+    message: str
+    exit_code: Optional[int] = None
+
+    def __str__(self) -> str:
+        return f"task {self.index}: {self.kind}: {self.message}"
+
+
+class JobFailed(FlintError):
+    """A job ended without succeeding (failed or killed).
+
+    ``kind`` is the job's error kind (``task_failed`` when one of its tasks failed for a
+    reason of the guest's own, ``killed`` when it was killed), ``job`` the final
+    :class:`~flint_client.JobView` and ``failures`` the failed tasks (index, kind,
+    message; tasks killed because the job failed are not listed).
+    """
+
+    def __init__(self, job: "JobView", failures: Sequence[TaskFailure]) -> None:
+        self.job = job
+        self.failures = list(failures)
+        kind = job.error.kind if job.error else job.state
+        reason = job.error.message if job.error else f"job {job.state}"
+        shown = "; ".join(str(f) for f in self.failures[:5])
+        more = f"; and {len(self.failures) - 5} more failed tasks" if len(self.failures) > 5 else ""
+        message = f"job {job.id} {job.state}: {reason}"
+        if shown:
+            message += f" [{shown}{more}]"
+        super().__init__(kind, message, None)
+
+
+_BY_KIND: Dict[str, Type[FlintError]] = {
+    "unauthorized": Unauthorized,
+    "invalid_json": BadRequest,
+    "bad_query": BadRequest,
+    "bad_path": BadRequest,
+    "bad_body": BadRequest,
+    "bad_idempotency_key": BadRequest,
+    "not_found": NotFound,
+    "job_not_found": NotFound,
+    "task_not_found": NotFound,
+    "module_not_found": NotFound,
+    "file_not_found": NotFound,
+    "block_not_found": NotFound,
+    "executor_not_found": NotFound,
+    "worker_not_found": NotFound,
+    "no_log": NotFound,
+    "no_result": Conflict,
+    "job_running": Conflict,
+    "job_in_use": Conflict,
+    "executor_not_alive": Conflict,
+    "idempotency_conflict": Conflict,
+    "invalid_module": InvalidModule,
+    "invalid_module_id": InvalidModule,
+    "invalid_spec": InvalidSpec,
+    "unknown_module": InvalidSpec,
+    "unknown_file": InvalidSpec,
+    "no_tasks": InvalidSpec,
+    "too_many_tasks": InvalidSpec,
+    "unschedulable": InvalidSpec,
+    "unknown_result": InvalidSpec,
+    "result_not_ready": InvalidSpec,
+    "input_too_large": InvalidSpec,
+    "too_many_input_parts": InvalidSpec,
+    "body_too_large": TooLarge,
+    "output_limit": TooLarge,
+    "body_timeout": BadRequest,
+    "overloaded": Overloaded,
+    "storage_full": StorageFull,
+}
+
+_BY_STATUS: Dict[int, Type[FlintError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: NotFound,
+    408: BadRequest,
+    409: Conflict,
+    413: TooLarge,
+    422: InvalidSpec,
+    503: Overloaded,
+    507: StorageFull,
+}
+
+
+def error_for(kind: str, message: str, status: Optional[int], retry_after: Optional[float] = None) -> FlintError:
+    """The exception for an error answer: by ``kind`` first, then by ``status``."""
+    cls = _BY_KIND.get(kind) or _BY_STATUS.get(status or 0)
+    if cls is None:
+        cls = ServerError if status is not None and status >= 500 else FlintError
+    if cls is Overloaded:
+        return Overloaded(kind, message, status, retry_after)
+    return cls(kind, message, status)

@@ -1,0 +1,427 @@
+"""Typed views of what the driver answers.
+
+Every model is a frozen dataclass whose field names are exactly the JSON's (the
+driver's OpenAPI document, ``GET /v1/openapi.json``, names them in
+``components.schemas``; :data:`SCHEMAS` says which schema each model mirrors, and the
+test suite fails when the two drift apart). Parsing ignores fields it does not know,
+so a newer driver that adds fields still parses, and fills fields an older driver
+leaves out with their defaults (``None``, ``0``, ``False`` or empty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Tuple, Type, TypeVar, Union
+
+__all__ = [
+    "ErrorBody",
+    "TaskCounts",
+    "JobView",
+    "ResultInfo",
+    "TaskView",
+    "TaskEvent",
+    "LaggedEvent",
+    "JobEvent",
+    "EndEvent",
+    "UnknownEvent",
+    "Event",
+    "ExecutorView",
+    "AllocationView",
+    "ExecutorList",
+    "WorkerView",
+    "Uploaded",
+    "TimelineAttempt",
+    "Timeline",
+    "ClusterSample",
+    "ClusterHistory",
+    "SCHEMAS",
+    "ROUTE_SCHEMAS",
+    "from_json",
+    "JOB_FINAL_STATES",
+    "TASK_FINAL_STATES",
+]
+
+#: Job states after which nothing changes any more.
+JOB_FINAL_STATES = frozenset({"succeeded", "failed", "killed"})
+#: Task states after which nothing changes any more.
+TASK_FINAL_STATES = frozenset({"succeeded", "failed", "killed"})
+
+
+@dataclass(frozen=True)
+class ErrorBody:
+    """Why something failed: a ``kind`` to branch on and a human ``message``."""
+
+    kind: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    """How many of a job's tasks are in each state."""
+
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    killed: int = 0
+
+    @property
+    def done(self) -> int:
+        """Tasks that have ended, whichever way (succeeded, failed or killed)."""
+        return self.succeeded + self.failed + self.killed
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as ``GET /v1/jobs/{id}`` shows it.
+
+    ``state`` is one of ``queued``, ``running``, ``succeeded``, ``failed``, ``killed``;
+    ``created_at`` and ``finished_at`` are RFC 3339 strings; ``error`` says why a job
+    failed (``kind`` ``task_failed`` names the task).
+    """
+
+    id: str
+    name: str = ""
+    state: str = ""
+    created_at: str = ""
+    finished_at: Optional[str] = None
+    tasks: int = 0
+    counts: TaskCounts = field(default_factory=TaskCounts)
+    error: Optional[ErrorBody] = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job is over (succeeded, failed or killed)."""
+        return self.state in JOB_FINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the job ended with every task succeeded."""
+        return self.state == "succeeded"
+
+
+@dataclass(frozen=True)
+class ResultInfo:
+    """A succeeded task's result: its size in bytes and its SHA-256 (hex)."""
+
+    size: int = 0
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """One task as ``GET /v1/jobs/{id}/tasks`` lists it.
+
+    ``started_at`` and ``finished_at`` are RFC 3339 with microseconds, from the
+    executor's clock, for the latest attempt.
+    """
+
+    index: int
+    state: str = ""
+    attempts: int = 0
+    executor: Optional[str] = None
+    exit_code: Optional[int] = None
+    error: Optional[ErrorBody] = None
+    result: Optional[ResultInfo] = None
+    started_at: Optional[str] = None
+    finished_at: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """A ``task`` event of ``GET /v1/jobs/{id}/events``: a task changed state.
+
+    ``attempt`` is the latest attempt's number (0 before the first launch); ``error``
+    says why it failed or was killed, or why the attempt before a retry failed.
+    """
+
+    event: ClassVar[str] = "task"
+    index: int
+    state: str = ""
+    attempt: int = 0
+    executor: Optional[str] = None
+    error: Optional[ErrorBody] = None
+
+
+@dataclass(frozen=True)
+class LaggedEvent:
+    """A ``lagged`` event: the reader fell behind and ``missed`` events were dropped.
+
+    :meth:`flint_client.Job.tasks` has the current states.
+    """
+
+    event: ClassVar[str] = "lagged"
+    missed: int = 0
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A ``job`` event, the first of a stream: the job as it was when the stream began."""
+
+    event: ClassVar[str] = "job"
+    job: JobView
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    """An ``end`` event, the last of a stream: the job as it ended."""
+
+    event: ClassVar[str] = "end"
+    job: JobView
+
+
+@dataclass(frozen=True)
+class UnknownEvent:
+    """An event this client does not know (from a newer driver): its name and raw data."""
+
+    event: str
+    data: str
+
+
+#: Anything :meth:`flint_client.Job.events` yields.
+Event = Union[JobEvent, TaskEvent, LaggedEvent, EndEvent, UnknownEvent]
+
+
+@dataclass(frozen=True)
+class ExecutorView:
+    """One executor as ``GET /v1/executors`` lists it (see the driver's README)."""
+
+    id: str
+    host: str = ""
+    state: str = ""
+    cores: int = 0
+    free_cores: int = 0
+    running: int = 0
+    generation: int = 0
+    last_heartbeat_ms: Optional[int] = None
+    pid: Optional[int] = None
+    exit_code: Optional[int] = None
+    exit_signal: Optional[int] = None
+    exit_reason: Optional[str] = None
+    exit_description: Optional[str] = None
+    cluster_manager: Optional[str] = None
+    worker: Optional[str] = None
+    tasks_finished: int = 0
+    meters_fuel: bool = False
+    modules_compiled: int = 0
+    module_cache_hits: int = 0
+    compile_cache_hits: int = 0
+    fetch_hits: int = 0
+    fetch_misses: int = 0
+    task_cpu_us: int = 0
+    bytes_fetched: int = 0
+    result_bytes: int = 0
+    tasks_active: int = 0
+    tasks_completed: int = 0
+    excluded_for_ms: Optional[int] = None
+    recent_task_failures: int = 0
+    log_url: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class AllocationView:
+    """What the driver's cluster manager is asked for, what it launched, its failures."""
+
+    cluster_manager: str = ""
+    target: int = 0
+    launching: int = 0
+    running: int = 0
+    decommissioning: int = 0
+    idle: int = 0
+    recent_failures: int = 0
+    max_failures: int = 0
+    failures_interval_ms: int = 0
+    backoff_ms: int = 0
+    gave_up: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ExecutorList:
+    """``GET /v1/executors``: the executors (iterate it) and, with a cluster manager,
+    its allocation."""
+
+    items: List[ExecutorView] = field(default_factory=list)
+    next: Optional[str] = None
+    allocation: Optional[AllocationView] = None
+
+    def __iter__(self) -> Iterator[ExecutorView]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> ExecutorView:
+        return self.items[index]
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A standalone worker as ``GET /v1/workers`` lists it."""
+
+    id: str
+    host: str = ""
+    state: str = ""
+    cores: int = 0
+    free_cores: int = 0
+    memory_mb: int = 0
+    free_memory_mb: int = 0
+    pid: int = 0
+    executors: List[str] = field(default_factory=list)
+    last_heartbeat_ms: int = 0
+    registered_at_ms: int = 0
+    lost_reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """``PUT /v1/modules`` and ``PUT /v1/files``: the stored bytes' id and size."""
+
+    id: str
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class TimelineAttempt:
+    """One attempt of a task in a job's timeline (``AttemptView``).
+
+    ``attempt`` is 1 for the task's first launch, counting retries and speculative
+    copies. ``start_us`` and ``end_us`` are Unix microseconds (the executor's clock
+    where it reported them, else the driver's); ``end_us`` and ``outcome`` are ``None``
+    while it runs. ``outcome`` is ``succeeded``, a failure kind (``exit``, ``timeout``,
+    ``killed``, ``host_error``, ...) or ``lost`` (its executor was lost; the task ran
+    again).
+    """
+
+    task: int
+    attempt: int = 0
+    executor: str = ""
+    start_us: int = 0
+    end_us: Optional[int] = None
+    outcome: Optional[str] = None
+    speculative: bool = False
+
+    @property
+    def duration_us(self) -> Optional[int]:
+        """How long it ran, in microseconds (``None`` while it runs)."""
+        return None if self.end_us is None else self.end_us - self.start_us
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """``GET /v1/jobs/{id}/timeline`` (``TimelineView``): every attempt of a job's
+    tasks in launch order.
+
+    ``now_us`` is the driver's clock when it answered, ``created_us`` and
+    ``finished_us`` when the job was accepted and ended (Unix microseconds). The
+    driver serves long timelines a page at a time; :meth:`flint_client.Job.timeline`
+    reads every page, so ``next`` (the cursor of a following page) is ``None`` in what
+    it returns.
+    """
+
+    job: str
+    now_us: int = 0
+    created_us: int = 0
+    finished_us: Optional[int] = None
+    attempts: List[TimelineAttempt] = field(default_factory=list)
+    next: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ClusterSample:
+    """One sample of :class:`ClusterHistory`: at ``t_ms`` (Unix ms), the attempts
+    running (or queued) on executors, the cores given to tasks and all cores of live
+    executors, the executors alive, and the tasks of live jobs waiting for a core."""
+
+    t_ms: int
+    running_tasks: int = 0
+    busy_cores: int = 0
+    cores: int = 0
+    executors: int = 0
+    pending_tasks: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterHistory:
+    """``GET /v1/cluster/history``: the cluster once every ``interval_ms`` over the last
+    minutes, oldest first (kept in the driver's memory: a restart starts it afresh)."""
+
+    interval_ms: int = 0
+    samples: List[ClusterSample] = field(default_factory=list)
+
+
+#: Each model and the ``components.schemas`` entry of the OpenAPI document it mirrors.
+SCHEMAS: Dict[type, str] = {
+    ErrorBody: "ErrorBody",
+    TaskCounts: "TaskCounts",
+    JobView: "JobView",
+    ResultInfo: "ResultInfo",
+    TaskView: "TaskView",
+    TaskEvent: "TaskEvent",
+    LaggedEvent: "LaggedEvent",
+    ExecutorView: "ExecutorView",
+    AllocationView: "AllocationView",
+    ExecutorList: "ExecutorList",
+    WorkerView: "WorkerView",
+    Uploaded: "Uploaded",
+    Timeline: "TimelineView",
+    TimelineAttempt: "AttemptView",
+    ClusterHistory: "ClusterHistory",
+    ClusterSample: "ClusterSample",
+}
+
+#: Models whose schema is found from a route instead of by name: (path, the JSON
+#: pointer-like chain of properties below its ``200`` answer, where ``[]`` steps into
+#: an array's items).
+ROUTE_SCHEMAS: Dict[type, Tuple[str, Tuple[str, ...]]] = {
+    Timeline: ("/v1/jobs/{id}/timeline", ()),
+    TimelineAttempt: ("/v1/jobs/{id}/timeline", ("attempts", "[]")),
+    ClusterHistory: ("/v1/cluster/history", ()),
+    ClusterSample: ("/v1/cluster/history", ("samples", "[]")),
+}
+
+T = TypeVar("T")
+
+_HINTS: Dict[type, Dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> Dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+        _HINTS[cls] = hints
+    return hints
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(value, inner[0]) if len(inner) == 1 else value
+    if origin in (list, List):
+        (item,) = typing.get_args(hint) or (Any,)
+        return [_convert(v, item) for v in value] if isinstance(value, list) else value
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_json(hint, value) if isinstance(value, Mapping) else value
+    return value
+
+
+def from_json(cls: Type[T], data: Mapping[str, Any]) -> T:
+    """Builds model ``cls`` from its JSON object, ignoring unknown fields.
+
+    Fields the object lacks take their defaults (a field without one gets ``None``).
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    hints = _hints(cls)
+    kwargs: Dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(data[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = None
+    return cls(**kwargs)

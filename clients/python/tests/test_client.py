@@ -1,0 +1,305 @@
+"""The blocking client against a real ``flint dev``."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List
+
+import httpx
+import pytest
+
+import flint_client
+from flint_client import Client, Conflict, InvalidModule, JobFailed, NotFound, Resources, Task
+
+from .conftest import Driver, Guests
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """An HTTP transport that counts the requests it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: List[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(f"{request.method} {request.url.path}")
+        return super().handle_request(request)
+
+
+def words(text: str) -> Dict[str, int]:
+    """What wordcount.wasm counts: runs of alphanumerics of the lowercased text."""
+    return dict(Counter(re.findall(r"[^\W_]+", text.lower())))
+
+
+def test_health_executors_workers(client: Client) -> None:
+    assert client.health() is True
+    executors = client.executors()
+    assert len(executors) == 2
+    assert all(e.state == "alive" and e.cores == 1 for e in executors)
+    assert executors.allocation is not None and executors.allocation.cluster_manager == "local"
+    assert executors[0].log_url
+    assert client.workers() == []
+
+
+def test_uploads_are_content_addressed(client: Client, guests: Guests, tmp_path: Path) -> None:
+    module = client.upload_module(guests.testkit)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", module)
+    assert client.upload_module(guests.testkit.read_bytes()) == module
+    path = tmp_path / "data.txt"
+    path.write_bytes(b"file contents")
+    file_id = client.upload_file(path)
+    assert file_id == client.upload_file(b"file contents")
+    assert client.upload_file(str(path)) == file_id
+
+
+def test_submit_wait_and_read_results(client: Client, guests: Guests) -> None:
+    job = client.submit(
+        guests.testkit, [b"bytes \x00\xff", "text \u00e9", Path(guests.root / "testkit.wasm")], args=["echo"]
+    )
+    assert job.id.startswith("job-")
+    view = job.wait(timeout=120)
+    assert view.state == "succeeded" and view.counts.succeeded == 3 and view.tasks == 3
+    assert job.result(0) == b"bytes \x00\xff"
+    assert job.text(1) == "text \u00e9"
+    assert job.results()[2] == guests.testkit.read_bytes()
+    tasks = list(job.tasks())
+    assert [t.index for t in tasks] == [0, 1, 2]
+    assert tasks[0].state == "succeeded" and tasks[0].result is not None and tasks[0].result.size == 8
+    assert tasks[0].exit_code == 0 and tasks[0].executor
+    assert job.info() == view and job.refresh() == view
+
+
+def test_module_by_id_tasks_files_env_and_resources(client: Client, guests: Guests) -> None:
+    module = client.upload_module(guests.testkit)
+    job = client.submit(
+        module,
+        tasks=[
+            Task(args=["read", "/files/greeting"]),
+            {"args": ["read", "/files/other"]},
+            Task(input="ignored", args=["env"], env={"COLOUR": "red"}),
+        ],
+        files={"greeting": b"hello", "other": client.upload_file(b"other file")},
+        resources=Resources(memory_mb=64, timeout_ms=30_000),
+        name="py-files",
+    )
+    view = job.wait(60, raise_on_failure=True)
+    assert view.name == "py-files"
+    assert job.result(0) == b"hello"
+    assert job.result(1) == b"other file"
+    assert b"ARGS=env" in job.result(2)
+
+
+def test_map_decodes_and_keeps_input_order(client: Client, guests: Guests) -> None:
+    texts = [f"text {i}" for i in range(50)]
+    assert client.map(guests.testkit, texts, args=["echo"], decode="text") == texts
+    counts = client.map(guests.wordcount, ["to be or not to be", "b a b"], decode="json")
+    assert counts == [{"be": 2, "not": 1, "or": 1, "to": 2}, {"a": 1, "b": 2}]
+
+
+def test_map_of_20000_tasks_takes_a_few_requests(driver: Driver, guests: Guests) -> None:
+    transport = CountingTransport()
+    with Client(driver.url, transport=transport) as client:
+        started = time.monotonic()
+        results = client.map(guests.testkit, [b""] * 20_000, args=["noop"])
+        elapsed = time.monotonic() - started
+    assert results == [b""] * 20_000
+    # The upload, the submission (answered once the job ended) and one bulk read.
+    assert transport.requests[:2] == ["PUT /v1/modules", "POST /v1/jobs"]
+    assert len(transport.requests) == 3, transport.requests
+    assert re.fullmatch(r"GET /v1/jobs/job-[0-9a-f]+/results", transport.requests[2])
+    print(f"map of 20,000 no-op tasks: {elapsed:.2f} s, {len(transport.requests)} requests")
+
+
+def test_chained_map_reduce_counts_words(client: Client, guests: Guests) -> None:
+    texts = [
+        "It was the best of times, it was the worst of times,",
+        "it was the age of wisdom, it was the age of foolishness,",
+        "it was the epoch of belief, it was the epoch of incredulity,",
+        "It was the season of Light, it was the season of Darkness.",
+    ]
+    mapped = client.submit(guests.wordcount, texts, name="py-wordcount-map")
+    mapped.wait(120, raise_on_failure=True)
+    assert mapped.json(0) == words(texts[0])
+    reduced = client.map(guests.reduce, [mapped.results_ref()], decode="json")[0]
+    assert reduced == words(" ".join(texts))
+    top = client.map(guests.reduce, [mapped.results_ref(tasks=[0, 0])], args=["--top", "2"], decode="json")[0]
+    assert top == {"it": 4, "of": 4}
+    one = client.map(guests.reduce, [mapped.result_ref(3)], decode="json")[0]
+    assert one == words(texts[3])
+
+
+def test_a_failed_task_raises_job_failed_naming_it(client: Client, guests: Guests) -> None:
+    with pytest.raises(JobFailed) as caught:
+        client.map(guests.testkit, ["a", "b"], args=["exit", "3"])
+    failed = caught.value
+    assert failed.kind == "task_failed" and failed.job.state == "failed"
+    assert failed.failures and failed.failures[0].kind == "exit" and failed.failures[0].exit_code == 3
+    assert failed.failures[0].index in (0, 1)
+    assert f"task {failed.failures[0].index}: exit" in str(failed)
+
+    job = client.submit(guests.testkit, tasks=[Task(args=["noop"]), Task(args=["panic"])])
+    view = job.wait(60)  # raise_on_failure defaults to False: the view says how it ended
+    assert view.state == "failed" and view.error is not None and view.error.kind == "task_failed"
+    with pytest.raises(JobFailed) as caught:
+        job.wait(60, raise_on_failure=True)
+    assert [(f.index, f.kind) for f in caught.value.failures] == [(1, "trap")]
+    results = job.results()  # task 0 succeeded, or was killed when task 1 failed first
+    assert len(results) == 2 and results[0] in (b"", None) and results[1] is None
+    with pytest.raises(Conflict) as no_result:
+        job.result(1)
+    assert no_result.value.kind == "no_result"
+    assert client.map(guests.testkit, ["x"], args=["exit", "3"], raise_on_failure=False) == [None]
+
+
+def test_events_end_with_end(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, ["", ""], args=["sleep", "1000"])
+    events = list(job.events())
+    assert isinstance(events[0], flint_client.JobEvent) and events[0].job.id == job.id
+    assert isinstance(events[-1], flint_client.EndEvent) and events[-1].job.state == "succeeded"
+    tasks = [e for e in events if isinstance(e, flint_client.TaskEvent)]
+    assert {e.index for e in tasks if e.state == "succeeded"} == {0, 1}
+    assert all(e.attempt >= 1 and e.executor for e in tasks if e.state == "succeeded")
+    # A job already over gets `end` at once.
+    assert [type(e) for e in job.events()] == [flint_client.EndEvent]
+
+
+def test_wait_with_progress(client: Client, guests: Guests, capsys: pytest.CaptureFixture[str]) -> None:
+    job = client.submit(guests.testkit, [""] * 6, args=["sleep", "200"])
+    view = job.wait(120, progress=True)
+    assert view.state == "succeeded" and view.counts.succeeded == 6
+    assert job.id in capsys.readouterr().err
+    assert client.map(guests.testkit, [""] * 3, args=["noop"], progress=True) == [b""] * 3
+
+
+def test_wait_timeout(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, [""], args=["sleep", "5000"])
+    with pytest.raises(flint_client.WaitTimeout) as caught:
+        job.wait(timeout=0.5)
+    assert caught.value.job.state in ("queued", "running")
+    with pytest.raises(flint_client.WaitTimeout):
+        job.wait(timeout=0.5, progress=True)
+    job.kill()
+
+
+def test_kill_a_sleeping_job(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, [""] * 4, args=["sleep", "60000"])
+    assert job.info().state in ("queued", "running")
+    started = time.monotonic()
+    assert job.kill().state == "killed"
+    assert job.wait(30).state == "killed"
+    assert time.monotonic() - started < 20
+    with pytest.raises(JobFailed) as caught:
+        job.wait(raise_on_failure=True)
+    assert caught.value.job.state == "killed"
+
+
+def test_logs_of_an_eprint_task(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, [""], args=["eprint", "1000"])
+    job.wait(60, raise_on_failure=True)
+    assert job.logs(0) == "e" * 1000
+    assert job.result(0) == b""
+
+
+def test_delete(client: Client, guests: Guests) -> None:
+    running = client.submit(guests.testkit, [""], args=["sleep", "60000"])
+    with pytest.raises(Conflict) as caught:
+        running.delete()
+    assert caught.value.kind == "job_running"
+    running.kill()
+    running.wait(30)
+    running.delete()
+    with pytest.raises(NotFound) as gone:
+        running.info()
+    assert gone.value.kind == "job_not_found" and gone.value.status == 404
+
+
+def test_jobs_listing_pages_and_filters(client: Client, guests: Guests) -> None:
+    name = f"py-list-{uuid.uuid4().hex[:8]}"
+    ids = [client.submit(guests.testkit, [""], args=["noop"], name=name).id for _ in range(5)]
+    for job_id in ids:
+        client.job(job_id).wait(60)
+    listed = list(client.jobs(name=name, page_size=2))  # three pages
+    assert sorted(j.id for j in listed) == sorted(ids)
+    assert [j.created_at for j in listed] == sorted((j.created_at for j in listed), reverse=True)
+    assert [j.id for j in client.jobs(name=name, limit=3)] == [j.id for j in listed[:3]]
+    assert all(j.state == "succeeded" for j in client.jobs(name=name, state="succeeded"))
+    assert list(client.jobs(name=name, state="failed")) == []
+    some = list(client.jobs(limit=2))
+    assert len(some) == 2 and all(isinstance(j, flint_client.JobView) for j in some)
+
+
+def test_idempotency_key_returns_the_same_job(client: Client, guests: Guests) -> None:
+    key = f"py-{uuid.uuid4()}"
+    first = client.submit(guests.testkit, ["a"], args=["echo"], idempotency_key=key)
+    again = client.submit(guests.testkit, ["a"], args=["echo"], idempotency_key=key)
+    assert again.id == first.id
+    with pytest.raises(Conflict) as caught:
+        client.submit(guests.testkit, ["b"], args=["echo"], idempotency_key=key)
+    assert caught.value.kind == "idempotency_conflict" and first.id in caught.value.message
+
+
+def test_errors_for_a_bad_module_and_unknown_things(client: Client, guests: Guests) -> None:
+    with pytest.raises(InvalidModule) as caught:
+        client.upload_module(b"this is not wasm")
+    assert caught.value.kind == "invalid_module" and caught.value.status == 422
+    with pytest.raises(InvalidModule):
+        client.submit(b"not wasm either", ["x"])
+    with pytest.raises(NotFound) as unknown:
+        client.job("job-00000000000000000000000000000000").info()
+    assert unknown.value.kind == "job_not_found"
+    with pytest.raises(flint_client.InvalidSpec) as bad:
+        client.submit("sha256:" + "0" * 64, ["x"])
+    assert bad.value.kind == "unknown_module"
+    job = client.submit(guests.testkit, [""], args=["noop"])
+    job.wait(60)
+    with pytest.raises(NotFound) as task:
+        job.result(7)
+    assert task.value.kind == "task_not_found"
+    with pytest.raises(flint_client.InvalidSpec) as reserved:
+        client.submit(guests.testkit, ["x"], args=["echo"], env={"FLINT_JOB": "mine"})
+    assert reserved.value.kind == "invalid_spec" and "FLINT_" in reserved.value.message
+
+
+def test_timeline(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, [""] * 3, args=["sleep", "50"])
+    job.wait(60, raise_on_failure=True)
+    timeline = job.timeline()
+    assert timeline.job == job.id and timeline.now_us > 0 and timeline.next is None
+    assert timeline.finished_us is not None and timeline.created_us <= timeline.finished_us
+    assert sorted(a.task for a in timeline.attempts) == [0, 1, 2]
+    for attempt in timeline.attempts:
+        assert attempt.outcome == "succeeded" and attempt.attempt == 1 and attempt.executor.startswith("exec-")
+        assert attempt.end_us is not None and attempt.duration_us is not None
+        assert 40_000 <= attempt.duration_us < 30_000_000, attempt
+        assert attempt.speculative is False
+
+
+def test_cluster_history(client: Client) -> None:
+    history = client.cluster_history()
+    deadline = time.monotonic() + 5
+    while not history.samples and time.monotonic() < deadline:
+        time.sleep(0.2)
+        history = client.cluster_history()
+    assert history.interval_ms > 0
+    assert history.samples, "the driver samples its cluster every interval"
+    assert [s.t_ms for s in history.samples] == sorted(s.t_ms for s in history.samples)
+    sample = history.samples[-1]
+    assert sample.cores == 2 and sample.executors == 2 and sample.t_ms > 0
+    assert 0 <= sample.busy_cores <= sample.cores
+
+
+def test_bulk_results_refuse_a_running_job(client: Client, guests: Guests) -> None:
+    job = client.submit(guests.testkit, [""], args=["sleep", "60000"])
+    try:
+        with pytest.raises(Conflict) as caught:
+            job.results()
+        assert caught.value.kind == "job_running"
+    finally:
+        job.kill()
+    with pytest.raises(NotFound):
+        client.job("job-00000000000000000000000000000000").results()
+    assert client.map(guests.testkit, ["a", "", "b" * 3_000_000], args=["echo"]) == [b"a", b"", b"b" * 3_000_000]

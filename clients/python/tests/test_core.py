@@ -1,0 +1,309 @@
+"""The sans-I/O core without a driver: frame and event decoding, error mapping, spec
+building, model parsing, and the request count of ``map`` over a mock transport."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import httpx
+import pytest
+
+import flint_client
+from flint_client import _core as core
+from flint_client.models import from_json
+
+
+def frames(results: List[Optional[bytes]]) -> bytes:
+    out = bytearray()
+    for i, data in enumerate(results):
+        if data is None:
+            out += struct.pack(">IBQ", i, 0, 0)
+        else:
+            out += struct.pack(">IBQ", i, 1, len(data)) + data
+    return bytes(out)
+
+
+def test_frames_decode_whatever_the_chunking() -> None:
+    rng = random.Random(7)
+    results: List[Optional[bytes]] = [b"", None, b"x" * 70_000, b"abc", None, bytes(range(256)) * 3]
+    body = frames(results)
+    for _ in range(200):
+        parser = core.FrameParser()
+        got: List[Tuple[int, Optional[bytes]]] = []
+        pos = 0
+        while pos < len(body):
+            step = rng.choice([1, 2, 5, 13, 14, 100, 4096, 100_000])
+            got += parser.feed(body[pos : pos + step])
+            pos += step
+        parser.finish()
+        assert got == list(enumerate(results))
+
+
+def test_a_truncated_results_stream_is_an_error() -> None:
+    body = frames([b"hello"])
+    parser = core.FrameParser()
+    parser.feed(body[:-1])
+    with pytest.raises(flint_client.ProtocolError, match="truncated"):
+        parser.finish()
+    with pytest.raises(flint_client.ProtocolError, match="bad frame header"):
+        core.FrameParser().feed(struct.pack(">IBQ", 0, 7, 0))
+
+
+def test_sse_events_and_keep_alives() -> None:
+    text = (
+        b": keep-alive\n\n"
+        b'event: job\ndata: {"id":"job-1","state":"running","tasks":2}\n\n'
+        b'event: task\r\ndata: {"index":0,"state":"succeeded","attempt":1,"executor":"exec-1","error":null,"new":1}\r\n\r\n'
+        b'event: lagged\ndata: {"missed":3}\n\n'
+        b"event: future\ndata: a\ndata: b\n\n"
+        b'event: end\ndata: {"id":"job-1","state":"succeeded","tasks":2,"counts":{"succeeded":2}}\n\n'
+    )
+    for step in (1, 3, 7, len(text)):
+        parser = core.SSEParser()
+        pairs = []
+        for pos in range(0, len(text), step):
+            pairs += parser.feed(text[pos : pos + step])
+        events = [core.parse_event(n, d) for n, d in pairs]
+        assert [e.event for e in events] == ["job", "task", "lagged", "future", "end"]
+        assert isinstance(events[1], flint_client.TaskEvent) and events[1].executor == "exec-1"
+        assert events[2] == flint_client.LaggedEvent(missed=3)
+        assert events[3] == flint_client.UnknownEvent("future", "a\nb")
+        end = events[4]
+        assert isinstance(end, flint_client.EndEvent) and end.job.counts.succeeded == 2 and end.job.ended
+
+
+def response(status: int, body: object, headers: Optional[dict] = None) -> httpx.Response:
+    return httpx.Response(
+        status,
+        content=json.dumps(body).encode(),
+        headers=headers,
+        request=httpx.Request("GET", "http://x/v1/jobs/j"),
+    )
+
+
+@pytest.mark.parametrize(
+    "status,kind,cls",
+    [
+        (404, "job_not_found", flint_client.NotFound),
+        (404, "task_not_found", flint_client.NotFound),
+        (404, "some_new_kind", flint_client.NotFound),
+        (401, "unauthorized", flint_client.Unauthorized),
+        (422, "invalid_module", flint_client.InvalidModule),
+        (422, "invalid_spec", flint_client.InvalidSpec),
+        (422, "idempotency_conflict", flint_client.Conflict),
+        (409, "no_result", flint_client.Conflict),
+        (409, "job_running", flint_client.Conflict),
+        (503, "overloaded", flint_client.Overloaded),
+        (507, "storage_full", flint_client.StorageFull),
+        (500, "storage", flint_client.ServerError),
+        (413, "body_too_large", flint_client.TooLarge),
+        (400, "bad_query", flint_client.BadRequest),
+    ],
+)
+def test_errors_map_by_kind_then_status(status: int, kind: str, cls: type) -> None:
+    error = core.error_from_response(
+        response(status, {"error": {"kind": kind, "message": "why"}}, {"retry-after": "2"})
+    )
+    assert type(error) is cls
+    assert (error.kind, error.status) == (kind, status)
+    assert "why" in str(error)
+    if isinstance(error, flint_client.Overloaded):
+        assert error.retry_after == 2.0
+
+
+def test_an_error_without_a_json_body_is_named_by_its_status() -> None:
+    r = httpx.Response(502, content=b"bad gateway", request=httpx.Request("GET", "http://x/"))
+    error = core.error_from_response(r)
+    assert isinstance(error, flint_client.ServerError) and error.kind == "http_502" and "bad gateway" in error.message
+
+
+def test_inputs_encode_to_the_documented_shapes(tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_bytes(b"xy")
+    inputs = [
+        b"x y",
+        "a b",
+        tmp_path / "in.txt",
+        flint_client.Url("https://h/x", sha256="ab"),
+        flint_client.ResultRef("job-1", 3),
+        flint_client.ResultsRef("job-1"),
+        flint_client.ResultsRef("job-2", [2, 0, 2]),
+        {"text": "raw"},
+    ]
+    spec = core.build_spec(
+        {"module": "sha256:00"}, inputs=inputs, args=["--top", "3"], resources=flint_client.Resources(cores=2)
+    )
+    assert spec["inputs"] == [
+        {"base64": "eCB5"},
+        {"text": "a b"},
+        {"base64": "eHk="},
+        {"url": "https://h/x", "sha256": "ab"},
+        {"result": {"job": "job-1", "task": 3}},
+        {"results": {"job": "job-1"}},
+        {"results": {"job": "job-2", "tasks": [2, 0, 2]}},
+        {"text": "raw"},
+    ]
+    assert spec["args"] == ["--top", "3"] and spec["resources"] == {"cores": 2}
+    tasks = core.build_spec(
+        {"module": "m"}, tasks=[flint_client.Task("a", args=["echo"]), {"input": b"", "env": {"K": "V"}}]
+    )
+    assert tasks["tasks"] == [{"input": {"text": "a"}, "args": ["echo"]}, {"input": {"base64": ""}, "env": {"K": "V"}}]
+    with pytest.raises(ValueError, match="exactly one"):
+        core.build_spec({"module": "m"})
+    with pytest.raises(TypeError, match="not one string"):
+        core.build_spec({"module": "m"}, inputs=[""], args="noop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a single"):
+        core.build_spec({"module": "m"}, inputs="abc")
+
+
+def test_models_ignore_unknown_fields_and_default_missing_ones() -> None:
+    view = from_json(
+        flint_client.JobView,
+        {
+            "id": "job-1",
+            "state": "failed",
+            "tasks": 3,
+            "counts": {"failed": 1, "zzz": 2},
+            "error": {"kind": "task_failed", "message": "m"},
+            "later": [1],
+        },
+    )
+    assert view.counts == flint_client.TaskCounts(failed=1)
+    assert view.error == flint_client.ErrorBody("task_failed", "m")
+    assert view.finished_at is None and not view.succeeded and view.ended
+
+
+def test_map_takes_a_constant_number_of_requests() -> None:
+    """20,000 tasks: upload, submit (answered when the job ended), one bulk read."""
+    n = 20_000
+    seen: List[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        view = {"id": "job-1", "name": "", "state": "succeeded", "tasks": n, "counts": {"succeeded": n}}
+        if request.url.path == "/v1/modules":
+            return httpx.Response(201, json={"id": "sha256:00", "size": 3})
+        if request.url.path == "/v1/jobs":
+            assert request.url.params["wait"] == "300"
+            assert len(json.loads(request.content)["inputs"]) == n
+            return httpx.Response(202, json=view)
+        if request.url.path == "/v1/jobs/job-1/results":
+            return httpx.Response(200, content=frames([str(i).encode() for i in range(n)]))
+        return httpx.Response(404, json={"error": {"kind": "not_found", "message": request.url.path}})
+
+    with flint_client.Client("http://flint.test", transport=httpx.MockTransport(handler)) as client:
+        results = client.map(b"\0asm", [b""] * n, args=["noop"], decode="text")
+    assert results == [str(i) for i in range(n)]
+    assert seen == ["PUT /v1/modules", "POST /v1/jobs", "GET /v1/jobs/job-1/results"]
+
+
+def test_overloaded_is_retried_after_retry_after() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) == 1:
+            return httpx.Response(
+                503, json={"error": {"kind": "overloaded", "message": "busy"}}, headers={"retry-after": "0"}
+            )
+        return httpx.Response(200, json={"items": [], "next": None})
+
+    with flint_client.Client("http://flint.test", transport=httpx.MockTransport(handler)) as client:
+        assert list(client.executors()) == []
+    assert len(calls) == 2
+
+
+def test_an_unreachable_driver_is_a_connection_error() -> None:
+    with flint_client.Client("http://127.0.0.1:9", timeout=2) as client:
+        with pytest.raises(flint_client.FlintConnectionError, match="cannot reach the driver at http://127.0.0.1:9"):
+            client.health()
+
+
+def test_the_environment_gives_url_and_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLINT_URL", "http://example.test:1234/")
+    monkeypatch.setenv("FLINT_TOKEN", "s3cret")
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["url"] = str(request.url)
+        seen["auth"] = request.headers.get("authorization")
+        return httpx.Response(200, text="ok\n")
+
+    with flint_client.Client(transport=httpx.MockTransport(handler)) as client:
+        assert client.url == "http://example.test:1234"
+        assert client.health()
+    assert seen == {"url": "http://example.test:1234/healthz", "auth": "Bearer s3cret"}
+
+
+def test_timeline_reads_every_page() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        after = request.url.params.get("after")
+        attempt = {"task": 0 if after is None else 1, "attempt": 1, "executor": "exec-1", "start_us": 1, "end_us": 5}
+        return httpx.Response(
+            200,
+            json={
+                "job": "job-1",
+                "now_us": 9 if after else 7,
+                "created_us": 0,
+                "finished_us": 6,
+                "attempts": [dict(attempt, outcome="succeeded", speculative=False)],
+                "next": None if after else "1",
+            },
+        )
+
+    with flint_client.Client("http://flint.test", transport=httpx.MockTransport(handler)) as client:
+        timeline = client.job("job-1").timeline()
+    assert [a.task for a in timeline.attempts] == [0, 1]
+    assert timeline.next is None and timeline.now_us == 9
+    assert timeline.attempts[0].duration_us == 4
+
+
+def failing_driver(request: httpx.Request) -> httpx.Response:
+    """A mock driver whose job 1 failed: task 0 succeeded, 1 exited 3, 2 was killed."""
+    view = {
+        "id": "job-1",
+        "state": "failed",
+        "tasks": 3,
+        "counts": {"succeeded": 1, "failed": 1, "killed": 1},
+        "error": {"kind": "task_failed", "message": "task 1 failed: exit: exited with code 3"},
+    }
+    path = request.url.path
+    if path == "/v1/modules":
+        return httpx.Response(201, json={"id": "sha256:00", "size": 3})
+    if path == "/v1/jobs":
+        return httpx.Response(202, json=view)
+    if path == "/v1/jobs/job-1/tasks":
+        items = [
+            {"index": 0, "state": "succeeded", "attempts": 1},
+            {"index": 1, "state": "failed", "attempts": 1, "exit_code": 3, "error": {"kind": "exit", "message": "exited with code 3"}},
+            {"index": 2, "state": "killed", "attempts": 0, "error": {"kind": "killed", "message": "its job failed"}},
+        ]
+        return httpx.Response(200, json={"items": items, "next": None})
+    if path == "/v1/jobs/job-1/results":
+        return httpx.Response(200, content=frames([b"ok", None, None]))
+    return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+
+
+def test_job_failed_names_the_failed_tasks() -> None:
+    with flint_client.Client("http://flint.test", transport=httpx.MockTransport(failing_driver)) as client:
+        with pytest.raises(flint_client.JobFailed) as caught:
+            client.map(b"\0asm", ["a", "b", "c"])
+        assert caught.value.failures == [flint_client.TaskFailure(1, "exit", "exited with code 3", 3)]
+        assert caught.value.kind == "task_failed" and "task 1: exit: exited with code 3" in str(caught.value)
+        assert client.map(b"\0asm", ["a", "b", "c"], raise_on_failure=False) == [b"ok", None, None]
+
+
+@pytest.mark.anyio
+async def test_the_async_client_shares_the_flows() -> None:
+    async with flint_client.AsyncClient("http://flint.test", transport=httpx.MockTransport(failing_driver)) as client:
+        with pytest.raises(flint_client.JobFailed) as caught:
+            await client.map(b"\0asm", ["a", "b", "c"])
+        assert [f.index for f in caught.value.failures] == [1]
+        job = client.job("job-1")
+        assert [t.state async for t in job.tasks()] == ["succeeded", "failed", "killed"]
+        assert await job.results(decode="text") == ["ok", None, None]
+        with pytest.raises(flint_client.NotFound):
+            await client.cluster_history()

@@ -1,0 +1,99 @@
+"""The models match the live driver's OpenAPI document: every schema property is a field
+of its model and every field a property (a drift either way fails)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Set
+
+import httpx
+import pytest
+
+from flint_client import _core as core
+from flint_client import specs
+from flint_client.models import ROUTE_SCHEMAS, SCHEMAS
+
+from .conftest import Driver
+
+
+@pytest.fixture(scope="module")
+def document(driver: Driver) -> Dict[str, Any]:
+    """The driver's ``/v1/openapi.json`` (open: no token needed)."""
+    response = httpx.get(f"{driver.url}/v1/openapi.json", timeout=30)
+    response.raise_for_status()
+    body = response.json()
+    assert body["openapi"].startswith("3.1")
+    return body
+
+
+def resolve(doc: Dict[str, Any], schema: Dict[str, Any]) -> Dict[str, Any]:
+    """Follows ``$ref``s and unwraps a ``oneOf``/``anyOf``/``allOf`` of one schema
+    (and ``null``), as utoipa writes optional and nested types."""
+    for _ in range(20):
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[-1]
+            schema = doc["components"]["schemas"][name]
+            continue
+        for key in ("oneOf", "anyOf", "allOf"):
+            options = [s for s in schema.get(key, []) if s.get("type") != "null"]
+            if len(options) == 1:
+                schema = options[0]
+                break
+        else:
+            return schema
+    raise AssertionError(f"cannot resolve {schema}")
+
+
+def properties(doc: Dict[str, Any], schema: Dict[str, Any]) -> Set[str]:
+    schema = resolve(doc, schema)
+    assert "properties" in schema, f"not an object schema: {schema}"
+    return set(schema["properties"])
+
+
+def fields(cls: type) -> Set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("model", list(SCHEMAS), ids=lambda m: m.__name__)
+def test_models_match_their_schemas(document: Dict[str, Any], model: type) -> None:
+    name = SCHEMAS[model]
+    schemas = document["components"]["schemas"]
+    assert name in schemas, f"{model.__name__}: no schema {name} in the driver's document"
+    assert fields(model) == properties(document, schemas[name]), (
+        f"{model.__name__} drifted from schema {name}: "
+        f"only in the model {sorted(fields(model) - properties(document, schemas[name]))}, "
+        f"only in the schema {sorted(properties(document, schemas[name]) - fields(model))}"
+    )
+
+
+@pytest.mark.parametrize("model", list(ROUTE_SCHEMAS), ids=lambda m: m.__name__)
+def test_models_of_routes_match_their_answers(document: Dict[str, Any], model: type) -> None:
+    path, chain = ROUTE_SCHEMAS[model]
+    assert path in document["paths"], f"{model.__name__}: the driver's document has no route {path}"
+    answer = document["paths"][path]["get"]["responses"]["200"]
+    schema = answer["content"]["application/json"]["schema"]
+    for step in chain:
+        schema = resolve(document, schema)
+        schema = schema["items"] if step == "[]" else schema["properties"][step]
+    have = properties(document, schema)
+    assert fields(model) == have, (
+        f"{model.__name__} drifted from the answer of GET {path}: "
+        f"only in the model {sorted(fields(model) - have)}, only in the schema {sorted(have - fields(model))}"
+    )
+
+
+@pytest.mark.parametrize("cls", list(specs.SCHEMAS), ids=lambda m: m.__name__)
+def test_spec_types_match_their_schemas(document: Dict[str, Any], cls: type) -> None:
+    name = specs.SCHEMAS[cls]
+    have = properties(document, document["components"]["schemas"][name])
+    assert fields(cls) == have, f"{cls.__name__} drifted from schema {name}: {sorted(fields(cls) ^ have)}"
+
+
+def test_submit_knows_every_job_spec_field(document: Dict[str, Any]) -> None:
+    have = properties(document, document["components"]["schemas"]["JobSpec"])
+    assert set(core.JOB_SPEC_FIELDS) == have, f"JobSpec drifted: {sorted(set(core.JOB_SPEC_FIELDS) ^ have)}"
+
+
+def test_every_input_kind_is_known(document: Dict[str, Any]) -> None:
+    have = properties(document, document["components"]["schemas"]["InputSpec"])
+    assert set(specs.INPUT_KEYS) == have, f"InputSpec drifted: {sorted(set(specs.INPUT_KEYS) ^ have)}"
