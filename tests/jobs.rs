@@ -353,6 +353,24 @@ fn every_result_comes_in_one_response_in_task_order_inline_and_block_alike() {
         ]
     );
 
+    // Inline results past one chunk (64 KiB) of the response: frames split across
+    // chunks, none lost or reordered.
+    let many = cluster.run_job(json!({"module": module, "args": ["print", "3000"],
+        "inputs": vec![json!({"text": ""}); 60]}));
+    assert_eq!(many["state"], "succeeded", "{many}");
+    let (status, body) = cluster.get_bytes(&format!(
+        "/v1/jobs/{}/results",
+        many["id"].as_str().unwrap()
+    ));
+    assert_eq!(status, 200);
+    let got = frames(&body);
+    assert_eq!(got.len(), 60);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, (index, r))| *index == i as u32 && r.as_deref() == Some(&[b'x'; 3000][..]))
+    );
+
     // A failed job: its failed and killed tasks have frames without a result.
     let failing = cluster.run_job(json!({"module": module, "tasks": [
         {"input": {"text": "ok"}, "args": ["echo"]},

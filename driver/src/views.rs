@@ -157,30 +157,40 @@ pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> 
             *c = true;
         }
     }
-    let spans = job.attempts.iter().map(|s| AttemptView {
-        task: s.task,
-        attempt: s.attempt,
-        executor: job.attempt_executors[s.executor as usize].clone(),
-        start_us: s.start_us,
-        end_us: s.end_us,
-        outcome: s.outcome.map(|o| o.as_str().to_owned()),
-        speculative: s.speculative,
+    // Pages are sliced, not skipped through: a late page of a big job costs its own
+    // attempts only (this runs under the driver's lock for a live job).
+    let from = first.min(job.attempts.len());
+    let mut attempts: Vec<AttemptView> = job.attempts[from..]
+        .iter()
+        .take(limit)
+        .map(|s| AttemptView {
+            task: s.task,
+            attempt: s.attempt,
+            executor: job.attempt_executors[s.executor as usize].clone(),
+            start_us: s.start_us,
+            end_us: s.end_us,
+            outcome: s.outcome.map(|o| o.as_str().to_owned()),
+            speculative: s.speculative,
+        })
+        .collect();
+    let rebuilt = job.tasks.iter().enumerate().filter(|(index, task)| {
+        !covered[*index]
+            && task.state.is_final()
+            && task.started_at_us.is_some()
+            && task.finished_at_us.is_some()
+            && task.executor.is_some()
     });
-    let rebuilt = job.tasks.iter().enumerate().filter_map(|(index, task)| {
-        if covered[index] || !task.state.is_final() {
-            return None;
-        }
-        let (Some(start), Some(end), Some(executor)) =
-            (task.started_at_us, task.finished_at_us, &task.executor)
-        else {
-            return None;
-        };
-        Some(AttemptView {
+    let mut rest = rebuilt
+        .skip(first.saturating_sub(job.attempts.len()))
+        .map(|(index, task)| AttemptView {
             task: index as u32,
             attempt: task.attempts.max(1),
-            executor: executor.clone(),
-            start_us: start,
-            end_us: Some(end),
+            executor: task
+                .executor
+                .clone()
+                .unwrap_or_else(|| ExecutorId(String::new())),
+            start_us: task.started_at_us.unwrap_or(0),
+            end_us: task.finished_at_us,
             outcome: Some(match task.state {
                 TaskState::Succeeded => "succeeded".to_owned(),
                 _ => task
@@ -190,11 +200,10 @@ pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> 
                     .to_owned(),
             }),
             speculative: false,
-        })
-    });
-    let mut page = spans.chain(rebuilt).skip(first);
-    let attempts: Vec<AttemptView> = page.by_ref().take(limit).collect();
-    let next = page.next().map(|_| (first + attempts.len()).to_string());
+        });
+    attempts.extend(rest.by_ref().take(limit - attempts.len()));
+    let more = from + limit < job.attempts.len() || rest.next().is_some();
+    let next = more.then(|| (first + attempts.len()).to_string());
     let us = |t: SystemTime| {
         t.duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64)
@@ -228,5 +237,76 @@ mod tests {
         set_state(&mut j.counts, &mut j.tasks[0], TaskState::Succeeded);
         assert_eq!(task_view(j, 0).exit_code, Some(0));
         assert_eq!(task_view(j, 1).exit_code, None);
+    }
+
+    #[test]
+    fn a_timeline_pages_through_spans_then_tasks_that_ended_without_one() {
+        let mut state = ClusterState::new(
+            0,
+            SchedulingConfig::default(),
+            Instant::now(),
+            SystemTime::now(),
+        );
+        state.insert_job(job("j", 5, 1));
+        let j = state.jobs.get_mut(&JobId("j".into())).unwrap();
+        // Tasks 0 and 1 ran here (spans); 2 and 3 ended before a restart (their task
+        // records only); 4 is pending.
+        for index in [0, 1] {
+            j.tasks[index as usize].attempts = 1;
+            let span = j.open_span(
+                index,
+                &ExecutorId("exec-1".into()),
+                false,
+                SystemTime::now(),
+            );
+            j.close_span(
+                span,
+                crate::scheduler::Outcome::Succeeded,
+                Some((10, 20)),
+                SystemTime::now(),
+            );
+        }
+        for index in [2, 3] {
+            let task = &mut j.tasks[index];
+            set_state(&mut j.counts, task, TaskState::Succeeded);
+            task.attempts = 2;
+            task.executor = Some(ExecutorId("exec-2".into()));
+            task.started_at_us = Some(30);
+            task.finished_at_us = Some(40);
+        }
+        let page = |first, limit| {
+            let v = timeline_view(j, SystemTime::now(), first, limit);
+            let got: Vec<(u32, u32, String)> = v
+                .attempts
+                .iter()
+                .map(|a| (a.task, a.attempt, a.executor.0.clone()))
+                .collect();
+            (got, v.next)
+        };
+        let e = |t: u32, a: u32, x: &str| (t, a, x.to_owned());
+        assert_eq!(
+            page(0, 3),
+            (
+                vec![e(0, 1, "exec-1"), e(1, 1, "exec-1"), e(2, 2, "exec-2")],
+                Some("3".into())
+            )
+        );
+        assert_eq!(page(3, 3), (vec![e(3, 2, "exec-2")], None));
+        assert_eq!(
+            page(0, 2),
+            (vec![e(0, 1, "exec-1"), e(1, 1, "exec-1")], Some("2".into()))
+        );
+        assert_eq!(page(2, 1), (vec![e(2, 2, "exec-2")], Some("3".into())));
+        assert_eq!(page(usize::MAX, 10), (vec![], None));
+        let all = timeline_view(j, SystemTime::now(), 0, 10);
+        assert_eq!(
+            (all.attempts[0].start_us, all.attempts[0].end_us),
+            (10, Some(20))
+        );
+        assert_eq!(
+            (all.attempts[3].start_us, all.attempts[3].end_us),
+            (30, Some(40))
+        );
+        assert_eq!(all.attempts[3].outcome.as_deref(), Some("succeeded"));
     }
 }
