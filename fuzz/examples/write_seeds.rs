@@ -13,8 +13,7 @@ use flint_protocol::api::{InputSpec, JobSpec, ResourcesSpec, ResultsRef, TaskSpe
 use flint_protocol::codec::FrameCodec;
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
 use flint_protocol::records::{
-    AttemptOutcome, AttemptRecord, JobDef, JobEndRecord, JobRecord, TaskEndRecord,
-    TaskInputRecord,
+    AttemptOutcome, AttemptRecord, JobDef, JobEndRecord, JobRecord, TaskEndRecord, TaskInputRecord,
 };
 use flint_protocol::*;
 use serde::Serialize;
@@ -309,7 +308,7 @@ fn records(seeds: &mut Seeds<'_>) {
     seeds.write("job_record", "job-def", 3, &bytes(&def));
     seeds.write("job_record", "task-input", 4, &bytes(&job.tasks[2]));
     seeds.write("job_record", "task-end", 5, &bytes(&ok));
-    let attempt = |task, attempt, outcome, speculative| AttemptRecord {
+    let attempt = |task, attempt, outcome: Option<AttemptOutcome>, speculative| AttemptRecord {
         task,
         attempt,
         executor: flint_protocol::ExecutorId("exec-1".into()),
