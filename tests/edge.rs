@@ -324,6 +324,7 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
         [
             "/healthz",
             "/metrics",
+            "/v1/cluster/history",
             "/v1/executors",
             "/v1/executors/{id}",
             "/v1/executors/{id}/decommission",
@@ -334,9 +335,11 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/v1/jobs/{id}",
             "/v1/jobs/{id}/events",
             "/v1/jobs/{id}/kill",
+            "/v1/jobs/{id}/results",
             "/v1/jobs/{id}/tasks",
             "/v1/jobs/{id}/tasks/{index}/log",
             "/v1/jobs/{id}/tasks/{index}/result",
+            "/v1/jobs/{id}/timeline",
             "/v1/modules",
             "/v1/modules/{id}",
             "/v1/workers",
@@ -373,7 +376,18 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
         let name = reference.split('"').next().unwrap();
         assert!(doc["components"]["schemas"][name].is_object(), "{name}");
     }
-    for shape in ["TaskEvent", "LaggedEvent", "JobView"] {
+    let results = &doc["paths"]["/v1/jobs/{id}/results"]["get"]["responses"];
+    assert!(
+        results["200"]["content"]["application/vnd.flint.results"].is_object(),
+        "{results}"
+    );
+    for shape in [
+        "TaskEvent",
+        "LaggedEvent",
+        "JobView",
+        "TimelineView",
+        "ClusterHistory",
+    ] {
         assert!(doc["components"]["schemas"][shape].is_object(), "{shape}");
     }
 }
