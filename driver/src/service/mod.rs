@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{ExecutorState, JobView, TaskEvent, TaskState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::records::{JobEndRecord, JobSummaryRecord};
+use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord};
 use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId, TaskId, defaults};
 use tokio::sync::{mpsc, watch};
 
@@ -80,6 +80,13 @@ impl From<Rejection> for SubmitError {
     }
 }
 
+/// A job's end held back until its record is committed (see `submit_keyed`).
+struct Deferred {
+    end: JobEndRecord,
+    summary: JobSummaryRecord,
+    attempts: Option<Vec<AttemptRecord>>,
+}
+
 struct Inner {
     state: ClusterState,
     links: HashMap<ExecutorId, Link>,
@@ -89,9 +96,10 @@ struct Inner {
     /// the number of their end's write to the job store.
     ending: HashMap<JobId, u64>,
     /// Jobs whose record is being committed (`submit_keyed`), and the ends of those
-    /// among them that ended meanwhile, sent once the record is in.
+    /// among them that ended meanwhile, sent once the record is in (with their attempts,
+    /// once archived: the writer skips the attempts of a job it does not hold).
     storing: std::collections::HashSet<JobId>,
-    deferred: HashMap<JobId, (JobEndRecord, JobSummaryRecord)>,
+    deferred: HashMap<JobId, Deferred>,
     /// The stored finished jobs' figures, for `/metrics`.
     finished: Totals,
 }
@@ -280,9 +288,20 @@ impl Driver {
         // writer could otherwise commit the end first and find no job to end.
         let mut inner = self.lock();
         inner.storing.remove(&id);
-        if let Some((end, summary)) = inner.deferred.remove(&id) {
+        if let Some(Deferred {
+            end,
+            summary,
+            attempts,
+        }) = inner.deferred.remove(&id)
+        {
             let write = match &stored {
-                Ok(()) => self.store.job_ended(id.clone(), end, summary),
+                Ok(()) => {
+                    let write = self.store.job_ended(id.clone(), end, summary);
+                    match attempts {
+                        Some(attempts) => self.store.attempts_ended(id.clone(), attempts),
+                        None => write,
+                    }
+                }
                 // Never accepted: nothing to store, and it is not among the totals.
                 Err(_) => {
                     inner.finished.add(&summary, -1);
@@ -431,7 +450,12 @@ impl Driver {
                         let write = match inner.storing.contains(&job) {
                             // Its record is still being committed (see `submit_keyed`).
                             true => {
-                                inner.deferred.insert(job.clone(), (end, summary));
+                                let deferred = Deferred {
+                                    end,
+                                    summary,
+                                    attempts: None,
+                                };
+                                inner.deferred.insert(job.clone(), deferred);
                                 u64::MAX
                             }
                             false => self.store.job_ended(job.clone(), end, summary),
@@ -518,11 +542,10 @@ impl Driver {
                 }
             }
         }
-        let write = self
-            .store
-            .attempts_ended(job.def.id.clone(), durable::attempt_records(&job));
-        if last != u64::MAX {
-            last = last.max(write);
+        let attempts = durable::attempt_records(&job);
+        match inner.deferred.get_mut(&job.def.id) {
+            Some(deferred) => deferred.attempts = Some(attempts),
+            None => last = last.max(self.store.attempts_ended(job.def.id.clone(), attempts)),
         }
         inner.archive(job, last);
     }

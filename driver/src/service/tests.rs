@@ -59,6 +59,53 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
     );
 }
 
+/// A job can end before its record is committed (a slow disk, a job killed at once):
+/// its end waits for the record, and so must its attempts, which the writer would
+/// otherwise find no job for and drop, leaving the stored timeline without them.
+#[tokio::test]
+async fn a_job_that_ends_before_its_record_is_committed_keeps_its_attempts() {
+    let (_dir, driver) = driver();
+    let id = JobId("early".into());
+    driver.store.hold_jobs.store(true, Ordering::Relaxed);
+    let submit = tokio::spawn({
+        let driver = driver.clone();
+        async move {
+            driver
+                .submit(crate::scheduler::tests::job("early", 2, 1))
+                .await
+        }
+    });
+    while !driver.read(|s| s.jobs.contains_key(&id)) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    driver.apply(|s| {
+        let job = s.jobs.get_mut(&id).unwrap();
+        let executor = flint_protocol::ExecutorId("exec-1".into());
+        job.open_span(0, &executor, false, std::time::SystemTime::now());
+        job.open_span(1, &executor, false, std::time::SystemTime::now());
+        let stop = s.stop_job(&id, "killed by a test".into(), std::time::SystemTime::now());
+        ((), stop.unwrap_or_default())
+    });
+    // Whatever was sent so far is committed before the record is: the race as it goes.
+    driver.flush_store();
+    assert_eq!(driver.store.attempts(&id).unwrap(), None, "not yet stored");
+    driver.store.hold_jobs.store(false, Ordering::Relaxed);
+    submit.await.unwrap().unwrap();
+    driver.flush_store();
+    let stored = driver.store.job(&id).unwrap().expect("stored");
+    assert!(stored.end.is_some(), "its end stored too");
+    let attempts = driver
+        .store
+        .attempts(&id)
+        .unwrap()
+        .expect("the attempts stored");
+    assert_eq!(
+        attempts.iter().map(|a| a.task).collect::<Vec<_>>(),
+        [0, 1],
+        "both attempts, in launch order"
+    );
+}
+
 #[test]
 fn executors_get_the_advertised_url_or_a_reachable_host() {
     let any = "0.0.0.0:7070".parse().unwrap();

@@ -163,6 +163,10 @@ pub struct JobStore {
     /// Tests set it to make `put_job` fail as a full or broken disk would.
     #[cfg(test)]
     pub(crate) refuse_jobs: std::sync::atomic::AtomicBool,
+    /// Tests set it to keep `put_job` from committing, as a slow disk would, until
+    /// they clear it.
+    #[cfg(test)]
+    pub(crate) hold_jobs: std::sync::atomic::AtomicBool,
 }
 
 impl JobStore {
@@ -211,6 +215,8 @@ impl JobStore {
             writer,
             #[cfg(test)]
             refuse_jobs: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            hold_jobs: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -221,6 +227,10 @@ impl JobStore {
         #[cfg(test)]
         if self.refuse_jobs.load(Ordering::Relaxed) {
             return Err(StoreError::Db("No space left on device (a test's)".into()));
+        }
+        #[cfg(test)]
+        while self.hold_jobs.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let stored = (|| {
             let txn = self.db.get()?.begin_write().map_err(db_error)?;
