@@ -342,6 +342,11 @@ fn every_result_comes_in_one_response_in_task_order_inline_and_block_alike() {
         response.headers()["content-type"],
         "application/vnd.flint.results"
     );
+    assert_eq!(
+        response.headers()["flint-tasks"],
+        "4",
+        "the frame count ahead"
+    );
     let got = frames(&response.bytes().unwrap());
     assert_eq!(
         got,
@@ -402,6 +407,64 @@ fn every_result_comes_in_one_response_in_task_order_inline_and_block_alike() {
         (404, &json!("job_not_found")),
         "{body}"
     );
+}
+
+/// A job's attempts, every page read (`limit` at a time): (task, attempt, outcome).
+fn timeline(cluster: &DevCluster, id: &str, limit: usize) -> Vec<(u64, u64, String)> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, page) = cluster.get(&format!("/v1/jobs/{id}/timeline?limit={limit}{after}"));
+        assert_eq!(status, 200, "{page}");
+        for a in page["attempts"].as_array().unwrap() {
+            let outcome = a["outcome"].as_str().unwrap_or("running").to_owned();
+            out.push((
+                a["task"].as_u64().unwrap(),
+                a["attempt"].as_u64().unwrap(),
+                outcome,
+            ));
+        }
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => return out,
+        }
+    }
+}
+
+/// The spans of a live job are not stored: after a restart its tasks that had ended are
+/// shown from their task records, ahead of the attempts launched since (so that a page's
+/// cursor stays valid while the job adds attempts), and the job keeps that timeline once
+/// stored.
+#[test]
+fn a_timeline_across_a_driver_restart_shows_every_task_those_ended_before_first() {
+    let cluster = DevCluster::start(1, 1);
+    let module = cluster.upload(&guests().testkit);
+    let echo = json!({"input": {"text": "a"}, "args": ["echo"]});
+    let sleep = json!({"input": {"text": ""}, "args": ["sleep", "2000"]});
+    let id = cluster.submit(&json!({"module": module, "tasks": [echo, echo, sleep, sleep]}));
+    // One core: tasks 0 and 1 have ended, 2 runs (2 s) and is killed by the stop.
+    common::wait_until(
+        Duration::from_secs(60),
+        "tasks 0, 1 ended, 2 running",
+        || {
+            let (_, tasks) = cluster.get(&format!("/v1/jobs/{id}/tasks"));
+            let states: Vec<&str> = (tasks["items"].as_array().unwrap().iter())
+                .map(|t| t["state"].as_str().unwrap())
+                .collect();
+            states[..3] == ["succeeded", "succeeded", "running"]
+        },
+    );
+    let cluster = cluster.restart(1, 1);
+    let job = cluster.wait_for_job(&id, Duration::from_secs(60));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let expected: Vec<(u64, u64, String)> = (0..4)
+        .map(|task| (task, 1, "succeeded".to_owned()))
+        .collect();
+    assert_eq!(timeline(&cluster, &id, 100), expected);
+    assert_eq!(timeline(&cluster, &id, 1), expected, "one attempt a page");
+    // Stored with the job: the same once it is read back from the store.
+    let cluster = cluster.restart(1, 1);
+    assert_eq!(timeline(&cluster, &id, 3), expected);
 }
 
 #[test]

@@ -147,22 +147,45 @@ pub fn executor_view(
 pub const TIMELINE_PAGE: usize = 100_000;
 
 /// A page of a job's attempts as `GET /v1/jobs/{id}/timeline` shows them: from the
-/// `first` (in launch order), at most `limit`. A task that ended without a span (it
-/// ended before a driver restart, or in a data dir from before attempts were kept) is
-/// shown, after the others, as one attempt from its deciding attempt's times.
+/// `first`, at most `limit`. Tasks that ended without a span (see [`Job::rebuilt`])
+/// come first, as one attempt each from their task's times, then the spans in launch
+/// order: both only grow at the end, so a cursor taken from a live job stays put.
 pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> TimelineView {
-    let mut covered = vec![false; job.tasks.len()];
-    for s in &job.attempts {
-        if let Some(c) = covered.get_mut(s.task as usize) {
-            *c = true;
-        }
-    }
     // Pages are sliced, not skipped through: a late page of a big job costs its own
     // attempts only (this runs under the driver's lock for a live job).
-    let from = first.min(job.attempts.len());
-    let mut attempts: Vec<AttemptView> = job.attempts[from..]
+    let rebuilt = &job.rebuilt[first.min(job.rebuilt.len())..];
+    let mut attempts: Vec<AttemptView> = rebuilt
         .iter()
         .take(limit)
+        .map(|&index| {
+            let task = &job.tasks[index as usize];
+            AttemptView {
+                task: index,
+                attempt: task.attempts.max(1),
+                executor: task
+                    .executor
+                    .clone()
+                    .unwrap_or_else(|| ExecutorId(String::new())),
+                start_us: task.started_at_us.unwrap_or(0),
+                end_us: task.finished_at_us,
+                outcome: Some(match task.state {
+                    TaskState::Succeeded => "succeeded".to_owned(),
+                    _ => task
+                        .failure
+                        .as_ref()
+                        .map_or("killed", |f| f.kind.as_str())
+                        .to_owned(),
+                }),
+                speculative: false,
+            }
+        })
+        .collect();
+    let from = first
+        .saturating_sub(job.rebuilt.len())
+        .min(job.attempts.len());
+    let spans = job.attempts[from..]
+        .iter()
+        .take(limit - attempts.len())
         .map(|s| AttemptView {
             task: s.task,
             attempt: s.attempt,
@@ -171,38 +194,9 @@ pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> 
             end_us: s.end_us,
             outcome: s.outcome.map(|o| o.as_str().to_owned()),
             speculative: s.speculative,
-        })
-        .collect();
-    let rebuilt = job.tasks.iter().enumerate().filter(|(index, task)| {
-        !covered[*index]
-            && task.state.is_final()
-            && task.started_at_us.is_some()
-            && task.finished_at_us.is_some()
-            && task.executor.is_some()
-    });
-    let mut rest = rebuilt
-        .skip(first.saturating_sub(job.attempts.len()))
-        .map(|(index, task)| AttemptView {
-            task: index as u32,
-            attempt: task.attempts.max(1),
-            executor: task
-                .executor
-                .clone()
-                .unwrap_or_else(|| ExecutorId(String::new())),
-            start_us: task.started_at_us.unwrap_or(0),
-            end_us: task.finished_at_us,
-            outcome: Some(match task.state {
-                TaskState::Succeeded => "succeeded".to_owned(),
-                _ => task
-                    .failure
-                    .as_ref()
-                    .map_or("killed", |f| f.kind.as_str())
-                    .to_owned(),
-            }),
-            speculative: false,
         });
-    attempts.extend(rest.by_ref().take(limit - attempts.len()));
-    let more = from + limit < job.attempts.len() || rest.next().is_some();
+    attempts.extend(spans);
+    let more = first.saturating_add(attempts.len()) < job.rebuilt.len() + job.attempts.len();
     let next = more.then(|| (first + attempts.len()).to_string());
     let us = |t: SystemTime| {
         t.duration_since(SystemTime::UNIX_EPOCH)
@@ -240,18 +234,27 @@ mod tests {
     }
 
     #[test]
-    fn a_timeline_pages_through_spans_then_tasks_that_ended_without_one() {
+    fn a_timeline_pages_through_tasks_that_ended_without_a_span_then_spans() {
         let mut state = ClusterState::new(
             0,
             SchedulingConfig::default(),
             Instant::now(),
             SystemTime::now(),
         );
-        state.insert_job(job("j", 5, 1));
+        state.insert_job(job("j", 6, 1));
         let j = state.jobs.get_mut(&JobId("j".into())).unwrap();
-        // Tasks 0 and 1 ran here (spans); 2 and 3 ended before a restart (their task
-        // records only); 4 is pending.
-        for index in [0, 1] {
+        // Tasks 2 and 3 ended before a restart (their task records only); 0 and 1 ran
+        // after it (spans); 4 and 5 are pending.
+        for index in [2, 3] {
+            let task = &mut j.tasks[index];
+            set_state(&mut j.counts, task, TaskState::Succeeded);
+            task.attempts = 2;
+            task.executor = Some(ExecutorId("exec-2".into()));
+            task.started_at_us = Some(30);
+            task.finished_at_us = Some(40);
+        }
+        j.note_rebuilt();
+        let run = |j: &mut Job, index: u32| {
             j.tasks[index as usize].attempts = 1;
             let span = j.open_span(
                 index,
@@ -265,16 +268,10 @@ mod tests {
                 Some((10, 20)),
                 SystemTime::now(),
             );
-        }
-        for index in [2, 3] {
-            let task = &mut j.tasks[index];
-            set_state(&mut j.counts, task, TaskState::Succeeded);
-            task.attempts = 2;
-            task.executor = Some(ExecutorId("exec-2".into()));
-            task.started_at_us = Some(30);
-            task.finished_at_us = Some(40);
-        }
-        let page = |first, limit| {
+        };
+        run(j, 0);
+        run(j, 1);
+        let page = |j: &Job, first, limit| {
             let v = timeline_view(j, SystemTime::now(), first, limit);
             let got: Vec<(u32, u32, String)> = v
                 .attempts
@@ -285,28 +282,41 @@ mod tests {
         };
         let e = |t: u32, a: u32, x: &str| (t, a, x.to_owned());
         assert_eq!(
-            page(0, 3),
+            page(j, 0, 3),
             (
-                vec![e(0, 1, "exec-1"), e(1, 1, "exec-1"), e(2, 2, "exec-2")],
+                vec![e(2, 2, "exec-2"), e(3, 2, "exec-2"), e(0, 1, "exec-1")],
                 Some("3".into())
             )
         );
-        assert_eq!(page(3, 3), (vec![e(3, 2, "exec-2")], None));
+        assert_eq!(page(j, 3, 3), (vec![e(1, 1, "exec-1")], None));
         assert_eq!(
-            page(0, 2),
-            (vec![e(0, 1, "exec-1"), e(1, 1, "exec-1")], Some("2".into()))
+            page(j, 0, 2),
+            (vec![e(2, 2, "exec-2"), e(3, 2, "exec-2")], Some("2".into()))
         );
-        assert_eq!(page(2, 1), (vec![e(2, 2, "exec-2")], Some("3".into())));
-        assert_eq!(page(usize::MAX, 10), (vec![], None));
+        assert_eq!(page(j, 2, 1), (vec![e(0, 1, "exec-1")], Some("3".into())));
+        assert_eq!(page(j, usize::MAX, 10), (vec![], None));
+        // Attempts launched while a client pages: the cursor it holds still points at
+        // the next one, nothing skipped or sent twice.
+        let (_, next) = page(j, 0, 3);
+        run(j, 4);
+        run(j, 5);
+        let after: usize = next.unwrap().parse().unwrap();
+        assert_eq!(
+            page(j, after, 10),
+            (
+                vec![e(1, 1, "exec-1"), e(4, 1, "exec-1"), e(5, 1, "exec-1")],
+                None
+            )
+        );
         let all = timeline_view(j, SystemTime::now(), 0, 10);
         assert_eq!(
             (all.attempts[0].start_us, all.attempts[0].end_us),
-            (10, Some(20))
-        );
-        assert_eq!(
-            (all.attempts[3].start_us, all.attempts[3].end_us),
             (30, Some(40))
         );
-        assert_eq!(all.attempts[3].outcome.as_deref(), Some("succeeded"));
+        assert_eq!(all.attempts[0].outcome.as_deref(), Some("succeeded"));
+        assert_eq!(
+            (all.attempts[2].start_us, all.attempts[2].end_us),
+            (10, Some(20))
+        );
     }
 }

@@ -439,7 +439,8 @@ pub struct TimelineView {
     /// When the job was accepted and when it ended (Unix microseconds, driver's clock).
     pub created_us: u64,
     pub finished_us: Option<u64>,
-    /// In launch order.
+    /// In launch order (tasks that ended before a driver restart first, one attempt
+    /// each from their task's times).
     pub attempts: Vec<AttemptView>,
     /// More attempts follow: pass this as `after` for the next page.
     pub next: Option<String>,

@@ -496,6 +496,7 @@ impl ClusterState {
                 attempts: Vec::new(),
                 attempt_executors: Vec::new(),
                 attempt_executor_at: FastMap::default(),
+                rebuilt: Vec::new(),
             },
         );
     }

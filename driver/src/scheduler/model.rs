@@ -208,6 +208,11 @@ pub struct Job {
     /// string of its own; and where each is in it.
     pub attempt_executors: Vec<ExecutorId>,
     pub(crate) attempt_executor_at: FastMap<ExecutorId, u32>,
+    /// Tasks that ended without a span (before a driver restart, or in a data dir from
+    /// before attempts were kept), in task order: the timeline shows each as one attempt
+    /// from its task's times, ahead of the spans. Set once, when the job is read back
+    /// (see [`Job::note_rebuilt`]); a task that ends later has a span.
+    pub(crate) rebuilt: Vec<u32>,
 }
 
 /// One attempt of a task, from its launch to its end. About 40 bytes: a job keeps one
@@ -265,6 +270,27 @@ pub struct Task {
 }
 
 impl Job {
+    /// Notes the tasks that ended without a span, for the timeline (see
+    /// [`Job::rebuilt`]). Called once its tasks and spans are read back.
+    pub(crate) fn note_rebuilt(&mut self) {
+        let mut covered = vec![false; self.tasks.len()];
+        for s in &self.attempts {
+            if let Some(c) = covered.get_mut(s.task as usize) {
+                *c = true;
+            }
+        }
+        self.rebuilt = (self.tasks.iter().enumerate())
+            .filter(|(index, task)| {
+                !covered[*index]
+                    && task.state.is_final()
+                    && task.started_at_us.is_some()
+                    && task.finished_at_us.is_some()
+                    && task.executor.is_some()
+            })
+            .map(|(index, _)| index as u32)
+            .collect();
+    }
+
     /// Records a launch of task `index` on `executor`: its span, whose index the
     /// running attempt keeps.
     pub(crate) fn open_span(

@@ -141,6 +141,7 @@ pub fn finished_job(stored: StoredJob, attempts: Option<Vec<AttemptRecord>>) -> 
     if let Some(attempts) = attempts {
         restore_attempts(&mut job, attempts);
     }
+    job.note_rebuilt();
     job
 }
 
@@ -164,6 +165,9 @@ impl ClusterState {
             entry
                 .pending
                 .retain(|&i| !entry.tasks[i as usize].state.is_final());
+            // A live job's spans are not stored: its tasks ended so far are shown from
+            // their ends.
+            entry.note_rebuilt();
             match end {
                 Some(end) => {
                     entry.state = end.state;
