@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import uuid
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 import flint_client
 from flint_client import Client, Conflict, InvalidModule, JobFailed, NotFound, Resources, Task
 
-from .conftest import Driver, Guests
+from .conftest import Driver, Guests, start_driver
 
 
 class CountingTransport(httpx.HTTPTransport):
@@ -303,3 +304,25 @@ def test_bulk_results_refuse_a_running_job(client: Client, guests: Guests) -> No
     with pytest.raises(NotFound):
         client.job("job-00000000000000000000000000000000").results()
     assert client.map(guests.testkit, ["a", "", "b" * 3_000_000], args=["echo"]) == [b"a", b"", b"b" * 3_000_000]
+
+
+def test_a_results_stream_cut_by_a_lost_block_is_an_error_not_missing_results(guests: Guests) -> None:
+    # Its own driver: the test deletes the block store's files under it.
+    driver = start_driver(executors=1)
+    try:
+        with Client(driver.url) as client:
+            big = "b" * 3_000_000  # past the inline limit: its result is a block
+            job = client.submit(guests.testkit, ["a", big, "c"], args=["echo"])
+            assert job.wait(timeout=120).state == "succeeded"
+            assert job.results() == [b"a", big.encode(), b"c"]
+            blocks = [p for p in (driver.data_dir / "data" / "blocks").rglob("*") if p.is_file()]
+            assert blocks, "the large result is in the driver's block store"
+            for path in blocks:
+                path.unlink()
+            # The driver cuts the body at task 1: without the frame count the client
+            # would have read tasks 1 and 2 as tasks without a result.
+            with pytest.raises(flint_client.ProtocolError, match=r"cut after 1 of 3 tasks"):
+                job.results()
+    finally:
+        driver.stop()
+        shutil.rmtree(driver.data_dir, ignore_errors=True)

@@ -307,3 +307,49 @@ async def test_the_async_client_shares_the_flows() -> None:
         assert await job.results(decode="text") == ["ok", None, None]
         with pytest.raises(flint_client.NotFound):
             await client.cluster_history()
+
+
+class CutStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that fails part way, as hyper's does when the driver cuts it."""
+
+    def __init__(self, head: bytes) -> None:
+        self.head = head
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield self.head
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield self.head
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def cut_driver(request: httpx.Request) -> httpx.Response:
+    """Job 1's results: 2 frames of 3 announced, then a clean end; job 2's: 1 frame,
+    then a failed connection."""
+    if request.url.path == "/v1/jobs/job-1/results":
+        return httpx.Response(200, content=frames([b"a", b"b"]), headers={"flint-tasks": "3"})
+    if request.url.path == "/v1/jobs/job-2/results":
+        return httpx.Response(200, stream=CutStream(frames([b"a"])), headers={"flint-tasks": "3"})
+    return httpx.Response(404, json={"error": {"kind": "not_found", "message": request.url.path}})
+
+
+def test_a_results_stream_short_of_its_frames_is_an_error() -> None:
+    with flint_client.Client("http://flint.test", transport=httpx.MockTransport(cut_driver)) as client:
+        with pytest.raises(flint_client.ProtocolError, match="ended after 2 of 3 tasks"):
+            client.job("job-1").results()
+        with pytest.raises(flint_client.ProtocolError, match="cut after 1 of 3 tasks.*RemoteProtocolError"):
+            client.job("job-2").results()
+    # Frames out of order (or a task twice) are refused as they come.
+    parser = core.FrameParser()
+    with pytest.raises(flint_client.ProtocolError, match="task 2 where task 1 was next"):
+        parser.feed(frames([b"a"]) + struct.pack(">IBQ", 2, 0, 0))
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sees_a_cut_results_stream() -> None:
+    async with flint_client.AsyncClient("http://flint.test", transport=httpx.MockTransport(cut_driver)) as client:
+        with pytest.raises(flint_client.ProtocolError, match="ended after 2 of 3 tasks"):
+            await client.job("job-1").results()
+        with pytest.raises(flint_client.ProtocolError, match="cut after 1 of 3 tasks"):
+            await client.job("job-2").results()

@@ -401,14 +401,17 @@ class AsyncJob:
 
     async def iter_results(self) -> AsyncIterator[Tuple[int, Optional[bytes]]]:
         """``(index, bytes or None)`` for every task in order, from one streamed answer."""
-        parser = core.FrameParser()
-        chunks = self.client._chunks(core.results_request(self.id))
+        response = await self.client._send(core.results_request(self.id), stream=True)
         try:
-            async for chunk in chunks:
-                for frame in parser.feed(chunk):
-                    yield frame
+            parser = core.FrameParser(core.expected_frames(response.headers, self.view))
+            try:
+                async for chunk in response.aiter_bytes():
+                    for frame in parser.feed(chunk):
+                        yield frame
+            except httpx.TransportError as e:
+                raise parser.cut(e) from e
         finally:
-            await chunks.aclose()
+            await response.aclose()
         parser.finish()
 
     async def results(self, decode: str = "bytes", *, view: Optional[JobView] = None) -> List[Any]:

@@ -594,7 +594,12 @@ class FrameParser:
     result being assembled is held, never the body.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, expected: Optional[int] = None) -> None:
+        # The frame count the driver announced (``Flint-Tasks``) or the job's task count:
+        # a body cut between two frames reads as a clean end otherwise (a proxy that
+        # delimits the body by closing its connection, say), and the tasks after the cut
+        # would read as tasks without a result.
+        self.expected = expected
         self._head = bytearray()
         self._index = 0
         self._remaining = -1  # -1: reading a header
@@ -626,6 +631,10 @@ class FrameParser:
                     raise ProtocolError(
                         "bad_response", f"results stream: bad frame header for task {index} ({present}, {length})"
                     )
+                if index != self.frames:
+                    raise ProtocolError(
+                        "bad_response", f"results stream: a frame for task {index} where task {self.frames} was next"
+                    )
                 self.frames += 1
                 if present == 0:
                     out.append((index, None))
@@ -652,9 +661,34 @@ class FrameParser:
         return out
 
     def finish(self) -> None:
-        """Checks the body ended between frames (:class:`ProtocolError` if not)."""
+        """Checks the body ended between frames, after the frames expected
+        (:class:`ProtocolError` if not)."""
         if self._remaining >= 0 or self._head:
             raise ProtocolError("bad_response", "results stream: the body ended inside a frame (a truncated answer)")
+        if self.expected is not None and self.frames != self.expected:
+            raise ProtocolError(
+                "bad_response",
+                f"results stream: the body ended after {self.frames} of {self.expected} tasks (a truncated answer)",
+            )
+
+    def cut(self, error: Exception) -> ProtocolError:
+        """The error for a body whose connection failed part way: the driver cuts it
+        when a large result cannot be read (its block gone or of the wrong size)."""
+        of = f" of {self.expected}" if self.expected is not None else ""
+        return ProtocolError(
+            "bad_response",
+            f"results stream: cut after {self.frames}{of} tasks (the driver could not send the next "
+            f"result, or the connection failed; its log says which): {type(error).__name__}: {error}",
+        )
+
+
+def expected_frames(headers: Mapping[str, str], view: Optional[JobView]) -> Optional[int]:
+    """The frame count of a results stream: the driver's ``Flint-Tasks`` header, else
+    the job's task count if its view is at hand."""
+    announced = headers.get("flint-tasks")
+    if announced is not None and announced.isdigit():
+        return int(announced)
+    return view.tasks if view is not None else None
 
 
 class SSEParser:

@@ -487,10 +487,13 @@ class Job:
         result, read from one streamed answer (``GET /v1/jobs/{id}/results``) as it
         arrives. The job must have ended (:class:`~flint_client.Conflict`
         ``job_running`` otherwise)."""
-        parser = core.FrameParser()
         with self.client._stream(core.results_request(self.id)) as response:
-            for chunk in response.iter_bytes():
-                yield from parser.feed(chunk)
+            parser = core.FrameParser(core.expected_frames(response.headers, self.view))
+            try:
+                for chunk in response.iter_bytes():
+                    yield from parser.feed(chunk)
+            except httpx.TransportError as e:
+                raise parser.cut(e) from e
         parser.finish()
 
     def results(self, decode: str = "bytes", *, view: Optional[JobView] = None) -> List[Any]:
