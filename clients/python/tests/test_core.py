@@ -310,27 +310,32 @@ async def test_the_async_client_shares_the_flows() -> None:
 
 
 class CutStream(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """A body that fails part way, as hyper's does when the driver cuts it."""
+    """A body that fails part way, as hyper's does when the driver cuts it (or with
+    ``error``, such as a read timeout)."""
 
-    def __init__(self, head: bytes) -> None:
+    def __init__(self, head: bytes, error: Optional[Exception] = None) -> None:
         self.head = head
+        self.error = error or httpx.RemoteProtocolError("peer closed connection without sending complete message body")
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         yield self.head
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        raise self.error
 
     async def __aiter__(self):  # type: ignore[no-untyped-def]
         yield self.head
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        raise self.error
 
 
 def cut_driver(request: httpx.Request) -> httpx.Response:
     """Job 1's results: 2 frames of 3 announced, then a clean end; job 2's: 1 frame,
-    then a failed connection."""
+    then a failed connection; job 3's: 1 frame, then a read timeout."""
     if request.url.path == "/v1/jobs/job-1/results":
         return httpx.Response(200, content=frames([b"a", b"b"]), headers={"flint-tasks": "3"})
     if request.url.path == "/v1/jobs/job-2/results":
         return httpx.Response(200, stream=CutStream(frames([b"a"])), headers={"flint-tasks": "3"})
+    if request.url.path == "/v1/jobs/job-3/results":
+        stalled = CutStream(frames([b"a"]), httpx.ReadTimeout("timed out"))
+        return httpx.Response(200, stream=stalled, headers={"flint-tasks": "3"})
     return httpx.Response(404, json={"error": {"kind": "not_found", "message": request.url.path}})
 
 
@@ -340,6 +345,9 @@ def test_a_results_stream_short_of_its_frames_is_an_error() -> None:
             client.job("job-1").results()
         with pytest.raises(flint_client.ProtocolError, match="cut after 1 of 3 tasks.*RemoteProtocolError"):
             client.job("job-2").results()
+        # A driver that stops sending is a timeout, as on any other request.
+        with pytest.raises(flint_client.FlintTimeoutError, match="did not answer in time"):
+            client.job("job-3").results()
     # Frames out of order (or a task twice) are refused as they come.
     parser = core.FrameParser()
     with pytest.raises(flint_client.ProtocolError, match="task 2 where task 1 was next"):
@@ -353,3 +361,5 @@ async def test_the_async_client_sees_a_cut_results_stream() -> None:
             await client.job("job-1").results()
         with pytest.raises(flint_client.ProtocolError, match="cut after 1 of 3 tasks"):
             await client.job("job-2").results()
+        with pytest.raises(flint_client.FlintTimeoutError, match="did not answer in time"):
+            await client.job("job-3").results()

@@ -409,7 +409,7 @@ class AsyncJob:
                     for frame in parser.feed(chunk):
                         yield frame
             except httpx.TransportError as e:
-                raise parser.cut(e) from e
+                raise parser.cut(e, self.client.url) from e
         finally:
             await response.aclose()
         parser.finish()

@@ -671,9 +671,12 @@ class FrameParser:
                 f"results stream: the body ended after {self.frames} of {self.expected} tasks (a truncated answer)",
             )
 
-    def cut(self, error: Exception) -> ProtocolError:
+    def cut(self, error: Exception, base_url: str) -> FlintError:
         """The error for a body whose connection failed part way: the driver cuts it
-        when a large result cannot be read (its block gone or of the wrong size)."""
+        when a large result cannot be read (its block gone or of the wrong size). A
+        read timeout stays a :class:`FlintTimeoutError`, as anywhere else."""
+        if isinstance(error, httpx.TimeoutException):
+            return transport_error(error, base_url)
         of = f" of {self.expected}" if self.expected is not None else ""
         return ProtocolError(
             "bad_response",

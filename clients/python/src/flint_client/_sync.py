@@ -493,7 +493,7 @@ class Job:
                 for chunk in response.iter_bytes():
                     yield from parser.feed(chunk)
             except httpx.TransportError as e:
-                raise parser.cut(e) from e
+                raise parser.cut(e, self.client.url) from e
         parser.finish()
 
     def results(self, decode: str = "bytes", *, view: Optional[JobView] = None) -> List[Any]:
