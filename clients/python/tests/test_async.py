@@ -55,6 +55,10 @@ async def test_map_failures_kill_logs_and_errors(driver: Driver, guests: Guests)
         sleeping = await client.submit(guests.testkit, [""], args=["sleep", "60000"])
         assert (await sleeping.kill()).state == "killed"
         assert (await sleeping.wait(30, progress=True)).state == "killed"
+        with pytest.raises(JobFailed) as killed:
+            await client.job(sleeping.id).results()
+        assert killed.value.job.state == "killed"
+        assert await sleeping.results(allow_failed=True) == [None]
 
         logged = await client.submit(guests.testkit, [""], args=["eprint", "10"])
         await logged.wait(60)

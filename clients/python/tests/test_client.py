@@ -148,7 +148,14 @@ def test_a_failed_task_raises_job_failed_naming_it(client: Client, guests: Guest
     with pytest.raises(JobFailed) as caught:
         job.wait(60, raise_on_failure=True)
     assert [(f.index, f.kind) for f in caught.value.failures] == [(1, "trap")]
-    results = job.results()  # task 0 succeeded, or was killed when task 1 failed first
+    # The results of a failed job raise, like concurrent.futures' result() and ray.get,
+    # from a fresh handle too (no view to go by: the missing result sends it to look).
+    for reader in (job, client.job(job.id)):
+        with pytest.raises(JobFailed) as caught:
+            reader.results()
+        assert caught.value.job.state == "failed"
+        assert [(f.index, f.kind) for f in caught.value.failures] == [(1, "trap")]
+    results = job.results(allow_failed=True)  # task 0 succeeded, or was killed when task 1 failed first
     assert len(results) == 2 and results[0] in (b"", None) and results[1] is None
     with pytest.raises(Conflict) as no_result:
         job.result(1)

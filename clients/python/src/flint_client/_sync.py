@@ -260,7 +260,7 @@ class Client:
         job = self.submit(module, inputs, wait=wait, **options)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         view = job.wait(remaining, progress=progress, raise_on_failure=raise_on_failure)
-        return job.results(decode=decode, view=view)
+        return job.results(decode=decode, view=view, allow_failed=not raise_on_failure)
 
     def job(self, job_id: str) -> "Job":
         """The :class:`Job` of an id (no request is made: :meth:`Job.info` reads it)."""
@@ -496,12 +496,30 @@ class Job:
                 raise parser.cut(e, self.client.url) from e
         parser.finish()
 
-    def results(self, decode: str = "bytes", *, view: Optional[JobView] = None) -> List[Any]:
-        """Every task's result in task order (``None`` for a task without one), in one
-        request; ``decode`` is ``"bytes"``, ``"text"`` or ``"json"``."""
+    def results(
+        self, decode: str = "bytes", *, view: Optional[JobView] = None, allow_failed: bool = False
+    ) -> List[Any]:
+        """Every task's result in task order, in one request; ``decode`` is ``"bytes"``,
+        ``"text"`` or ``"json"``.
+
+        A job that failed or was killed raises :class:`~flint_client.JobFailed` naming
+        its failed tasks, as ``concurrent.futures`` and ``ray.get`` do; with
+        ``allow_failed=True`` it returns what there is, ``None`` for a task without a
+        result."""
         collector = core.Collector(decode, view or self.view)
+        missing = False
         for index, data in self.iter_results():
+            missing = missing or data is None
             collector.add(index, data)
+        if allow_failed:
+            return collector.items
+        # Every task with a result is a job that succeeded: no request more. A task
+        # without one, or a view already saying so, is a job that did not.
+        ended = next((v for v in (view, self.view) if v is not None and v.ended), None)
+        if missing and ended is None:
+            ended = self.info()
+        if ended is not None and not ended.succeeded:
+            raise self.client._drive(core.job_failed(ended))
         return collector.items
 
     def kill(self) -> JobView:
