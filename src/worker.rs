@@ -42,7 +42,8 @@ pub struct WorkerArgs {
     /// The host name its executors report (default: this machine's host name).
     #[arg(long)]
     pub host: Option<String>,
-    /// This worker's id (default: `worker-<host>`).
+    /// This worker's id (default: `worker-<start time>-<host>-<pid>`, unique per process,
+    /// as Spark's; a fixed id is for a worker that should be known by name).
     #[arg(long)]
     pub worker_id: Option<String>,
     /// Secret the driver requires (passed on to the executors).
@@ -55,6 +56,20 @@ pub struct WorkerArgs {
     /// An extra argument for every executor, e.g. `--executor-arg=--max-memory-mb=512`.
     #[arg(long = "executor-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub executor_args: Vec<String>,
+}
+
+/// `worker-<UTC start time>-<host>-<pid>`: two workers on one host (Spark runs several)
+/// never share it, and a restarted worker registers as a new one rather than as the
+/// one it replaces (the driver refuses an id that a live worker holds).
+fn default_id(host: &str) -> String {
+    let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let started: String = started.chars().filter(char::is_ascii_digit).collect();
+    // A long --host still leaves an id the driver accepts (MAX_WORKER_NAME_BYTES, 253).
+    let mut end = host.len().min(200);
+    while !host.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("worker-{started}-{}-{}", &host[..end], std::process::id())
 }
 
 /// A refused registration: the same code an executor exits with.
@@ -95,10 +110,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("creating {}", args.work_dir.display()))?;
     let (exits, mut exited) = mpsc::unbounded_channel();
     let mut worker = Worker {
-        id: args
-            .worker_id
-            .clone()
-            .unwrap_or_else(|| format!("worker-{host}")),
+        id: args.worker_id.clone().unwrap_or_else(|| default_id(&host)),
         exe: std::env::current_exe().context("locating the flint binary")?,
         driver_url: format!("flint://{driver_addr}"),
         driver_addr,

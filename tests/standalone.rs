@@ -257,6 +257,70 @@ fn a_worker_is_refused_by_a_driver_without_the_standalone_cluster_manager() {
     assert!(stderr.contains("--cluster-manager standalone"), "{stderr}");
 }
 
+/// Spark runs several workers on a host; with no `--worker-id` each must get an id of its
+/// own (the default was `worker-<host>`, and the second was refused as "already
+/// registered").
+#[test]
+fn two_workers_on_one_host_with_default_ids_both_register_and_get_executors() {
+    let cluster = DevCluster::spawn(
+        "driver",
+        &[
+            "--cluster-manager",
+            "standalone",
+            "--executor-cores",
+            "1",
+            "--executor-memory-mb",
+            "256",
+            "--initial-executors",
+            "2",
+        ],
+        &[],
+    );
+    let work = tempfile::tempdir().unwrap();
+    let _workers: Vec<Process> = ["one", "two"]
+        .into_iter()
+        .map(|name| {
+            let log = std::fs::File::create(work.path().join(format!("{name}.log"))).unwrap();
+            Process::spawn(
+                std::process::Command::new(FLINT)
+                    .args(["worker", "--driver-url", &cluster.executor_url()])
+                    .args(["--cores", "1", "--memory-mb", "512"])
+                    .arg("--work-dir")
+                    .arg(work.path().join(name))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log),
+            )
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(60),
+        "two workers with an executor each",
+        || {
+            let views = workers(&cluster);
+            views.len() == 2
+                && views.iter().all(|w| w["state"] == "alive")
+                && cluster.alive_executors() == 2
+        },
+    );
+    let views = workers(&cluster);
+    let ids: Vec<&str> = views.iter().map(|w| w["id"].as_str().unwrap()).collect();
+    assert_ne!(ids[0], ids[1], "{views:?}");
+    assert_eq!(views[0]["host"], views[1]["host"], "one host: {views:?}");
+    for id in &ids {
+        assert!(id.starts_with("worker-"), "{id}");
+        assert_eq!(
+            alive_on(&cluster, id).len(),
+            1,
+            "{id} has no executor: {views:?}"
+        );
+    }
+    for name in ["one", "two"] {
+        let log = std::fs::read_to_string(work.path().join(format!("{name}.log"))).unwrap();
+        assert!(!log.contains("refused"), "worker {name}: {log}");
+    }
+}
+
 #[test]
 fn dynamic_allocation_scales_from_zero_to_six_with_the_work_and_back_to_zero() {
     let lan = Lan::create(3);
