@@ -1,7 +1,24 @@
-//! What more than one fuzz target needs: the wasm-smith modules that `module_rules` and
-//! `module_rules_vs_engine` feed to the module rules.
+//! What each fuzz target checks, as plain functions: `check_input(&[u8])` per target, a
+//! panic where a property fails. Two harnesses drive them: the cargo-fuzz targets of
+//! `fuzz/` (each one line, for long libFuzzer runs: `scripts/fuzz`), and the corpus
+//! replay in the root workspace's tests (`tests/fuzz_corpora.rs`: every seed of
+//! `fuzz/corpus/` and mutants of it, in an ordinary test build), so that the checks
+//! run on every `./scripts/test` without an instrumented build of their own.
+//!
+//! What a check needs beyond protocol and module-rules is a feature (`fetch-cache`,
+//! `driver`, `engine`), so that a fuzz build of the cheap targets never links the
+//! driver or wasmtime; the root workspace's tests turn all of them on.
 
-use libfuzzer_sys::arbitrary::{Arbitrary, Result, Unstructured};
+pub mod frame_decoder;
+pub mod job_record;
+pub mod job_spec;
+pub mod module_rules;
+#[cfg(feature = "engine")]
+pub mod module_rules_vs_engine;
+#[cfg(feature = "fetch-cache")]
+pub mod url_policy;
+
+use arbitrary::{Arbitrary, Result, Unstructured};
 
 /// `(module (func (export "_start")))`: the exports wasm-smith is told to give a module
 /// when it should look like a WASI command.
