@@ -275,6 +275,8 @@ def failing_driver(request: httpx.Request) -> httpx.Response:
         return httpx.Response(201, json={"id": "sha256:00", "size": 3})
     if path == "/v1/jobs":
         return httpx.Response(202, json=view)
+    if path == "/v1/jobs/job-1":
+        return httpx.Response(200, json=view)
     if path == "/v1/jobs/job-1/tasks":
         items = [
             {"index": 0, "state": "succeeded", "attempts": 1},
@@ -304,7 +306,11 @@ async def test_the_async_client_shares_the_flows() -> None:
         assert [f.index for f in caught.value.failures] == [1]
         job = client.job("job-1")
         assert [t.state async for t in job.tasks()] == ["succeeded", "failed", "killed"]
-        assert await job.results(decode="text") == ["ok", None, None]
+        # A fresh handle learns the job failed from the driver, and raises as map did.
+        with pytest.raises(flint_client.JobFailed) as caught:
+            await job.results(decode="text")
+        assert [f.index for f in caught.value.failures] == [1]
+        assert await job.results(decode="text", allow_failed=True) == ["ok", None, None]
         with pytest.raises(flint_client.NotFound):
             await client.cluster_history()
 
