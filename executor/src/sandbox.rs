@@ -12,54 +12,41 @@
 //! check, so the attempt is also raced against its deadline and its kill, and the loser's
 //! future (with the host call's) is dropped. The engine's features and sizes come from
 //! `flint_module_rules`, the same rules the driver checks uploads with.
+//!
+//! [`config`] holds the engine's configuration (shared with the compiler
+//! subprocess), [`stop`] how an attempt is killed or cut off at its deadline.
 
-use std::future::Future;
+mod config;
+mod stop;
+
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-use flint_module_rules::{FEATURES, Limits};
 
 use flint_protocol::{FailureKind, TaskFailure, TaskResult};
 use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{
-    Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
-    PoolingAllocationConfig, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline, WasmFeatures,
+    Engine, InstancePre, Linker, Module, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+pub use self::config::{
+    EPOCH_TICK, MAX_WASM_STACK, SandboxConfig, TASK_THREAD_STACK, engine, precompile,
+};
+use self::config::{
+    EpochTicker, INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK,
+};
+pub use self::stop::Kill;
+use self::stop::{Ended, bounded, on_task_runtime};
 use crate::outcome::{TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
 use crate::results::{ResultPipe, ResultTarget};
 
-/// How often the epoch advances: the granularity of timeouts and kills.
-pub const EPOCH_TICK: Duration = Duration::from_millis(2);
-/// Wasm stack a guest may use; task threads get [`TASK_THREAD_STACK`] so that a guest
-/// overflowing it traps cleanly instead of overflowing the host thread.
-pub const MAX_WASM_STACK: usize = 1 << 20;
-pub const TASK_THREAD_STACK: usize = 8 << 20;
-
-/// Instances, memories and tables one task may create (the README's "16 / 4 / 8, table
-/// elements 100,000"), one module may define, and the driver checks uploads against. A
-/// preview-1 module needs one instance and one memory; the margins leave room for
-/// components, which link several core instances. The pooling allocator is sized from
-/// these times the task slots.
-const RULES: Limits = Limits::DEFAULT;
-const INSTANCES_PER_TASK: u32 = RULES.instances;
-const MEMORIES_PER_TASK: u32 = RULES.memories;
-const TABLES_PER_TASK: u32 = RULES.tables;
-const TABLE_ELEMENTS: usize = RULES.table_elements as usize;
 /// Random bytes one `random_get` / `get-random-bytes` call may ask for.
 pub const MAX_RANDOM_BYTES: u64 = 4 << 20;
-/// Fiber stack of a running guest: its wasm stack and the host calls it makes.
-const ASYNC_STACK: usize = MAX_WASM_STACK + (1 << 20);
-/// Linear memory a finished task leaves mapped for the next one in its slot; with
-/// pagemap_scan only the pages the guest dirtied are reset.
-const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 
 /// Store state of a preview-1 task.
 pub struct ModuleCtx {
@@ -159,102 +146,6 @@ pub struct RunReport {
     pub outcome: Result<TaskResult, TaskFailure>,
     pub log: Vec<u8>,
     pub log_truncated: bool,
-}
-
-/// How an attempt is stopped from outside. A computing guest sees the flag at its next
-/// epoch check; a guest blocked in a host call never gets there, so the attempt's driver
-/// also waits on the wake-up.
-#[derive(Debug, Default)]
-pub struct Kill {
-    flag: AtomicBool,
-    wake: tokio::sync::Notify,
-}
-
-impl Kill {
-    pub fn new() -> Arc<Kill> {
-        Arc::new(Kill::default())
-    }
-
-    pub fn kill(&self) {
-        self.flag.store(true, Ordering::Release);
-        // A permit is kept if nobody waits yet, so a kill just before the wait counts.
-        self.wake.notify_one();
-    }
-
-    pub fn is_killed(&self) -> bool {
-        self.flag.load(Ordering::Acquire)
-    }
-
-    /// Resolves once the attempt is killed.
-    pub async fn killed(&self) {
-        while !self.is_killed() {
-            self.wake.notified().await;
-        }
-    }
-}
-
-/// What the engine is sized for.
-#[derive(Clone, Copy, Debug)]
-pub struct SandboxConfig {
-    /// Tasks that may run at once (the executor's cores).
-    pub slots: u32,
-    /// Largest linear memory any task may have; a task asking for more is held to this.
-    pub max_memory_bytes: usize,
-    /// Meter wasm work with fuel, so that tasks can have deterministic budgets. Costs
-    /// about 12 % on tight compute loops (BENCHMARKS.md), so executors opt in.
-    pub fuel: bool,
-}
-
-/// The engine every task of an executor runs in. The compiler subprocess builds its
-/// engine from the same function, so that the artifacts it writes load here.
-pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
-    let slots = sandbox.slots.max(1);
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_core_instances(slots * INSTANCES_PER_TASK)
-        .total_memories(slots * MEMORIES_PER_TASK)
-        .total_tables(slots * TABLES_PER_TASK)
-        .total_component_instances(slots)
-        // A guest runs on one fiber at a time (instantiation, then `_start`); the spare
-        // covers an attempt's fiber still being returned while the next one starts.
-        .total_stacks(slots * 2)
-        .max_memories_per_module(MEMORIES_PER_TASK)
-        .max_tables_per_module(TABLES_PER_TASK)
-        .max_memories_per_component(MEMORIES_PER_TASK)
-        .max_tables_per_component(TABLES_PER_TASK)
-        .max_core_instances_per_component(INSTANCES_PER_TASK)
-        // Twice the rules' bound, so that what the rules accept always fits; the
-        // metadata is allocated per instance, not reserved per slot.
-        .max_core_instance_size(2 * RULES.instance_bytes as usize)
-        .max_component_instance_size(
-            2 * (INSTANCES_PER_TASK as usize) * RULES.instance_bytes as usize,
-        )
-        .max_memory_size(sandbox.max_memory_bytes)
-        .table_elements(TABLE_ELEMENTS)
-        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-        .table_keep_resident(KEEP_RESIDENT_BYTES)
-        .pagemap_scan(Enabled::Auto);
-    let mut config = Config::new();
-    config
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
-        .epoch_interruption(true)
-        .consume_fuel(sandbox.fuel)
-        .max_wasm_stack(MAX_WASM_STACK)
-        .async_stack_size(ASYNC_STACK)
-        // Exactly the proposals the driver accepts at upload, no more and no fewer.
-        .wasm_features(WasmFeatures::all(), false)
-        .wasm_features(FEATURES, true);
-    Ok(Engine::new(&config)?)
-}
-
-/// Compiles `wasm` (a core module or a component) to an artifact for an engine made by
-/// [`engine`]; what the compiler subprocess runs. An error is the module's fault.
-pub fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
-    let artifact = if wasmparser::Parser::is_component(wasm) {
-        engine.precompile_component(wasm)
-    } else {
-        engine.precompile_module(wasm)
-    };
-    artifact.map_err(|e| format!("invalid module: {e:#}"))
 }
 
 impl Sandbox {
@@ -590,73 +481,6 @@ impl Sandbox {
         });
         store.set_epoch_deadline(1);
         store
-    }
-}
-
-thread_local! {
-    /// Drives the guests of one task thread: host calls' futures (timers above all) need
-    /// a runtime, and one of the thread's own keeps a guest off the executor's shared
-    /// runtime, whose heartbeats must never wait behind a guest.
-    static TASK_RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("building a task thread's runtime");
-}
-
-/// Drives `future` to its end on this task thread's runtime.
-fn on_task_runtime<F: Future>(future: F) -> F::Output {
-    TASK_RUNTIME.with(|runtime| runtime.block_on(future))
-}
-
-/// How an attempt's call ended: on its own (a result, a trap, an exit), or stopped from
-/// outside while it waited in a host call.
-enum Ended {
-    Returned(wasmtime::Result<()>),
-    Deadline,
-    Killed,
-}
-
-/// Runs `call` until it ends, the deadline passes or the attempt is killed. Only a guest
-/// waiting in a host call loses the race: one that computes is interrupted by the epoch
-/// and ends on its own. Dropping `call` drops the host call's future with it.
-async fn bounded(
-    call: impl Future<Output = wasmtime::Result<()>>,
-    deadline: Instant,
-    kill: &Kill,
-) -> Ended {
-    tokio::select! {
-        biased;
-        result = call => Ended::Returned(result),
-        () = kill.killed() => Ended::Killed,
-        () = tokio::time::sleep_until(deadline.into()) => Ended::Deadline,
-    }
-}
-
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
-struct EpochTicker {
-    stop: Arc<AtomicBool>,
-}
-
-impl EpochTicker {
-    fn start(engine: Engine) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop_in_thread = stop.clone();
-        std::thread::Builder::new()
-            .name("flint-epoch".into())
-            .spawn(move || {
-                while !stop_in_thread.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    engine.increment_epoch();
-                }
-            })
-            .expect("spawning the epoch thread");
-        EpochTicker { stop }
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
