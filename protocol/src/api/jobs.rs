@@ -1,0 +1,222 @@
+//! What the driver reports about jobs and their tasks: states, counts, the job and task
+//! views, the timeline of attempts, and the events of a job's event stream.
+
+use serde::{Deserialize, Serialize};
+
+use super::ErrorBody;
+use crate::ids::{ExecutorId, JobId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Killed,
+}
+
+impl JobState {
+    /// Every state, in the order of a life (and of `/metrics` label values).
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Killed,
+    ];
+
+    /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Killed => "killed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Killed
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Killed,
+}
+
+impl TaskState {
+    /// Every state, in the order of a life (and of `/metrics` label values).
+    pub const ALL: [TaskState; 5] = [
+        TaskState::Pending,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Killed,
+    ];
+
+    /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Killed => "killed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Killed
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskCounts {
+    pub pending: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub killed: u32,
+}
+
+impl TaskCounts {
+    /// The count of tasks in `state`.
+    pub fn of(&self, state: TaskState) -> u32 {
+        match state {
+            TaskState::Pending => self.pending,
+            TaskState::Running => self.running,
+            TaskState::Succeeded => self.succeeded,
+            TaskState::Failed => self.failed,
+            TaskState::Killed => self.killed,
+        }
+    }
+
+    /// The count of tasks in `state`, to change.
+    pub fn of_mut(&mut self, state: TaskState) -> &mut u32 {
+        match state {
+            TaskState::Pending => &mut self.pending,
+            TaskState::Running => &mut self.running,
+            TaskState::Succeeded => &mut self.succeeded,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Killed => &mut self.killed,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobView {
+    pub id: JobId,
+    pub name: String,
+    pub state: JobState,
+    /// RFC 3339.
+    pub created_at: String,
+    pub finished_at: Option<String>,
+    pub tasks: u32,
+    pub counts: TaskCounts,
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ResultInfo {
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskView {
+    pub index: u32,
+    pub state: TaskState,
+    pub attempts: u32,
+    pub executor: Option<ExecutorId>,
+    pub exit_code: Option<i32>,
+    pub error: Option<ErrorBody>,
+    pub result: Option<ResultInfo>,
+    /// RFC 3339 with microseconds, from the executor's clock: when the guest of the latest
+    /// attempt started and ended.
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+/// `GET /v1/jobs/{id}/timeline`: every attempt of every task, for drawing the job over
+/// time (the web UI's timeline, throughput and duration charts).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TimelineView {
+    pub job: JobId,
+    /// The driver's clock when this was read (Unix microseconds): where a running
+    /// attempt's bar ends for now.
+    pub now_us: u64,
+    /// When the job was accepted and when it ended (Unix microseconds, driver's clock).
+    pub created_us: u64,
+    pub finished_us: Option<u64>,
+    /// In launch order (tasks that ended before a driver restart first, one attempt
+    /// each from their task's times).
+    pub attempts: Vec<AttemptView>,
+    /// More attempts follow: pass this as `after` for the next page.
+    pub next: Option<String>,
+}
+
+/// One attempt of a task on an executor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptView {
+    pub task: u32,
+    /// 1 for the first launch of the task, counting retries and speculative copies.
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    /// Unix microseconds: when the guest started and ended, from the executor's clock
+    /// where it reported them; otherwise the driver's launch time, and for an attempt
+    /// that never reported (its executor was lost, its job ended first) the time the
+    /// driver gave up on it.
+    pub start_us: u64,
+    /// None while it runs.
+    pub end_us: Option<u64>,
+    /// `succeeded`, a failure kind (`exit`, `timeout`, `killed`, `host_error`, ...),
+    /// `lost` (its executor was lost or stopped it; the task ran again), or none while
+    /// it runs.
+    pub outcome: Option<String>,
+    /// A copy launched because the task ran slow (speculation).
+    pub speculative: bool,
+}
+
+/// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state
+/// (launched, ended, back to pending for a retry, killed with its job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskEvent {
+    pub index: u32,
+    pub state: TaskState,
+    /// The latest attempt's number (0 before the first launch).
+    pub attempt: u32,
+    pub executor: Option<ExecutorId>,
+    /// Why it failed or was killed, or why the attempt before a retry failed.
+    pub error: Option<ErrorBody>,
+}
+
+/// The data of a `lagged` event: the subscriber read too slowly and this many events
+/// were dropped for it; `GET /v1/jobs/{id}/tasks` has the current states.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LaggedEvent {
+    pub missed: u64,
+}

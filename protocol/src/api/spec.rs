@@ -1,0 +1,265 @@
+//! What a client submits: `POST /v1/jobs` and the shapes inside it (files, inputs, tasks,
+//! resources). Apart from the views because these are read from untrusted JSON (unknown
+//! fields refused, inputs checked for exactly one shape) where views are only written.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::JobId;
+
+/// `POST /v1/jobs`. Exactly one of `inputs` (one task per input) and `tasks` is given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An uploaded module's id, `sha256:<hex>`, or a URL (`http://`, `https://`,
+    /// `s3://`, `file://`) the executors fetch where their URL policy allows it, cached by
+    /// (URL, the time the driver first saw it). No pattern in the OpenAPI document: one
+    /// for URLs would have API fuzzers make executors dial whatever address they invent.
+    pub module: String,
+    /// For a module by URL: what its bytes must hash to (`<hex>` or `sha256:<hex>`). An
+    /// executor that fetches other bytes fails the task as `fetch_error`, naming both
+    /// digests. Refused with an uploaded module's id (that id is its digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_sha256: Option<String>,
+    /// For a module by URL: when its content was (re)published, ms since the Unix
+    /// epoch. Executors cache a module by (URL, timestamp), so a newer timestamp makes
+    /// them fetch it again. Left out, it is when the driver first saw the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_timestamp_ms: Option<u64>,
+    /// Files the tasks read at `/files/<name>`: name -> an uploaded file's id
+    /// (`PUT /v1/files`) or `{"url": ..., "sha256": ...}`. Names are 1-128 of
+    /// `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
+    pub inputs: Option<Vec<InputSpec>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1_000_000))]
+    pub tasks: Option<Vec<TaskSpec>>,
+    #[serde(default)]
+    pub resources: ResourcesSpec,
+    /// Attempts per task when the host fails it (executor lost, fetch error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_failures: Option<u32>,
+    /// Cap on the sum of the job's results (Spark's `maxResultSize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_result_bytes: Option<u64>,
+}
+
+/// A job file: an uploaded file's id (`sha256:<hex>`), or a URL the executors fetch
+/// (through their fetch cache and URL policy).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum FileSpec {
+    Id(String),
+    Url(UrlFileSpec),
+}
+
+impl From<&str> for FileSpec {
+    fn from(id: &str) -> Self {
+        FileSpec::Id(id.to_owned())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UrlFileSpec {
+    pub url: String,
+    /// What the bytes must hash to (`<hex>` or `sha256:<hex>`); checked by executors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// When the URL's content was (re)published, ms since the Unix epoch. Executors
+    /// cache by (url, timestamp): a newer timestamp makes them fetch again. Left out,
+    /// it is when the driver first saw the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_ms: Option<u64>,
+}
+
+/// A task's input (its stdin): `{"text": "..."}`, `{"base64": "..."}`,
+/// `{"url": "...", "sha256": "<hex>"}` (fetched by the executor; `sha256` optional),
+/// `{"result": {"job": "<id>", "task": N}}` (an earlier task's result: chained jobs), or
+/// `{"results": {"job": "<id>", "tasks": [N, ...]}}` (several earlier results, one after
+/// the other: a reduce over a map job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawInput", into = "RawInput")]
+pub enum InputSpec {
+    Text(String),
+    Base64(String),
+    Url { url: String, sha256: Option<String> },
+    Result(ResultRef),
+    Results(ResultsRef),
+}
+
+/// An earlier task's result, by job and task index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ResultRef {
+    pub job: JobId,
+    pub task: u32,
+}
+
+/// Earlier results concatenated in the order given: every task of `job` in index order
+/// when `tasks` is left out, else the tasks it lists (repeats allowed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ResultsRef {
+    pub job: JobId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
+    pub tasks: Option<Vec<u32>>,
+}
+
+/// [`InputSpec`]'s JSON form: one object whose one key says which kind it is, so that a
+/// wrong input gets an error naming the keys rather than "no variant matched".
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+struct RawInput {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<ResultRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    results: Option<ResultsRef>,
+}
+
+// The document shows the JSON form, which is what clients send.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for InputSpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <RawInput as utoipa::PartialSchema>::schema()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for InputSpec {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "InputSpec".into()
+    }
+}
+
+impl TryFrom<RawInput> for InputSpec {
+    type Error = String;
+
+    fn try_from(raw: RawInput) -> Result<Self, String> {
+        let kinds = [
+            raw.text.is_some(),
+            raw.base64.is_some(),
+            raw.url.is_some(),
+            raw.result.is_some(),
+            raw.results.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err(
+                "an input has exactly one of `text`, `base64`, `url` (with optional `sha256`), \
+                 `result` and `results`"
+                    .into(),
+            );
+        }
+        if raw.sha256.is_some() && raw.url.is_none() {
+            return Err("`sha256` goes with `url`".into());
+        }
+        Ok(match raw {
+            RawInput { text: Some(t), .. } => InputSpec::Text(t),
+            RawInput {
+                base64: Some(b), ..
+            } => InputSpec::Base64(b),
+            RawInput {
+                url: Some(url),
+                sha256,
+                ..
+            } => InputSpec::Url { url, sha256 },
+            RawInput {
+                result: Some(r), ..
+            } => InputSpec::Result(r),
+            RawInput {
+                results: Some(r), ..
+            } => InputSpec::Results(r),
+            RawInput { .. } => unreachable!("exactly one kind checked above"),
+        })
+    }
+}
+
+impl From<InputSpec> for RawInput {
+    fn from(input: InputSpec) -> Self {
+        match input {
+            InputSpec::Text(text) => RawInput {
+                text: Some(text),
+                ..RawInput::default()
+            },
+            InputSpec::Base64(b) => RawInput {
+                base64: Some(b),
+                ..RawInput::default()
+            },
+            InputSpec::Url { url, sha256 } => RawInput {
+                url: Some(url),
+                sha256,
+                ..RawInput::default()
+            },
+            InputSpec::Result(r) => RawInput {
+                result: Some(r),
+                ..RawInput::default()
+            },
+            InputSpec::Results(r) => RawInput {
+                results: Some(r),
+                ..RawInput::default()
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// No input means empty stdin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Per-task needs; anything left out takes its default (README, limits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub cores: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub memory_mb: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 1_073_741_824))]
+    pub max_output_bytes: Option<u64>,
+    /// Wasm work the task may do (wasmtime fuel); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub fuel: Option<u64>,
+}
