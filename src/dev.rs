@@ -98,6 +98,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "flint dev: {} executor(s) x {} core(s); submit with `flint submit --driver {} MODULE.wasm`; web UI at {}/ui",
         args.executors, args.cores, cluster.http_url, cluster.http_url
     );
-    crate::shutdown_signal().await;
+    crate::shutdown::shutdown_signal().await;
     cluster.stop().await
 }

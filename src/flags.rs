@@ -1,7 +1,10 @@
-//! The command line of `flint`: the subcommands and the flags of the long-running ones
-//! (driver, executor, the compiler subprocess), each flag with its `FLINT_*` variable and
-//! its default, turned here into the typed configs the libraries take. The client
-//! commands' flags live beside their commands (`submit.rs`, `jobs.rs`, `bench/args.rs`).
+//! The flags of the long-running commands (driver, executor, the compiler subprocess),
+//! each with its `FLINT_*` variable and its default, turned here into the typed configs
+//! the libraries take. The client commands' flags live beside their commands
+//! (`submit.rs`, `jobs.rs`, `bench/args.rs`); the subcommands themselves in `cli.rs`.
+//!
+//! A leaf: it names no other module of this crate, so that every command (`flint dev`,
+//! `flint bench`) can share these flags without the commands depending on each other.
 //!
 //! [`driver`] holds the driver's own flags, [`allocation`] those of the executors it
 //! launches, [`executor`] an executor's and its compiler subprocess's; this file joins
@@ -13,91 +16,12 @@ mod executor;
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
 use flint_driver::DriverConfig;
 
 pub use self::allocation::SupervisionArgs;
 use self::allocation::{AllocationArgs, ClusterManagerArg};
 pub use self::driver::DriverArgs;
 pub use self::executor::{CompileArgs, ExecutorArgs, MAX_MEMORY_MB};
-use crate::{bench, dev, jobs, submit};
-
-#[derive(Parser)]
-#[command(
-    name = "flint",
-    version,
-    about = "Run WebAssembly tasks on a cluster of sandboxed executors"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-// Parsed once per process: the driver's many flags cost nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-#[derive(Subcommand)]
-pub enum Command {
-    /// Run a local cluster: the driver plus N executor processes.
-    Dev(dev::DevArgs),
-    /// Run the driver alone (with `--cluster-manager`, it launches its executors).
-    Driver(DriverCommand),
-    /// Run one executor (Spark's CoarseGrainedExecutorBackend arguments).
-    #[command(after_help = EXECUTOR_EXIT_CODES)]
-    Executor(ExecutorArgs),
-    /// Run a standalone worker: it offers this host's cores and memory to a driver with
-    /// `--cluster-manager standalone` and launches the executors it asks for.
-    #[command(after_help = WORKER_EXIT_CODES)]
-    Worker(crate::worker::WorkerArgs),
-    /// Upload a module, submit a job with one task per input, and print the results.
-    Submit(submit::SubmitArgs),
-    /// A job's state, counts and failed tasks.
-    Status(jobs::StatusArgs),
-    /// A job's results, in task order (or one file per task with --out).
-    Results(jobs::ResultsArgs),
-    /// A task's log (its stderr).
-    Logs(jobs::LogsArgs),
-    /// Kill a job: pending tasks never start, running ones stop.
-    Kill(jobs::KillArgs),
-    /// Delete finished jobs with their results, logs and blocks.
-    Delete(jobs::DeleteArgs),
-    /// The executors, their cores and state; `decommission ID`, `kill ID`.
-    Executors(jobs::ExecutorsArgs),
-    /// The standalone workers, their cores, memory and executors.
-    Workers(jobs::WorkersArgs),
-    /// Print a shell completion script: `flint completions bash > /etc/bash_completion.d/flint`,
-    /// `flint completions zsh > "${fpath[1]}/_flint"`, `flint completions fish >
-    /// ~/.config/fish/completions/flint.fish`.
-    Completions {
-        #[arg(value_enum)]
-        shell: clap_complete::Shell,
-    },
-    /// Start a local cluster and measure throughput and latency of no-op tasks.
-    Bench(bench::BenchArgs),
-    /// Compile a module for an executor's engine (run by executors, killed at their
-    /// compile time limit). Exits 65 when the module is not valid wasm.
-    #[command(hide = true)]
-    CompileModule(CompileArgs),
-    /// Simulated executors for `flint bench --simulated-executors` (started by it).
-    #[command(hide = true)]
-    SimulateExecutors(bench::SimulateArgs),
-}
-
-// StopExecutor is handled by executors but not sent by the driver yet: it will be with
-// decommission (issue 16).
-const WORKER_EXIT_CODES: &str = "Exit codes:
-  0  stopped (SIGTERM); its executors are stopped too
-  1  could not start (work dir)
-  2  bad command line
-  3  the driver refused the registration (duplicate worker id, wrong secret, version
-     mismatch, a driver without --cluster-manager standalone)";
-
-const EXECUTOR_EXIT_CODES: &str = "Exit codes:
-  0  stopped (StopExecutor, Shutdown, SIGTERM)
-  1  could not start (engine, work dir)
-  2  bad command line
-  3  the driver refused the registration (duplicate id, wrong secret, version mismatch)
-  4  the driver could not be reached
-  5  the driver was lost and could not be reached again within --reconnect-timeout-ms";
 
 /// `flint driver`: the driver's settings and the executors it launches.
 #[derive(clap::Args, Clone, Debug)]

@@ -1,22 +1,27 @@
 //! `flint`: one binary for the driver, the executors, the local dev cluster and the
-//! client commands. Flags are declared in `flags` (clap, each with a `FLINT_*` variable),
-//! parsed once here and handed down as typed configs; libraries never read the
-//! environment. This file only dispatches: each command lives in its own module.
+//! client commands. The subcommands are declared in `cli` and the long-running ones'
+//! flags in `flags` (clap, each with a `FLINT_*` variable), parsed once here and handed
+//! down as typed configs; libraries never read the environment. This file only
+//! dispatches: each command lives in its own module, and no module names this file.
 
 mod bench;
+mod cli;
 mod client;
 mod dev;
 mod flags;
 mod follow;
 mod jobs;
 mod progress;
+mod shutdown;
 mod submit;
 mod worker;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use flint_executor::ExitReason;
 
-use crate::flags::{Cli, Command, CompileArgs, DriverCommand, ExecutorArgs};
+use crate::cli::{Cli, Command};
+use crate::flags::{CompileArgs, DriverCommand, ExecutorArgs};
+use crate::shutdown::shutdown_signal;
 
 // The task threads free on one thread what the runtime allocated on another (statuses,
 // results, task descriptions); mimalloc's per-thread heaps make that cheap where glibc's
@@ -157,29 +162,6 @@ async fn run_executor(args: ExecutorArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(reason.exit_code())
-}
-
-/// Resolves on the first Ctrl-C or SIGTERM; a second one exits at once. The handlers
-/// are installed when this is called, not when the future is first polled: a SIGTERM
-/// that arrives while an executor is still registering must stop it cleanly too.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            eprintln!("flint: second signal, exiting now");
-            std::process::exit(130);
-        });
-    }
 }
 
 fn init_tracing(default: &str) {

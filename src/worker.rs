@@ -119,7 +119,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         running: HashMap::new(),
         exits,
     };
-    let mut shutdown = std::pin::pin!(crate::shutdown_signal());
+    let mut shutdown = std::pin::pin!(crate::shutdown::shutdown_signal());
     let mut backoff = Duration::from_millis(100);
     let mut cleanup = tokio::time::interval(
         (worker.args.cleanup_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(1800)),

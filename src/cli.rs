@@ -1,0 +1,85 @@
+//! The command line of `flint`: the subcommands, each handing its flags to the module
+//! that runs it. The one module that names every command; none of them names it, and the
+//! flags they share live in `flags`, which names none of them.
+
+use clap::{Parser, Subcommand};
+
+use crate::flags::{CompileArgs, DriverCommand, ExecutorArgs};
+use crate::{bench, dev, jobs, submit, worker};
+
+#[derive(Parser)]
+#[command(
+    name = "flint",
+    version,
+    about = "Run WebAssembly tasks on a cluster of sandboxed executors"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once per process: the driver's many flags cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run a local cluster: the driver plus N executor processes.
+    Dev(dev::DevArgs),
+    /// Run the driver alone (with `--cluster-manager`, it launches its executors).
+    Driver(DriverCommand),
+    /// Run one executor (Spark's CoarseGrainedExecutorBackend arguments).
+    #[command(after_help = EXECUTOR_EXIT_CODES)]
+    Executor(ExecutorArgs),
+    /// Run a standalone worker: it offers this host's cores and memory to a driver with
+    /// `--cluster-manager standalone` and launches the executors it asks for.
+    #[command(after_help = WORKER_EXIT_CODES)]
+    Worker(worker::WorkerArgs),
+    /// Upload a module, submit a job with one task per input, and print the results.
+    Submit(submit::SubmitArgs),
+    /// A job's state, counts and failed tasks.
+    Status(jobs::StatusArgs),
+    /// A job's results, in task order (or one file per task with --out).
+    Results(jobs::ResultsArgs),
+    /// A task's log (its stderr).
+    Logs(jobs::LogsArgs),
+    /// Kill a job: pending tasks never start, running ones stop.
+    Kill(jobs::KillArgs),
+    /// Delete finished jobs with their results, logs and blocks.
+    Delete(jobs::DeleteArgs),
+    /// The executors, their cores and state; `decommission ID`, `kill ID`.
+    Executors(jobs::ExecutorsArgs),
+    /// The standalone workers, their cores, memory and executors.
+    Workers(jobs::WorkersArgs),
+    /// Print a shell completion script: `flint completions bash > /etc/bash_completion.d/flint`,
+    /// `flint completions zsh > "${fpath[1]}/_flint"`, `flint completions fish >
+    /// ~/.config/fish/completions/flint.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Start a local cluster and measure throughput and latency of no-op tasks.
+    Bench(bench::BenchArgs),
+    /// Compile a module for an executor's engine (run by executors, killed at their
+    /// compile time limit). Exits 65 when the module is not valid wasm.
+    #[command(hide = true)]
+    CompileModule(CompileArgs),
+    /// Simulated executors for `flint bench --simulated-executors` (started by it).
+    #[command(hide = true)]
+    SimulateExecutors(bench::SimulateArgs),
+}
+
+// StopExecutor is handled by executors but not sent by the driver yet: it will be with
+// decommission (issue 16).
+const WORKER_EXIT_CODES: &str = "Exit codes:
+  0  stopped (SIGTERM); its executors are stopped too
+  1  could not start (work dir)
+  2  bad command line
+  3  the driver refused the registration (duplicate worker id, wrong secret, version
+     mismatch, a driver without --cluster-manager standalone)";
+
+const EXECUTOR_EXIT_CODES: &str = "Exit codes:
+  0  stopped (StopExecutor, Shutdown, SIGTERM)
+  1  could not start (engine, work dir)
+  2  bad command line
+  3  the driver refused the registration (duplicate id, wrong secret, version mismatch)
+  4  the driver could not be reached
+  5  the driver was lost and could not be reached again within --reconnect-timeout-ms";
