@@ -6,6 +6,7 @@ use flint_protocol::JobId;
 use flint_protocol::api::JobState;
 
 use super::*;
+use crate::admission;
 
 /// A driver on a fresh data dir, listening nowhere.
 pub(crate) fn driver() -> (tempfile::TempDir, Arc<Driver>) {

@@ -1,0 +1,217 @@
+//! Carrying out what the scheduler's state changes ask for, under the one lock: messages
+//! to executors, events to watchers, task and job ends to the job store, and final jobs
+//! into the archive. Kept apart from the entry points (submission, executors) so that
+//! every change goes through one place that keeps those effects in the state's order.
+
+use std::time::{Instant, SystemTime};
+
+use flint_protocol::api::{TaskEvent, TaskState};
+use flint_protocol::{DriverMessage, JobId, TaskId};
+
+use super::{Deferred, Driver, Inner, archive};
+use crate::events::JobEvent;
+use crate::scheduler::{Action, ClusterState, Job};
+use crate::store::durable;
+
+impl Driver {
+    /// Changes the state and carries out what the change asks for, under one lock, so
+    /// that messages to an executor leave in the order the state decided them.
+    pub fn apply<R>(&self, f: impl FnOnce(&mut ClusterState) -> (R, Vec<Action>)) -> R {
+        self.apply_inner(|inner| f(&mut inner.state))
+    }
+
+    /// [`Self::apply`], with the connections in reach too.
+    pub(super) fn apply_inner<R>(&self, f: impl FnOnce(&mut Inner) -> (R, Vec<Action>)) -> R {
+        let mut inner = self.lock();
+        inner.state.set_clock(Instant::now(), SystemTime::now());
+        let (result, actions) = f(&mut inner);
+        let mut finished = false;
+        for action in actions {
+            match action {
+                Action::Define { executor, template } => {
+                    inner.send(&executor, DriverMessage::DefineJob(template));
+                }
+                Action::Launch {
+                    executor,
+                    job,
+                    launch,
+                } => {
+                    // Made from the launch itself, not the state, which may be further on.
+                    let event = self.events.is_watched(&job).then(|| TaskEvent {
+                        index: launch.index,
+                        state: TaskState::Running,
+                        attempt: launch.attempt,
+                        executor: Some(executor.clone()),
+                        error: None,
+                    });
+                    inner.send(&executor, DriverMessage::LaunchTask(launch));
+                    if let Some(event) = event {
+                        self.events.publish(&job, JobEvent::Task(event));
+                    }
+                }
+                Action::Kill {
+                    executor,
+                    task,
+                    attempt,
+                    reason,
+                } => inner.send(
+                    &executor,
+                    DriverMessage::KillTask {
+                        task,
+                        attempt,
+                        reason: reason.into(),
+                    },
+                ),
+                Action::Stop { executor } => {
+                    tracing::info!(executor = %executor, "decommissioned executor drained; stopping it");
+                    inner.send(&executor, DriverMessage::StopExecutor);
+                }
+                Action::TaskRequeued { job, event } => {
+                    self.events.publish(&job, JobEvent::Task(event));
+                }
+                Action::TaskEnded(task) => {
+                    self.publish_task(&inner.state, &task);
+                    if let Some(t) = inner
+                        .state
+                        .jobs
+                        .get_mut(&task.job)
+                        .and_then(|j| j.tasks.get_mut(task.index as usize))
+                    {
+                        self.metrics.task_ended(t);
+                        self.store.task_ended(
+                            task.job.clone(),
+                            task.index,
+                            durable::task_end_record(t),
+                        );
+                        // Nothing runs an ended task again: its input can go.
+                        t.input = flint_protocol::TaskInput::Inline(Vec::new());
+                        t.args = Vec::new();
+                        t.env = Vec::new();
+                    }
+                }
+                Action::JobFinished(job) => {
+                    for (executor, key) in inner.state.forget_job(&job) {
+                        inner.send(&executor, DriverMessage::ForgetJob { key });
+                    }
+                    let ended = inner.state.jobs.get(&job).map(|j| {
+                        match &j.error {
+                            Some((kind, message)) => {
+                                tracing::warn!(job = %job, state = ?j.state, kind, message, "job ended")
+                            }
+                            None => tracing::info!(job = %job, state = ?j.state, "job ended"),
+                        }
+                        let summary = durable::job_summary(j);
+                        let end = durable::job_end_record(j);
+                        self.publish_end(j);
+                        (summary, end)
+                    });
+                    if let Some((summary, end)) = ended {
+                        inner.finished.add(&summary, 1);
+                        let write = match inner.storing.contains(&job) {
+                            // Its record is still being committed (see `submit_keyed`).
+                            true => {
+                                let deferred = Deferred {
+                                    end,
+                                    summary,
+                                    attempts: None,
+                                };
+                                inner.deferred.insert(job.clone(), deferred);
+                                u64::MAX
+                            }
+                            false => self.store.job_ended(job.clone(), end, summary),
+                        };
+                        inner.ending.insert(job.clone(), write);
+                        if let Some(j) = inner.state.retire_job(&job) {
+                            self.archive_job(&mut inner, j);
+                        }
+                    }
+                    finished = true;
+                }
+            }
+        }
+        for job in inner.state.take_drained() {
+            self.archive_job(&mut inner, job);
+        }
+        inner.archive.settle(|write| self.store.is_durable(write));
+        drop(inner);
+        if finished {
+            self.jobs_finished.send_modify(|n| *n += 1);
+        }
+        result
+    }
+
+    /// Takes a drained final job out of the state. Its tasks killed while they ran are
+    /// stored now, with their last attempt's times and log (tasks killed before they
+    /// started are rebuilt as such from the job's end), so the job reads the same from
+    /// the store as it did from memory.
+    fn archive_job(&self, inner: &mut Inner, job: Job) {
+        let mut last = inner.ending.get(&job.def.id).copied().unwrap_or(0);
+        for (index, task) in job.tasks.iter().enumerate() {
+            if task.state == TaskState::Killed && task.attempts > 0 {
+                let write = self.store.task_ended(
+                    job.def.id.clone(),
+                    index as u32,
+                    durable::task_end_record(task),
+                );
+                if last != u64::MAX {
+                    last = last.max(write);
+                }
+            }
+        }
+        let attempts = durable::attempt_records(&job);
+        match inner.deferred.get_mut(&job.def.id) {
+            Some(deferred) => deferred.attempts = Some(attempts),
+            None => last = last.max(self.store.attempts_ended(job.def.id.clone(), attempts)),
+        }
+        inner.archive(job, last);
+    }
+
+    /// Tells a job's watchers (if any) a task's new state.
+    fn publish_task(&self, state: &ClusterState, id: &TaskId) {
+        if !self.events.is_watched(&id.job) {
+            return;
+        }
+        if let Some(task) = state
+            .jobs
+            .get(&id.job)
+            .and_then(|j| j.tasks.get(id.index as usize))
+        {
+            let event = crate::events::task_event(id.index, task);
+            self.events.publish(&id.job, JobEvent::Task(event));
+        }
+    }
+
+    /// Tells a final job's watchers the tasks it killed, then that it ended.
+    fn publish_end(&self, job: &crate::scheduler::Job) {
+        let id = &job.def.id;
+        if !self.events.is_watched(id) {
+            return;
+        }
+        // Tasks killed with their job change state without an action of their own.
+        for (index, task) in job.tasks.iter().enumerate() {
+            if task.state == TaskState::Killed {
+                let event = crate::events::task_event(index as u32, task);
+                self.events.publish(id, JobEvent::Task(event));
+            }
+        }
+        let view = crate::views::job_view(job);
+        self.events.publish(id, JobEvent::End(Box::new(view)));
+    }
+}
+
+impl Inner {
+    /// The write that stores a job's end, now known.
+    pub(super) fn set_end_write(&mut self, job: &JobId, write: u64) {
+        match self.ending.get_mut(job) {
+            Some(at) => *at = write,
+            None => self.archive.set_write(job, write),
+        }
+    }
+
+    /// A final job out of the scheduler's state, into the finished jobs in memory, once
+    /// `last_write` (its end, or later writes of its tasks) is committed.
+    fn archive(&mut self, job: Job, last_write: u64) {
+        self.ending.remove(&job.def.id);
+        self.archive.finished(last_write, archive::strip(job));
+    }
+}

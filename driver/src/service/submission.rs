@@ -1,0 +1,158 @@
+//! Job submission: admitting a spec, storing its record while its first tasks start, and
+//! what a submission came to. Apart from [`super::actions`] because this is the one
+//! place that awaits: it races the job store's commit against the job's first tasks,
+//! then settles an end that `actions` held back meanwhile (`storing`, `deferred`).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use flint_protocol::{Digest, JobId};
+
+use super::idempotency::IdempotencyKey;
+use super::{Deferred, Driver};
+use crate::admission::{self, Rejection};
+use crate::scheduler::NewJob;
+use crate::store::StoreError;
+use crate::store::durable;
+use crate::store::usage::OverQuota;
+
+/// What a submission came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    /// A new job, stored.
+    Accepted(JobId),
+    /// The job an earlier submission with the same idempotency key and spec made.
+    Repeated(JobId),
+}
+
+/// Why a submission made no job.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The spec is not a job Flint can run.
+    #[error("{}", .0.message)]
+    Rejected(Rejection),
+    /// The job could not be stored, so it was not accepted.
+    #[error(transparent)]
+    Storage(#[from] StoreError),
+    /// The data dir is at its quota: no new job until there is room.
+    #[error("job not accepted: {0}")]
+    OverQuota(#[from] OverQuota),
+    /// The key belongs to a job submitted with another spec.
+    #[error(
+        "Idempotency-Key {key:?} belongs to job {job}, which was submitted with another \
+         spec; use a new key for a new job"
+    )]
+    Conflict { key: IdempotencyKey, job: JobId },
+}
+
+impl From<Rejection> for SubmitError {
+    fn from(r: Rejection) -> Self {
+        SubmitError::Rejected(r)
+    }
+}
+
+impl Driver {
+    /// Accepts a job: its record is committed to the job store while its first tasks
+    /// start, and this returns (and the API answers 202) only once the commit is done.
+    /// The commit's sync was a third of a single-task job's round trip when it came
+    /// first. A job whose record cannot be stored was never accepted: it is killed where
+    /// it stands and the error returned. Its tasks may have run meanwhile, which changes
+    /// nothing outside (a guest's only effect is its result); one that already ended
+    /// stays as it ended, in memory only.
+    pub async fn submit(self: &Arc<Self>, job: NewJob) -> Result<(), StoreError> {
+        self.submit_keyed(job, None).await
+    }
+
+    /// Submits the job spec in `body`: admitted and stored ([`Self::submit`]), or with an
+    /// idempotency `key`, that and no more than once per key (see [`idempotency`]).
+    pub async fn submit_spec(
+        self: &Arc<Self>,
+        body: bytes::Bytes,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Submitted, SubmitError> {
+        match key {
+            Some(key) => self.submit_once(body, key).await,
+            None => {
+                self.usage.check_not_full()?;
+                let job = self.admit(&body)?;
+                let id = job.def.id.clone();
+                self.submit(job).await?;
+                Ok(Submitted::Accepted(id))
+            }
+        }
+    }
+
+    /// [`Self::submit`], storing the idempotency key and its spec's digest (if any) with
+    /// the job, in the one write.
+    pub(super) async fn submit_keyed(
+        self: &Arc<Self>,
+        job: NewJob,
+        key: Option<(String, Digest)>,
+    ) -> Result<(), StoreError> {
+        let record = durable::job_record(&job);
+        let id = job.def.id.clone();
+        let driver = self.clone();
+        let commit = tokio::task::spawn_blocking(move || {
+            let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
+            driver.store.put_job(&record, key)
+        });
+        self.apply_inner(|inner| {
+            inner.storing.insert(id.clone());
+            ((), inner.state.submit_job(job))
+        });
+        let stored = match commit.await {
+            Ok(stored) => stored,
+            Err(e) => Err(StoreError::Db(format!("job store thread: {e}"))),
+        };
+        // A job that ended before its record was committed had its end held back: the
+        // writer could otherwise commit the end first and find no job to end.
+        let mut inner = self.lock();
+        inner.storing.remove(&id);
+        if let Some(Deferred {
+            end,
+            summary,
+            attempts,
+        }) = inner.deferred.remove(&id)
+        {
+            let write = match &stored {
+                Ok(()) => {
+                    let write = self.store.job_ended(id.clone(), end, summary);
+                    match attempts {
+                        Some(attempts) => self.store.attempts_ended(id.clone(), attempts),
+                        None => write,
+                    }
+                }
+                // Never accepted: nothing to store, and it is not among the totals.
+                Err(_) => {
+                    inner.finished.add(&summary, -1);
+                    0
+                }
+            };
+            inner.set_end_write(&id, write);
+        }
+        drop(inner);
+        if let Err(e) = &stored {
+            let reason = format!("not accepted: the job store could not record it: {e}");
+            self.apply(|s| {
+                let actions = s.stop_job(&id, reason, SystemTime::now());
+                ((), actions.unwrap_or_default())
+            });
+        }
+        stored
+    }
+
+    /// The timestamp to fetch `url` under ([`crate::admission::UrlTimestamps::timestamp`]).
+    pub fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
+        self.url_timestamps.timestamp(url, given, SystemTime::now())
+    }
+
+    /// A job spec's JSON checked and turned into a job: see [`admission`]. Also refuses
+    /// a job no executor registered now could run.
+    pub fn admit(&self, body: &[u8]) -> Result<NewJob, Rejection> {
+        let job = admission::accept(self, admission::parse_job_spec(body)?)?;
+        let (max_cores, any_fuel) =
+            self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
+        admission::check_schedulable(&job, max_cores, any_fuel)?;
+        Ok(job)
+    }
+}
