@@ -10,7 +10,8 @@ use flint_protocol::api::JobState;
 use flint_protocol::records::JobSummaryRecord;
 use redb::ReadableDatabase;
 
-use super::{BY_CREATED, BY_NAME, BY_STATE, JobStore, SUMMARIES, StoreError, db_error, state_code};
+use super::schema::{BY_CREATED, BY_NAME, BY_STATE, SUMMARIES, state_code};
+use super::{JobStore, StoreError, db_error};
 
 /// What a listing asks for. Times are Unix milliseconds; `created_after` is inclusive,
 /// `created_before` exclusive.

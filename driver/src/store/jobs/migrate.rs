@@ -21,10 +21,13 @@ use flint_protocol::JobId;
 use flint_protocol::records::TaskEndRecord;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
-use super::{
-    IDEMPOTENCY_KEYS, JOB_KEYS, JOBS, LAYOUT, META, NEXT_SEQUENCE, SUMMARIES, StoreError,
-    TASK_ENDS, create_tables, db_error, index_job, read_job_in, summary_of,
+use super::read::{read_job_in, summary_of};
+use super::rows::index_job;
+use super::schema::{
+    IDEMPOTENCY_KEYS, JOB_KEYS, JOBS, LAYOUT, META, NEXT_SEQUENCE, SUMMARIES, TASK_ENDS,
+    create_tables,
 };
+use super::{StoreError, db_error};
 
 /// Layout 4's task ends: sequence -> `Vec<(JobId, u32, TaskEndRecord)>`.
 pub(super) const TASK_ENDS_V4: TableDefinition<u64, &[u8]> = TableDefinition::new("task_ends.v4");

@@ -4,7 +4,10 @@ use std::time::Instant;
 
 use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskState};
+use redb::TableDefinition;
 
+use super::rows::queued_summary;
+use super::schema::*;
 use super::*;
 
 fn end(attempts: u32, result_bytes: usize) -> TaskEndRecord {

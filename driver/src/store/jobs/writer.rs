@@ -19,7 +19,9 @@ use redb::{Database, ReadableTable};
 
 use super::handle::Handle;
 
-use super::{JOB_ATTEMPTS, JOBS, META, NEXT_SEQUENCE, StoreError, TASK_ENDS, db_error, end_job};
+use super::rows::end_job;
+use super::schema::{JOB_ATTEMPTS, JOBS, META, NEXT_SEQUENCE, TASK_ENDS};
+use super::{StoreError, db_error};
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
 const GROUP_COMMIT: usize = 4096;

@@ -1,0 +1,92 @@
+//! Reading a stored job back from its tables: its record, the latest end of each task,
+//! its end, and a summary rebuilt from those. Shared by the store's reads and the
+//! migration's write transaction, hence generic over the table type.
+
+use std::collections::BTreeMap;
+
+use flint_protocol::records::{JobRecord, JobSummaryRecord, TaskEndRecord};
+use redb::{ReadableTable, WriteTransaction};
+
+use super::rows::queued_summary;
+use super::schema::{JOB_ENDS, JOBS, TASK_ENDS};
+use super::{StoreError, StoredJob, db_error};
+
+/// A job's record, task ends (the latest end of each task) and end, as committed.
+pub(super) fn read_job(
+    txn: &redb::ReadTransaction,
+    id: &str,
+) -> Result<Option<StoredJob>, StoreError> {
+    read_job_from(
+        &txn.open_table(JOBS).map_err(db_error)?,
+        &txn.open_table(TASK_ENDS).map_err(db_error)?,
+        &txn.open_table(JOB_ENDS).map_err(db_error)?,
+        id,
+    )
+}
+
+/// [`read_job`] within a write transaction (the migration's).
+pub(super) fn read_job_in(
+    txn: &WriteTransaction,
+    id: &str,
+) -> Result<Option<StoredJob>, StoreError> {
+    read_job_from(
+        &txn.open_table(JOBS).map_err(db_error)?,
+        &txn.open_table(TASK_ENDS).map_err(db_error)?,
+        &txn.open_table(JOB_ENDS).map_err(db_error)?,
+        id,
+    )
+}
+
+pub(super) fn read_job_from(
+    jobs: &impl ReadableTable<&'static str, &'static [u8]>,
+    ends: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    job_ends: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+) -> Result<Option<StoredJob>, StoreError> {
+    let Some(job) = jobs
+        .get(id)
+        .map_err(db_error)?
+        .map(|v| postcard::from_bytes::<JobRecord>(v.value()))
+        .transpose()?
+    else {
+        return Ok(None);
+    };
+    let mut tasks: BTreeMap<u32, TaskEndRecord> = BTreeMap::new();
+    // In sequence order, so a later end of a task replaces an earlier one.
+    for entry in ends.range((id, 0)..=(id, u64::MAX)).map_err(db_error)? {
+        let (_, bytes) = entry.map_err(db_error)?;
+        let value: Vec<(u32, TaskEndRecord)> = postcard::from_bytes(bytes.value())?;
+        tasks.extend(value);
+    }
+    let end = job_ends
+        .get(id)
+        .map_err(db_error)?
+        .map(|b| postcard::from_bytes(b.value()))
+        .transpose()?;
+    Ok(Some(StoredJob {
+        job,
+        tasks: tasks.into_iter().collect(),
+        end,
+    }))
+}
+
+/// A stored job's summary as its pieces say (for migrating a data dir whose layout had
+/// none).
+pub(super) fn summary_of(stored: &StoredJob) -> JobSummaryRecord {
+    let mut summary = queued_summary(&stored.job);
+    for (index, end) in &stored.tasks {
+        if (*index as usize) < stored.job.tasks.len() {
+            summary.counts.pending -= 1;
+            *summary.counts.of_mut(end.state) += 1;
+        }
+    }
+    if let Some(end) = &stored.end {
+        summary.state = end.state;
+        summary.finished_at_ms = Some(end.finished_at_ms);
+        summary.error = end.error.clone();
+        summary.counts.killed += summary.counts.pending + summary.counts.running;
+        summary.counts.pending = 0;
+        summary.counts.running = 0;
+    }
+    summary
+}

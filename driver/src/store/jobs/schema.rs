@@ -1,0 +1,89 @@
+//! The job store's layout: every table with its version, the layout number the `meta`
+//! table records, and how index and reference keys are encoded. Apart from the
+//! [`JobStore`](super::JobStore)'s methods so that the layout reads in one place: a
+//! table's version changes here, and the store, its writer and the migration all name
+//! their tables from here.
+
+use flint_protocol::Digest;
+use flint_protocol::api::JobState;
+use redb::{TableDefinition, WriteTransaction};
+
+use super::{StoreError, db_error};
+
+/// The layout this driver writes, in the `meta` table under `layout`.
+pub const LAYOUT: u64 = 5;
+pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The next task-end value's sequence number (they are keyed by job and sequence).
+pub(super) const NEXT_SEQUENCE: &str = "next_task_end_sequence";
+
+// v2: task inputs may be fetched (url / result inputs) and results may be blocks.
+// v3: a job's module may be a URL, its digest and size unknown.
+pub(super) const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs.v3");
+/// Task ends by (job, sequence): the ends of one job in one group commit are one value,
+/// a `Vec<(u32, TaskEndRecord)>`, so that a job's ends are one range to read or delete.
+/// v5 (layout 5); v4 was keyed by sequence alone, many jobs per value.
+pub(super) const TASK_ENDS: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("task_ends.v5");
+pub(super) const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_ends.v3");
+/// Job -> its attempts (`Vec<AttemptRecord>`), written once its last attempt has
+/// ended: the timeline of a finished job. Added in layout 5 without a new layout: a
+/// data dir without it has no timelines, and its jobs' timelines are rebuilt from
+/// their task ends.
+pub(super) const JOB_ATTEMPTS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("job_attempts.v1");
+/// Idempotency keys: key -> (the SHA-256 of the canonical spec the key was given with,
+/// the job it made). Written in the job's own transaction, so a job and its key are
+/// stored together or not at all.
+pub(super) const IDEMPOTENCY_KEYS: TableDefinition<&str, (&[u8; 32], &str)> =
+    TableDefinition::new("idempotency_keys.v1");
+/// Job -> its idempotency key, so that deleting a job frees its key.
+pub(super) const JOB_KEYS: TableDefinition<&str, &str> = TableDefinition::new("job_keys.v1");
+/// Job -> [`JobSummaryRecord`].
+pub(super) const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("job_summaries.v1");
+/// Indexes of every job: by creation time; by state (a live job is under `queued` until
+/// it ends), then creation time; by name, then creation time; finished jobs by the time
+/// they finished (what retention deletes first).
+pub(super) const BY_CREATED: TableDefinition<(u64, &str), ()> =
+    TableDefinition::new("jobs_by_created.v1");
+pub(super) const BY_STATE: TableDefinition<(u8, u64, &str), ()> =
+    TableDefinition::new("jobs_by_state.v1");
+pub(super) const BY_NAME: TableDefinition<(&str, u64, &str), ()> =
+    TableDefinition::new("jobs_by_name.v1");
+pub(super) const BY_FINISHED: TableDefinition<(u64, &str), ()> =
+    TableDefinition::new("jobs_by_finished.v1");
+/// Uploaded modules (`m:<hex>`) and files (`f:<hex>`) -> how many stored jobs name
+/// them; a blob no job names may be deleted once it is old enough.
+pub(super) const BLOB_REFS: TableDefinition<&str, u64> = TableDefinition::new("blob_refs.v1");
+/// Tables of layouts before 4: a data dir holding them was written by a Flint too old
+/// to migrate from.
+pub(super) const ANCIENT_TABLES: [&str; 3] = ["jobs.v1", "jobs.v2", "task_ends.v3"];
+
+/// The state's number in the indexes: its place in [`JobState::ALL`].
+pub(super) fn state_code(state: JobState) -> u8 {
+    JobState::ALL
+        .iter()
+        .position(|s| *s == state)
+        .expect("every state is in ALL") as u8
+}
+
+pub(super) fn blob_key(digest: &Digest, files: bool) -> String {
+    format!("{}:{}", if files { 'f' } else { 'm' }, digest.hex())
+}
+
+pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
+    for table in [JOBS, JOB_ENDS, SUMMARIES] {
+        txn.open_table(table).map_err(db_error)?;
+    }
+    for table in [BY_CREATED, BY_FINISHED] {
+        txn.open_table(table).map_err(db_error)?;
+    }
+    txn.open_table(TASK_ENDS).map_err(db_error)?;
+    txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
+    txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;
+    txn.open_table(JOB_KEYS).map_err(db_error)?;
+    txn.open_table(BY_STATE).map_err(db_error)?;
+    txn.open_table(BY_NAME).map_err(db_error)?;
+    txn.open_table(BLOB_REFS).map_err(db_error)?;
+    txn.open_table(META).map_err(db_error)?;
+    Ok(())
+}
