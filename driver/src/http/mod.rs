@@ -23,6 +23,7 @@ pub mod error;
 mod events;
 mod jobs;
 pub mod openapi;
+mod results;
 mod status;
 pub mod ui;
 
@@ -46,9 +47,9 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(jobs::kill_job))
         .routes(routes!(events::job_events))
         .routes(routes!(jobs::list_tasks))
-        .routes(routes!(jobs::get_result))
+        .routes(routes!(results::get_result))
         .routes(routes!(jobs::get_log))
-        .routes(routes!(jobs::get_results))
+        .routes(routes!(results::get_results))
         .routes(routes!(jobs::get_timeline))
         .routes(routes!(status::cluster_history))
         .routes(routes!(status::list_executors))
