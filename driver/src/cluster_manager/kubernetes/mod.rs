@@ -11,31 +11,27 @@
 //! the driver's pod, when named, owns its executors' pods, so that Kubernetes deletes
 //! them if the driver goes without stopping.
 
+mod creator;
 pub mod pod;
+mod watch;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use flint_protocol::ExecutorId;
-use flint_protocol::exit::ProcessExit;
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::api::{Api, DeleteParams, ListParams};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
-use self::pod::{PodFate, PodSettings};
+use self::creator::create_pods;
+use self::pod::PodSettings;
+use self::watch::watch_pods;
 use super::{ClusterManager, Dial, ExecutorEvent, LaunchRequest};
 use crate::config::KubernetesConfig;
-
-/// Backoff of a pod creation the API refused for now (429, 5xx, no connection).
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const MAX_RETRY: Duration = Duration::from_secs(30);
 
 pub struct KubernetesManager {
     inner: Arc<Inner>,
@@ -192,272 +188,6 @@ impl Inner {
 
     fn send(&self, event: ExecutorEvent) {
         let _ = self.events.send(event);
-    }
-
-    /// Deletes a pod in the background; `grace` `None` is the pod's own grace.
-    fn delete_later(self: &Arc<Self>, name: String, grace: Option<u32>) {
-        let inner = self.clone();
-        tokio::spawn(async move {
-            let mut params = DeleteParams::background();
-            if let Some(grace) = grace {
-                params = params.grace_period(grace);
-            }
-            let mut wait = FIRST_RETRY;
-            for _ in 0..8 {
-                match inner.api.delete(&name, &params).await {
-                    Ok(_) => return,
-                    Err(kube::Error::Api(s)) if s.code == 404 => return,
-                    Err(e) if retriable(&e) => {
-                        tracing::warn!(pod = name, error = %e, "deleting executor pod; retrying");
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(MAX_RETRY);
-                    }
-                    Err(e) => {
-                        tracing::error!(pod = name, error = %e, "deleting executor pod");
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
-    /// Creates one executor's pod, retrying what the API refuses for now until the
-    /// executor is no longer wanted.
-    async fn create(self: &Arc<Self>, request: LaunchRequest) {
-        let name = self.pod_name(&request.id);
-        let pod = match pod::executor_pod(
-            &self.settings,
-            &request.id,
-            request.cores,
-            request.memory_mb,
-        ) {
-            Ok(pod) => pod,
-            Err(reason) => {
-                self.lock().pods.remove(&name);
-                self.send(ExecutorEvent::LaunchFailed {
-                    id: request.id,
-                    reason,
-                });
-                return;
-            }
-        };
-        let mut wait = FIRST_RETRY;
-        loop {
-            if self.lock().pods.get(&name).is_none_or(|t| t.deleting) {
-                // Killed before it was created.
-                self.lock().pods.remove(&name);
-                return;
-            }
-            let outcome = self.api.create(&PostParams::default(), &pod).await;
-            let failed = match outcome {
-                Ok(_) => None,
-                // A retried creation whose first try had landed.
-                Err(kube::Error::Api(s)) if s.code == 409 => None,
-                Err(e) if retriable(&e) => {
-                    tracing::warn!(pod = name, error = %e, retry_in = ?wait,
-                        "the API refused an executor pod for now; backing off");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MAX_RETRY);
-                    continue;
-                }
-                Err(e) => Some(e),
-            };
-            let mut state = self.lock();
-            if let Some(e) = failed {
-                state.pods.remove(&name);
-                drop(state);
-                self.send(ExecutorEvent::LaunchFailed {
-                    id: request.id,
-                    reason: format!("creating pod {name}: {e}"),
-                });
-                return;
-            }
-            tracing::info!(pod = name, executor = %request.id, "executor pod created");
-            let Some(tracked) = state.pods.get_mut(&name) else {
-                return;
-            };
-            tracked.created = true;
-            let killed = tracked.deleting;
-            drop(state);
-            if killed {
-                self.delete_later(name, Some(0));
-            } else {
-                // Listed as launching while it is pending; its node comes once it runs.
-                self.send(ExecutorEvent::Launched {
-                    id: request.id,
-                    worker: None,
-                    pid: None,
-                    log: None,
-                });
-            }
-            return;
-        }
-    }
-
-    fn on_pod(self: &Arc<Self>, pod: &Pod) {
-        let Some(name) = pod.metadata.name.clone() else {
-            return;
-        };
-        let mut state = self.lock();
-        let Some(tracked) = state.pods.get_mut(&name) else {
-            drop(state);
-            // A pod of this app this driver did not ask for: left by an earlier run
-            // (its tasks run again anyway, and its id could be taken by a launch).
-            if pod.metadata.deletion_timestamp.is_none() {
-                tracing::warn!(
-                    pod = name,
-                    "a pod of this app that this driver did not create; deleting it"
-                );
-                self.delete_later(name, Some(0));
-            }
-            return;
-        };
-        tracked.observed = true;
-        if tracked.ended {
-            return;
-        }
-        let id = tracked.id.clone();
-        match pod::fate(pod) {
-            PodFate::Pending(reason) => {
-                if reason.is_some() && reason != tracked.pending {
-                    tracing::warn!(pod = name, executor = %id, reason, "executor pod pending");
-                }
-                tracked.pending = reason;
-            }
-            PodFate::Running { node } => {
-                if !tracked.launched {
-                    tracked.launched = true;
-                    drop(state);
-                    self.send(ExecutorEvent::Launched {
-                        id,
-                        worker: node,
-                        pid: None,
-                        log: None,
-                    });
-                }
-            }
-            PodFate::Terminated { exit, cause } => {
-                tracked.ended = true;
-                let deleting = tracked.deleting;
-                drop(state);
-                self.send(ExecutorEvent::Exited { id, exit, cause });
-                // `restartPolicy: Never` leaves a finished pod behind until deleted.
-                if !deleting {
-                    self.delete_later(name, Some(0));
-                }
-            }
-            PodFate::Lost(reason) => {
-                tracked.ended = true;
-                drop(state);
-                self.send(ExecutorEvent::Lost {
-                    id,
-                    reason: format!("{name}: {reason}"),
-                });
-                self.delete_later(name, Some(0));
-            }
-        }
-    }
-
-    fn on_deleted(&self, name: &str, how: &str) {
-        let Some(tracked) = self.lock().pods.remove(name) else {
-            return;
-        };
-        if tracked.ended {
-            return;
-        }
-        let event = match tracked.deleting {
-            // Killed on the driver's word: as a SIGKILLed process.
-            true => ExecutorEvent::Exited {
-                id: tracked.id,
-                exit: ProcessExit::Signal(libc::SIGKILL),
-                cause: None,
-            },
-            false => ExecutorEvent::Lost {
-                id: tracked.id,
-                reason: format!("pod {name} {how}"),
-            },
-        };
-        self.send(event);
-    }
-}
-
-/// What the API may answer differently in a moment: throttling, its own errors, no
-/// connection at all.
-fn retriable(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
-        _ => true,
-    }
-}
-
-async fn create_pods(inner: Arc<Inner>) {
-    let mut last_batch: Option<Instant> = None;
-    loop {
-        let batch: Vec<LaunchRequest> = {
-            let mut state = inner.lock();
-            let n = inner.batch_size.min(state.queue.len());
-            state.queue.drain(..n).collect()
-        };
-        if batch.is_empty() {
-            inner.queued.notified().await;
-            continue;
-        }
-        // Spark's spark.kubernetes.allocation.batch.delay: a burst of launches reaches
-        // the API server a batch at a time.
-        if let Some(at) = last_batch {
-            tokio::time::sleep_until((at + inner.batch_delay).into()).await;
-        }
-        last_batch = Some(Instant::now());
-        tracing::info!(pods = batch.len(), "creating executor pods");
-        futures_util::future::join_all(batch.into_iter().map(|r| inner.create(r))).await;
-    }
-}
-
-async fn watch_pods(inner: Arc<Inner>) {
-    let selector = format!("{}={}", pod::APP_LABEL, inner.settings.app_id);
-    let mut stream = watcher::watcher(
-        inner.api.clone(),
-        watcher::Config::default().labels(&selector),
-    )
-    .default_backoff()
-    .boxed();
-    // During a (re-)list: the pods the watch had seen before it, and those listed.
-    let mut relist: Option<(HashSet<String>, HashSet<String>)> = None;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => {
-                let observed = inner
-                    .lock()
-                    .pods
-                    .iter()
-                    .filter(|(_, t)| t.observed)
-                    .map(|(name, _)| name.clone())
-                    .collect();
-                tracing::info!("listing executor pods");
-                relist = Some((observed, HashSet::new()));
-            }
-            Ok(Event::InitApply(pod)) => {
-                if let (Some((_, listed)), Some(name)) = (&mut relist, &pod.metadata.name) {
-                    listed.insert(name.clone());
-                }
-                inner.on_pod(&pod);
-            }
-            Ok(Event::InitDone) => {
-                if let Some((observed, listed)) = relist.take() {
-                    for name in observed.difference(&listed) {
-                        inner.on_deleted(name, "was deleted while the watch was down");
-                    }
-                }
-            }
-            Ok(Event::Apply(pod)) => inner.on_pod(&pod),
-            Ok(Event::Delete(pod)) => {
-                inner.on_pod(&pod);
-                if let Some(name) = &pod.metadata.name {
-                    inner.on_deleted(name, "was deleted");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "watching executor pods"),
-        }
     }
 }
 

@@ -1,0 +1,153 @@
+//! The watch of the app's pods: each status it reports turned into the executor events
+//! it means (launched, pending, exited, lost), and pods deleted while it was down found
+//! by comparing a re-list with what it had seen. Apart from creation because this side
+//! only reads, and owns what a pod's state means to the driver.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use flint_protocol::exit::ProcessExit;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+use super::Inner;
+use super::pod::{self, PodFate};
+use crate::cluster_manager::ExecutorEvent;
+
+impl Inner {
+    fn on_pod(self: &Arc<Self>, pod: &Pod) {
+        let Some(name) = pod.metadata.name.clone() else {
+            return;
+        };
+        let mut state = self.lock();
+        let Some(tracked) = state.pods.get_mut(&name) else {
+            drop(state);
+            // A pod of this app this driver did not ask for: left by an earlier run
+            // (its tasks run again anyway, and its id could be taken by a launch).
+            if pod.metadata.deletion_timestamp.is_none() {
+                tracing::warn!(
+                    pod = name,
+                    "a pod of this app that this driver did not create; deleting it"
+                );
+                self.delete_later(name, Some(0));
+            }
+            return;
+        };
+        tracked.observed = true;
+        if tracked.ended {
+            return;
+        }
+        let id = tracked.id.clone();
+        match pod::fate(pod) {
+            PodFate::Pending(reason) => {
+                if reason.is_some() && reason != tracked.pending {
+                    tracing::warn!(pod = name, executor = %id, reason, "executor pod pending");
+                }
+                tracked.pending = reason;
+            }
+            PodFate::Running { node } => {
+                if !tracked.launched {
+                    tracked.launched = true;
+                    drop(state);
+                    self.send(ExecutorEvent::Launched {
+                        id,
+                        worker: node,
+                        pid: None,
+                        log: None,
+                    });
+                }
+            }
+            PodFate::Terminated { exit, cause } => {
+                tracked.ended = true;
+                let deleting = tracked.deleting;
+                drop(state);
+                self.send(ExecutorEvent::Exited { id, exit, cause });
+                // `restartPolicy: Never` leaves a finished pod behind until deleted.
+                if !deleting {
+                    self.delete_later(name, Some(0));
+                }
+            }
+            PodFate::Lost(reason) => {
+                tracked.ended = true;
+                drop(state);
+                self.send(ExecutorEvent::Lost {
+                    id,
+                    reason: format!("{name}: {reason}"),
+                });
+                self.delete_later(name, Some(0));
+            }
+        }
+    }
+
+    fn on_deleted(&self, name: &str, how: &str) {
+        let Some(tracked) = self.lock().pods.remove(name) else {
+            return;
+        };
+        if tracked.ended {
+            return;
+        }
+        let event = match tracked.deleting {
+            // Killed on the driver's word: as a SIGKILLed process.
+            true => ExecutorEvent::Exited {
+                id: tracked.id,
+                exit: ProcessExit::Signal(libc::SIGKILL),
+                cause: None,
+            },
+            false => ExecutorEvent::Lost {
+                id: tracked.id,
+                reason: format!("pod {name} {how}"),
+            },
+        };
+        self.send(event);
+    }
+}
+
+pub(super) async fn watch_pods(inner: Arc<Inner>) {
+    let selector = format!("{}={}", pod::APP_LABEL, inner.settings.app_id);
+    let mut stream = watcher::watcher(
+        inner.api.clone(),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .boxed();
+    // During a (re-)list: the pods the watch had seen before it, and those listed.
+    let mut relist: Option<(HashSet<String>, HashSet<String>)> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => {
+                let observed = inner
+                    .lock()
+                    .pods
+                    .iter()
+                    .filter(|(_, t)| t.observed)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                tracing::info!("listing executor pods");
+                relist = Some((observed, HashSet::new()));
+            }
+            Ok(Event::InitApply(pod)) => {
+                if let (Some((_, listed)), Some(name)) = (&mut relist, &pod.metadata.name) {
+                    listed.insert(name.clone());
+                }
+                inner.on_pod(&pod);
+            }
+            Ok(Event::InitDone) => {
+                if let Some((observed, listed)) = relist.take() {
+                    for name in observed.difference(&listed) {
+                        inner.on_deleted(name, "was deleted while the watch was down");
+                    }
+                }
+            }
+            Ok(Event::Apply(pod)) => inner.on_pod(&pod),
+            Ok(Event::Delete(pod)) => {
+                inner.on_pod(&pod);
+                if let Some(name) = &pod.metadata.name {
+                    inner.on_deleted(name, "was deleted");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "watching executor pods"),
+        }
+    }
+}
