@@ -1,0 +1,163 @@
+//! The pod spec as built from the settings and a template, pod names, and the fates
+//! pod statuses map to.
+
+use flint_protocol::exit::ProcessExit;
+
+use super::*;
+
+fn settings() -> PodSettings {
+    PodSettings {
+        namespace: "flint".into(),
+        app_id: "batch_7".into(),
+        image: "localhost/flint:dev".into(),
+        image_pull_policy: Some("IfNotPresent".into()),
+        driver_url: "flint://flint-driver.flint.svc:7071".into(),
+        cluster_secret_ref: Some(("flint-secrets".into(), "cluster-secret".into())),
+        owner: Some(Owner {
+            name: "flint-driver-0".into(),
+            uid: "u-1".into(),
+        }),
+        template: None,
+        termination_grace_seconds: 120,
+        memory_overhead: MemoryOverhead {
+            factor: 0.1,
+            min_mb: 384,
+        },
+    }
+}
+
+fn env_of(pod: &Pod) -> Value {
+    let c = &pod.spec.as_ref().unwrap().containers[0];
+    serde_json::to_value(&c.env).unwrap()
+}
+
+#[test]
+fn the_built_in_pod_carries_env_limits_labels_owner_and_no_inline_secret() {
+    let pod = executor_pod(&settings(), &ExecutorId("exec-3".into()), 2, 2048).unwrap();
+    let json = serde_json::to_value(&pod).unwrap();
+    assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-3");
+    assert_eq!(json["metadata"]["labels"][APP_LABEL], "batch_7");
+    assert_eq!(json["metadata"]["labels"][EXECUTOR_LABEL], "exec-3");
+    assert_eq!(json["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    let c = &json["spec"]["containers"][0];
+    assert_eq!(c["args"], json!(["executor"]));
+    // 10 % of 2048 is under the 384 MiB floor.
+    assert_eq!(c["resources"]["limits"]["memory"], "2432Mi");
+    assert_eq!(c["resources"]["requests"]["cpu"], "2");
+    assert_eq!(json["spec"]["restartPolicy"], "Never");
+    assert_eq!(json["spec"]["terminationGracePeriodSeconds"], 120);
+    let env = env_of(&pod);
+    let secret = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "FLINT_CLUSTER_SECRET")
+        .unwrap();
+    assert!(secret.get("value").is_none(), "{secret}");
+    assert_eq!(secret["valueFrom"]["secretKeyRef"]["key"], "cluster-secret");
+    for name in [
+        "FLINT_DRIVER_URL",
+        "FLINT_EXECUTOR_ID",
+        "FLINT_CORES",
+        "FLINT_MEMORY_MB",
+        "FLINT_APP_ID",
+    ] {
+        assert!(
+            env.as_array().unwrap().iter().any(|e| e["name"] == name),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_template_keeps_its_sidecars_env_and_volumes_and_loses_what_flint_owns() {
+    let mut s = settings();
+    s.template = Some(json!({
+        "metadata": { "name": "ignored", "labels": { "team": "ml" } },
+        "spec": {
+            "restartPolicy": "Always",
+            "nodeSelector": { "pool": "wasm" },
+            "containers": [
+                { "name": "proxy", "image": "envoy" },
+                { "name": "flint-executor", "image": "old", "command": ["/bin/sh"],
+                  "env": [ { "name": "RUST_LOG", "value": "debug" },
+                           { "name": "FLINT_CORES", "value": "99" } ],
+                  "resources": { "limits": { "ephemeral-storage": "1Gi" } } }
+            ]
+        }
+    }));
+    let pod = executor_pod(&s, &ExecutorId("exec-1".into()), 4, 8192).unwrap();
+    let json = serde_json::to_value(&pod).unwrap();
+    assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-1");
+    assert_eq!(json["metadata"]["labels"]["team"], "ml");
+    assert_eq!(json["spec"]["restartPolicy"], "Never");
+    assert_eq!(json["spec"]["nodeSelector"]["pool"], "wasm");
+    let containers = json["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers[0]["image"], "envoy");
+    let c = &containers[1];
+    assert_eq!(c["image"], "localhost/flint:dev");
+    assert!(c.get("command").is_none());
+    assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "1Gi");
+    // 10 % of 8192 is above the floor.
+    assert_eq!(c["resources"]["limits"]["memory"], "9012Mi");
+    let env = c["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "RUST_LOG"));
+    let cores: Vec<&Value> = env.iter().filter(|e| e["name"] == "FLINT_CORES").collect();
+    assert_eq!(cores.len(), 1);
+    assert_eq!(cores[0]["value"], "4");
+}
+
+#[test]
+fn pod_names_are_dns_labels() {
+    let id = ExecutorId("exec-12".into());
+    assert_eq!(pod_name("My.App_x", &id), "flint-my-app-x-exec-12");
+    let long = "a".repeat(64);
+    let name = pod_name(&long, &id);
+    assert!(name.len() <= 63 && !name.ends_with('-'), "{name}");
+    assert!(is_label_value("batch_7") && !is_label_value("-x") && !is_label_value(&long));
+}
+
+fn pod(status: Value) -> Pod {
+    serde_json::from_value(json!({ "metadata": { "name": "p" }, "status": status })).unwrap()
+}
+
+#[test]
+fn statuses_map_to_fates() {
+    assert_eq!(
+        fate(&pod(json!({ "phase": "Pending", "conditions": [
+            { "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+              "message": "0/1 nodes are available: 1 Insufficient cpu." } ] }))),
+        PodFate::Pending(Some(
+            "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.".into()
+        ))
+    );
+    assert_eq!(
+        fate(&pod(json!({ "phase": "Pending", "containerStatuses": [
+            { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+              "state": { "waiting": { "reason": "ImagePullBackOff", "message": "Back-off pulling image" } } } ] }))),
+        PodFate::Pending(Some("ImagePullBackOff: Back-off pulling image".into()))
+    );
+    assert_eq!(
+        fate(&pod(json!({ "phase": "Failed", "containerStatuses": [
+            { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+              "state": { "terminated": { "exitCode": 137, "reason": "OOMKilled" } } } ] }))),
+        PodFate::Terminated {
+            exit: ProcessExit::Code(137),
+            cause: Some("OOMKilled".into())
+        }
+    );
+    assert_eq!(
+        fate(&pod(json!({ "phase": "Succeeded", "containerStatuses": [
+            { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+              "state": { "terminated": { "exitCode": 0, "reason": "Completed" } } } ] }))),
+        PodFate::Terminated {
+            exit: ProcessExit::Code(0),
+            cause: None
+        }
+    );
+    assert!(matches!(
+        fate(&pod(json!({ "phase": "Failed", "reason": "Evicted",
+                          "message": "The node was low on resource: memory." }))),
+        PodFate::Lost(m) if m.contains("evicted") && m.contains("low on resource")
+    ));
+}
