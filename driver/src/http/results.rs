@@ -111,7 +111,10 @@ pub(super) async fn get_results(
             (header::CONTENT_TYPE, RESULTS_TYPE.to_owned()),
             (TASKS_HEADER, tasks.to_string()),
         ],
-        Body::from_stream(frames.flatten()),
+        Body::from_stream(FlushBeforeCut {
+            frames: frames.flatten().boxed(),
+            cut: None,
+        }),
     )
         .into_response())
 }
@@ -194,5 +197,84 @@ async fn block_frame(driver: &Driver, index: u32, block: flint_protocol::BlockRe
             block.id, block.size
         )),
         Err(e) => fail(format!("task {index}: block {}: {e}", block.id)),
+    }
+}
+
+/// The body of `GET .../results`, which holds back the error that cuts it for one turn.
+/// hyper buffers what a body yields and writes it out when the body has nothing more
+/// ready; an error it meets first drops the connection with the buffer unsent, so a
+/// block that failed at once (a file gone, found without waiting) cut the response
+/// before its head and the frames ahead of it: the client saw "disconnected without a
+/// response" instead of the tasks before the cut (seen as a flaky Python client test).
+/// Pending once, with a wake-up, lets hyper write those out first.
+struct FlushBeforeCut {
+    frames: Frame,
+    cut: Option<std::io::Error>,
+}
+
+impl futures_util::Stream for FlushBeforeCut {
+    type Item = std::io::Result<bytes::Bytes>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use futures_util::StreamExt;
+        use std::task::Poll;
+        if let Some(cut) = self.cut.take() {
+            return Poll::Ready(Some(Err(cut)));
+        }
+        match self.frames.poll_next_unpin(cx) {
+            Poll::Ready(Some(Err(cut))) => {
+                self.cut = Some(cut);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll};
+
+    use futures_util::{Stream, StreamExt};
+
+    use super::FlushBeforeCut;
+
+    #[test]
+    fn frames_pass_and_the_cut_comes_one_turn_later_with_a_wake_up() {
+        let frames = futures_util::stream::iter([
+            Ok(bytes::Bytes::from_static(b"frame 0")),
+            Err(std::io::Error::other("task 1: block gone")),
+            Ok(bytes::Bytes::from_static(b"never sent")),
+        ])
+        .boxed();
+        let mut body = std::pin::pin!(FlushBeforeCut { frames, cut: None });
+        let woken = std::sync::Arc::new(Woken::default());
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            matches!(body.as_mut().poll_next(&mut cx), Poll::Ready(Some(Ok(b))) if &b[..] == b"frame 0")
+        );
+        assert!(body.as_mut().poll_next(&mut cx).is_pending());
+        assert!(
+            woken.0.load(std::sync::atomic::Ordering::SeqCst),
+            "no wake-up: hyper would wait forever"
+        );
+        match body.as_mut().poll_next(&mut cx) {
+            Poll::Ready(Some(Err(e))) => assert_eq!(e.to_string(), "task 1: block gone"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[derive(Default)]
+    struct Woken(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Woken {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
