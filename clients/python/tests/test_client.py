@@ -313,22 +313,26 @@ def test_bulk_results_refuse_a_running_job(client: Client, guests: Guests) -> No
     assert client.map(guests.testkit, ["a", "", "b" * 3_000_000], args=["echo"]) == [b"a", b"", b"b" * 3_000_000]
 
 
-def test_a_results_stream_cut_by_a_lost_block_is_an_error_not_missing_results(guests: Guests) -> None:
-    # Its own driver: the test deletes the block store's files under it.
+@pytest.mark.parametrize("lost_at", [1, 0])
+def test_a_results_stream_cut_by_a_lost_block_is_an_error_not_missing_results(guests: Guests, lost_at: int) -> None:
+    # Its own driver: the test deletes the block store's files under it. The lost block
+    # is task 1, or task 0: then the cut comes before any frame, and the response's head
+    # (its frame count) must still reach the client.
     driver = start_driver(executors=1)
     try:
         with Client(driver.url) as client:
             big = "b" * 3_000_000  # past the inline limit: its result is a block
-            job = client.submit(guests.testkit, ["a", big, "c"], args=["echo"])
+            inputs = ["a", big, "c"] if lost_at == 1 else [big, "a", "c"]
+            job = client.submit(guests.testkit, inputs, args=["echo"])
             assert job.wait(timeout=120).state == "succeeded"
-            assert job.results() == [b"a", big.encode(), b"c"]
+            assert job.results() == [i.encode() for i in inputs]
             blocks = [p for p in (driver.data_dir / "data" / "blocks").rglob("*") if p.is_file()]
             assert blocks, "the large result is in the driver's block store"
             for path in blocks:
                 path.unlink()
             # The driver cuts the body at task 1: without the frame count the client
             # would have read tasks 1 and 2 as tasks without a result.
-            with pytest.raises(flint_client.ProtocolError, match=r"cut after 1 of 3 tasks"):
+            with pytest.raises(flint_client.ProtocolError, match=rf"cut after {lost_at} of 3 tasks"):
                 job.results()
     finally:
         driver.stop()
