@@ -258,6 +258,8 @@ mod tests {
                 ..TaskCounts::default()
             },
             error: None,
+            usage: None,
+            seed: None,
         }
     }
 

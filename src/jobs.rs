@@ -165,6 +165,23 @@ fn print_job(job: &JobView) {
     if let Some(error) = &job.error {
         println!("  {}: {}", error.kind, error.message);
     }
+    if let Some(u) = &job.usage {
+        println!("  usage: {}", usage_line(u));
+    }
+}
+
+/// A usage in one line, in the units a person reads (`flint status`).
+pub fn usage_line(u: &flint_protocol::Usage) -> String {
+    let fuel = u.fuel.map_or_else(String::new, |f| format!(", fuel {f}"));
+    format!(
+        "cpu {:.3} s, wall {:.3} s, peak memory {:.1} MiB, input {} B, output {} B, fetched {} B{fuel}",
+        u.cpu_us as f64 / 1e6,
+        u.wall_us as f64 / 1e6,
+        u.peak_memory_bytes as f64 / f64::from(1 << 20),
+        u.input_bytes,
+        u.output_bytes,
+        u.fetched_bytes,
+    )
 }
 
 fn print_failure(task: &TaskView) {

@@ -152,6 +152,8 @@ mod tests {
             tasks: 1,
             counts: TaskCounts::default(),
             error: None,
+            usage: None,
+            seed: None,
         }))
     }
 

@@ -19,6 +19,8 @@ use crate::scheduler::{ClusterState, Task};
 use crate::store::Totals;
 use crate::store::usage::DataDirUsage;
 
+mod usage;
+
 /// Upper bounds of the task duration buckets, in seconds.
 const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
@@ -305,6 +307,7 @@ pub fn render_state(
             h.count()
         );
     }
+    usage::render(&mut out, state);
     out
 }
 

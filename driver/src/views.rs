@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use flint_protocol::Usage;
 use flint_protocol::api::{
-    AttemptView, ErrorBody, ExecutorView, JobView, ResultInfo, TaskState, TaskView, TimelineView,
+    AttemptView, ErrorBody, ExecutorView, JobView, PinsView, ResultInfo, TaskAttemptView,
+    TaskState, TaskView, TimelineView,
 };
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::records::JobSummaryRecord;
@@ -30,6 +32,12 @@ pub fn job_view(job: &Job) -> JobView {
             kind: kind.clone(),
             message: message.clone(),
         }),
+        usage: job
+            .attempts
+            .iter()
+            .any(|a| a.usage.is_some())
+            .then_some(job.usage),
+        seed: job.def.options.determinism.map(|d| d.seed),
     }
 }
 
@@ -47,6 +55,8 @@ pub fn summary_view(id: &JobId, summary: &JobSummaryRecord) -> JobView {
             kind: kind.clone(),
             message: message.clone(),
         }),
+        usage: None,
+        seed: None,
     }
 }
 
@@ -54,8 +64,38 @@ fn rfc3339_ms(ms: u64) -> String {
     humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-/// Task `index` of a job as `GET /v1/jobs/{id}/tasks` lists it.
-pub fn task_view(job: &Job, index: usize) -> TaskView {
+/// Tasks `range` of a job as `GET /v1/jobs/{id}/tasks` lists them, each with its
+/// attempts (one pass over the job's attempts for the page).
+pub fn task_views(job: &Job, range: std::ops::Range<usize>) -> Vec<TaskView> {
+    let mut views: Vec<TaskView> = range.clone().map(|i| task_view(job, i)).collect();
+    let spans = job.attempts.iter().enumerate();
+    for (at, span) in spans.filter(|(_, s)| range.contains(&(s.task as usize))) {
+        let view = &mut views[span.task as usize - range.start];
+        if let Some(usage) = &span.usage {
+            view.usage.get_or_insert_with(Usage::default).add(usage);
+        }
+        view.history.push(TaskAttemptView {
+            attempt: span.attempt,
+            executor: job.attempt_executors[span.executor as usize].clone(),
+            memory_mb: span.memory_mb,
+            timeout_ms: span.timeout_ms,
+            outcome: span.outcome.map(|o| o.as_str().to_owned()),
+            speculative: span.speculative,
+            usage: span.usage,
+            pins: job.pins.get(&(at as u32)).map(|p| PinsView {
+                module: p.module.to_string(),
+                files: (job.def.files.iter().zip(&p.files))
+                    .map(|(f, d)| (f.name.clone(), d.to_string()))
+                    .collect(),
+                input: p.input.to_string(),
+            }),
+        });
+    }
+    views
+}
+
+/// Task `index` of a job, without its attempts (see [`task_views`]).
+fn task_view(job: &Job, index: usize) -> TaskView {
     let task = &job.tasks[index];
     let micros = |us: u64| {
         humantime::format_rfc3339_micros(SystemTime::UNIX_EPOCH + Duration::from_micros(us))
@@ -82,6 +122,8 @@ pub fn task_view(job: &Job, index: usize) -> TaskView {
             }),
         started_at: task.started_at_us.map(micros),
         finished_at: task.finished_at_us.map(micros),
+        usage: None,
+        history: Vec::new(),
     }
 }
 
@@ -265,7 +307,7 @@ mod tests {
             j.close_span(
                 span,
                 crate::scheduler::Outcome::Succeeded,
-                Some((10, 20)),
+                Some((10, 20, Usage::default())),
                 SystemTime::now(),
             );
         };

@@ -127,6 +127,7 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
                 max_log_bytes: 1 << 20,
                 kill: kill.clone(),
                 fuel: None,
+                seed: None,
                 files_dir: None,
                 result_target: None,
             },

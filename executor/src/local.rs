@@ -97,6 +97,7 @@ impl LocalRunner {
             args: self.args.clone(),
             env: vec![],
             resources: Resources::default(),
+            determinism: None,
         });
         (0..tasks)
             .rev()
@@ -111,6 +112,7 @@ impl LocalRunner {
                         args: vec![],
                         env: vec![],
                         input: TaskInput::Inline(Vec::new()),
+                        resources: None,
                     },
                 )
             })

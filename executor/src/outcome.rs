@@ -99,6 +99,9 @@ pub struct TaskLimiter {
     pub memory_bytes: usize,
     /// Bytes of all the task's memories together, as last grown.
     pub memory_used: usize,
+    /// The most `memory_used` has been: memories only grow, so this is what the guest
+    /// held at its end unless it has several memories (each counted as it grew).
+    pub memory_peak: usize,
     pub memory_limit_hit: bool,
 }
 
@@ -125,6 +128,7 @@ impl ResourceLimiter for TaskLimiter {
         let grown = self.inner.memory_growing(current, desired, maximum)?;
         if grown {
             self.memory_used = total;
+            self.memory_peak = self.memory_peak.max(total);
         }
         Ok(grown)
     }

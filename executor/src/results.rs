@@ -106,6 +106,11 @@ impl ResultPipe {
         self.lock().was_stopped
     }
 
+    /// Bytes the guest wrote and the pipe took (what went past the cap was refused).
+    pub fn written(&self) -> u64 {
+        self.lock().total
+    }
+
     /// Why storing the result failed, if it did.
     pub fn store_failure(&self) -> Option<String> {
         self.lock().failed.clone()

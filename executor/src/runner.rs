@@ -8,6 +8,7 @@
 //! [`prepare`] holds the async side before a task queues (module, input, files);
 //! [`status`] the one way an attempt's end is reported.
 
+mod counters;
 mod prepare;
 mod status;
 
@@ -19,13 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flint_fetch_cache::FetchCache;
-use flint_protocol::messages::Heartbeat;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, JobId, TaskDescription, TaskFailure, TaskId, TaskInput,
+    Digest, ExecutorMessage, FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId,
+    TaskInput,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
+use self::counters::{thread_cpu_us, thread_schedstat};
 use self::prepare::{JobFiles, trust};
 use self::status::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
@@ -92,6 +94,22 @@ struct Work {
     compiled: Arc<Compiled>,
     files: Option<Arc<JobFiles>>,
     kill: Arc<Kill>,
+    /// Bytes downloaded to get it ready (its usage's `fetched_bytes`).
+    fetched: u64,
+    /// A deterministic task's module and files, by digest.
+    pinned: Option<(Digest, Vec<Digest>)>,
+}
+
+tokio::task_local! {
+    /// Bytes the fetches of one attempt's preparation downloaded: every fetch adds what
+    /// it did not find in the cache, whichever of the attempt's module, files and input
+    /// it was for (a job's files are fetched once, by the attempt that needed them first).
+    static FETCHED: std::cell::Cell<u64>;
+}
+
+/// Counts `bytes` against the attempt being prepared, if any.
+fn count_fetched(bytes: u64) {
+    let _ = FETCHED.try_with(|fetched| fetched.set(fetched.get() + bytes));
 }
 
 /// Jobs whose files are kept ready.
@@ -195,12 +213,14 @@ impl TaskRunner {
                 .get_or_insert(desc.job.module.locality_key(), || Arc::new(OnceCell::new()))
                 .clone()
         };
+        // A deterministic task's module digest is looked up on the way (below).
         if desc.job.files.is_empty()
+            && desc.job.determinism.is_none()
             && matches!(desc.input, TaskInput::Inline(_))
             && let Some(compiled) = cell.get()
         {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-            self.enqueue(desc, compiled.clone(), None, kill);
+            self.enqueue(desc, compiled.clone(), None, kill, (0, None));
             return;
         }
         let runner = self.clone();
@@ -241,26 +261,40 @@ impl TaskRunner {
                     true => None,
                     false => Some(runner.job_files(&desc).await?),
                 };
-                Ok::<_, TaskFailure>((compiled, files))
+                let pinned = match desc.job.determinism {
+                    None => None,
+                    Some(_) => Some((
+                        runner.module_digest(&desc).await?,
+                        files.as_ref().map(|f| f.digests()).unwrap_or_default(),
+                    )),
+                };
+                Ok::<_, TaskFailure>((compiled, files, pinned))
             };
             // A kill reaches the attempt while its module, input and files are still
             // being fetched (each up to the fetch deadline): the fetches are dropped and
             // its core is given back at once.
-            let ready = tokio::select! {
-                biased;
-                ready = ready => ready.map(Some),
-                () = kill.killed() => Ok(None),
-            };
+            let (ready, fetched) = FETCHED
+                .scope(std::cell::Cell::new(0), async {
+                    let ready = tokio::select! {
+                        biased;
+                        ready = ready => ready.map(Some),
+                        () = kill.killed() => Ok(None),
+                    };
+                    (ready, FETCHED.with(std::cell::Cell::get))
+                })
+                .await;
             match ready {
-                Ok(Some((compiled, files))) => runner.enqueue(desc, compiled, files, kill),
+                Ok(Some((compiled, files, pinned))) => {
+                    runner.enqueue(desc, compiled, files, kill, (fetched, pinned))
+                }
                 Ok(None) => {
                     let failure = TaskFailure::new(
                         FailureKind::Killed,
                         "killed while its module and inputs were being fetched",
                     );
-                    runner.report(desc, 0, Err(failure), Vec::new(), false, false)
+                    runner.report_unrun(desc, failure, fetched, false)
                 }
-                Err(failure) => runner.report(desc, 0, Err(failure), Vec::new(), false, false),
+                Err(failure) => runner.report_unrun(desc, failure, fetched, false),
             }
         });
     }
@@ -292,37 +326,6 @@ impl TaskRunner {
         }
     }
 
-    pub fn heartbeat(&self) -> Heartbeat {
-        Heartbeat {
-            running: self.attempts_in_flight() as u32,
-            modules_compiled: self.modules_compiled.load(Ordering::Relaxed),
-            module_cache_hits: self.module_cache_hits.load(Ordering::Relaxed),
-            fetch_hits: self.fetch_hits.load(Ordering::Relaxed),
-            fetch_misses: self.fetch_misses.load(Ordering::Relaxed),
-            compile_cache_hits: self.compile_cache_hits.load(Ordering::Relaxed),
-            task_cpu_us: self.task_cpu_us(),
-            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
-            result_bytes: self.result_bytes.load(Ordering::Relaxed),
-            tasks_completed: self.tasks_completed.load(Ordering::Relaxed),
-        }
-    }
-
-    /// CPU time of the task threads since they started, in microseconds; 0 where the
-    /// kernel does not say (no `/proc`, no schedstat).
-    fn task_cpu_us(&self) -> u64 {
-        let threads = self
-            .task_threads
-            .lock()
-            .expect("task threads lock poisoned")
-            .clone();
-        threads
-            .iter()
-            .filter_map(|path| std::fs::read_to_string(path).ok())
-            .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-            .sum::<u64>()
-            / 1_000
-    }
-
     pub fn attempts_in_flight(&self) -> usize {
         self.lock_attempts().values().map(|held| held.len()).sum()
     }
@@ -333,16 +336,19 @@ impl TaskRunner {
         compiled: Arc<Compiled>,
         files: Option<Arc<JobFiles>>,
         kill: Arc<Kill>,
+        (fetched, pinned): (u64, Option<(Digest, Vec<Digest>)>),
     ) {
         let work = Work {
             desc,
             compiled,
             files,
             kill,
+            fetched,
+            pinned,
         };
         if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
             let failure = TaskFailure::new(FailureKind::HostError, "executor is shutting down");
-            self.report(work.desc, 0, Err(failure), Vec::new(), false, false);
+            self.report_unrun(work.desc, failure, work.fetched, false);
         }
     }
 
@@ -353,12 +359,15 @@ impl TaskRunner {
             compiled,
             files,
             kill,
+            fetched,
+            pinned,
         } = work;
         if kill.is_killed() {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
-            return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
+            return self.report_unrun(desc, failure, fetched, more_queued);
         }
         let started_at_us = now_us();
+        let cpu_began = thread_cpu_us();
         // The job's variables under the task's, except the `FLINT_*` ones, which a job
         // cannot set. Borrowed, not copied: a launch's strings go to WASI as they are.
         let job = desc.job.clone();
@@ -384,10 +393,19 @@ impl TaskRunner {
                     FailureKind::HostError,
                     format!("input {input:?} was not fetched before the task ran"),
                 );
-                return self.report(desc, 0, Err(failure), Vec::new(), false, more_queued);
+                return self.report_unrun(desc, failure, fetched, more_queued);
             }
         };
-        let resources = job.resources;
+        let resources = desc.resources;
+        let input_bytes = stdin.len() as u64;
+        let pins = pinned.map(|(module, files)| {
+            Box::new(Pins {
+                module,
+                files,
+                input: Digest::of(&stdin),
+            })
+        });
+        let seed = job.determinism.map(|d| d.task_seed(desc.task.index));
         let run = || {
             self.sandbox.run(
                 &compiled,
@@ -408,6 +426,7 @@ impl TaskRunner {
                     max_log_bytes: self.max_log_bytes,
                     kill,
                     fuel: resources.fuel,
+                    seed,
                     files_dir: files.as_ref().map(|f| f.dir.as_path()),
                     result_target: self.blocks.as_ref().map(|writer| ResultTarget {
                         writer: writer.clone(),
@@ -435,27 +454,19 @@ impl TaskRunner {
                     )),
                     log: Vec::new(),
                     log_truncated: false,
+                    usage: flint_protocol::Usage::default(),
+                    pins: None,
                 }
             });
-        self.report(
-            desc,
-            started_at_us,
-            report.outcome,
-            report.log,
-            report.log_truncated,
-            more_queued,
-        );
+        let mut report = report;
+        report.usage.cpu_us = thread_cpu_us().saturating_sub(cpu_began);
+        report.usage.input_bytes = input_bytes;
+        report.usage.fetched_bytes = fetched;
+        report.pins = pins;
+        self.report(desc, started_at_us, report, more_queued);
     }
 
     fn lock_attempts(&self) -> std::sync::MutexGuard<'_, AttemptMap> {
         self.attempts.lock().expect("attempts lock poisoned")
     }
-}
-
-/// The calling thread's schedstat file, by its own id (`/proc/thread-self` names the
-/// thread as `<pid>/task/<tid>`).
-fn thread_schedstat() -> Option<PathBuf> {
-    let link = std::fs::read_link("/proc/thread-self").ok()?;
-    let path = std::path::Path::new("/proc").join(link).join("schedstat");
-    path.exists().then_some(path)
 }

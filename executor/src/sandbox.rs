@@ -17,17 +17,19 @@
 //! subprocess), [`stop`] how an attempt is killed or cut off at its deadline.
 
 mod config;
+mod determinism;
+mod link;
+mod spent;
 mod stop;
+mod store;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flint_protocol::{FailureKind, TaskFailure, TaskResult};
+use flint_protocol::{FailureKind, TaskFailure, TaskResult, Usage};
 use wasmtime::component::{Component, ResourceTable};
-use wasmtime::{
-    Engine, InstancePre, Linker, Module, Precompiled, Store, StoreLimitsBuilder, UpdateDeadline,
-};
+use wasmtime::{Engine, InstancePre, Linker, Module, Precompiled, StoreLimitsBuilder};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
@@ -39,6 +41,9 @@ pub use self::config::{
 use self::config::{
     EpochTicker, INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK,
 };
+pub use self::determinism::EPOCH;
+use self::determinism::{VirtualClock, deterministic_linker};
+use self::spent::Spent;
 pub use self::stop::Kill;
 use self::stop::{Ended, bounded, on_task_runtime};
 use crate::outcome::{TaskLimiter, classify, run_limits_text};
@@ -52,6 +57,8 @@ pub const MAX_RANDOM_BYTES: u64 = 4 << 20;
 pub struct ModuleCtx {
     wasi: WasiP1Ctx,
     limits: TaskLimiter,
+    /// A deterministic task's clock, which its `poll_oneoff` moves.
+    clock: Option<VirtualClock>,
 }
 
 /// Store state of a preview-2 component task.
@@ -104,6 +111,9 @@ pub struct Sandbox {
     engine: Engine,
     modules: Linker<ModuleCtx>,
     waiting_modules: Linker<ModuleCtx>,
+    /// Deterministic p1 tasks: `poll_oneoff` moves the virtual clock and returns at once,
+    /// so every module runs on the synchronous path.
+    deterministic_modules: Linker<ModuleCtx>,
     components: wasmtime::component::Linker<ComponentCtx>,
     max_memory_bytes: usize,
     meters_fuel: bool,
@@ -126,6 +136,9 @@ pub struct TaskRun<'a> {
     pub kill: Arc<Kill>,
     /// Fuel budget; only on an engine that meters fuel.
     pub fuel: Option<u64>,
+    /// A deterministic task's seed ([`flint_protocol::Determinism::task_seed`]): a
+    /// virtual clock, seeded random, no `FLINT_JOB_ID` or `FLINT_ATTEMPT`.
+    pub seed: Option<[u8; 32]>,
     /// The job's files, mounted read-only at `/files`.
     pub files_dir: Option<&'a Path>,
     /// Where the result goes once it outgrows the inline limit; without one, the whole
@@ -146,6 +159,13 @@ pub struct RunReport {
     pub outcome: Result<TaskResult, TaskFailure>,
     pub log: Vec<u8>,
     pub log_truncated: bool,
+    /// What the guest used, as far as the sandbox sees it: fuel (on an engine that
+    /// meters it), wall time, peak memory and output. The caller adds CPU time, input and
+    /// fetched bytes.
+    pub usage: Usage,
+    /// For a deterministic task, the digests of what it ran (set by the runner, which
+    /// knows where its module and files came from).
+    pub pins: Option<Box<flint_protocol::Pins>>,
 }
 
 impl Sandbox {
@@ -167,6 +187,7 @@ impl Sandbox {
                 |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
             )?;
         }
+        let deterministic_modules = deterministic_linker(&engine)?;
         let mut components = wasmtime::component::Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut components)?;
         let ticker = EpochTicker::start(engine.clone());
@@ -174,6 +195,7 @@ impl Sandbox {
             engine,
             modules,
             waiting_modules,
+            deterministic_modules,
             components,
             max_memory_bytes: sandbox.max_memory_bytes,
             meters_fuel: sandbox.fuel,
@@ -233,54 +255,16 @@ impl Sandbox {
         }
     }
 
-    fn link_module(&self, module: &Module) -> Result<Compiled, TaskFailure> {
-        if module.get_export("_start").is_none() {
-            return Err(TaskFailure::new(
-                FailureKind::InvalidModule,
-                "module exports no `_start`: it is not a WASI command",
-            ));
-        }
-        let waits = module
-            .imports()
-            .any(|i| i.module() == "wasi_snapshot_preview1" && i.name() == "poll_oneoff");
-        let linked = match waits {
-            true => self
-                .waiting_modules
-                .instantiate_pre(module)
-                .map(Compiled::WaitingModule),
-            false => self.modules.instantiate_pre(module).map(Compiled::Module),
-        };
-        linked.map_err(|e| {
-            TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
-        })
-    }
-
-    fn link_component(&self, component: &Component) -> Result<Compiled, TaskFailure> {
-        let pre = self.components.instantiate_pre(component).map_err(|e| {
-            TaskFailure::new(FailureKind::UnknownImport, format!("cannot link: {e:#}"))
-        })?;
-        CommandPre::new(pre).map(Compiled::Component).map_err(|e| {
-            TaskFailure::new(
-                FailureKind::InvalidModule,
-                format!("component does not export wasi:cli/run (not a WASI command): {e:#}"),
-            )
-        })
-    }
-
     /// Runs one attempt to its end. Blocks the calling thread, which must have a stack of
     /// at least [`TASK_THREAD_STACK`].
     pub fn run(&self, compiled: &Compiled, run: TaskRun<'_>) -> RunReport {
         if run.fuel.is_some() && !self.meters_fuel {
             // The driver places budgeted tasks only on metering executors; should one
             // arrive here anyway, another executor can run it.
-            return RunReport {
-                outcome: Err(TaskFailure::new(
-                    FailureKind::HostError,
-                    "the task has a fuel budget but this executor does not meter fuel (--fuel)",
-                )),
-                log: Vec::new(),
-                log_truncated: false,
-            };
+            return RunReport::refused(TaskFailure::new(
+                FailureKind::HostError,
+                "the task has a fuel budget but this executor does not meter fuel (--fuel)",
+            ));
         }
         let deadline = Instant::now() + run.timeout;
         let stopped: crate::results::Stopped = {
@@ -289,25 +273,38 @@ impl Sandbox {
         };
         let stdout = ResultPipe::new(run.max_output_bytes, run.result_target, stopped);
         let stderr = CappedPipe::new(run.max_log_bytes, Overflow::Truncate);
+        let clock = run.seed.map(|_| VirtualClock::default());
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdin(MemoryInputPipe::new(run.stdin))
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .args(run.args)
-            .envs(run.env)
-            .env("FLINT_JOB_ID", run.task.job)
-            .env(
-                "FLINT_TASK_INDEX",
-                itoa::Buffer::new().format(run.task.index),
-            )
-            .env(
-                "FLINT_TASK_COUNT",
-                itoa::Buffer::new().format(run.task.count),
-            )
-            .env(
+            .envs(run.env);
+        // Which job and attempt this is differs between runs of one task: a
+        // deterministic guest is not told.
+        if clock.is_none() {
+            wasi.env("FLINT_JOB_ID", run.task.job);
+        }
+        wasi.env(
+            "FLINT_TASK_INDEX",
+            itoa::Buffer::new().format(run.task.index),
+        )
+        .env(
+            "FLINT_TASK_COUNT",
+            itoa::Buffer::new().format(run.task.count),
+        );
+        if clock.is_none() {
+            wasi.env(
                 "FLINT_ATTEMPT",
                 itoa::Buffer::new().format(run.task.attempt),
-            )
+            );
+        }
+        if let (Some(seed), Some(clock)) = (run.seed, &clock) {
+            determinism::apply(&mut wasi, seed, clock);
+        }
+        let sync_module = matches!(compiled, Compiled::Module(_))
+            || (clock.is_some() && matches!(compiled, Compiled::WaitingModule(_)));
+        wasi
             // One `random_get` is a host call no deadline can cut short: a small cap
             // keeps each one to milliseconds (past it the call traps).
             .max_random_size(MAX_RANDOM_BYTES)
@@ -316,18 +313,14 @@ impl Sandbox {
             // no deadline or kill can reach it (a guest slept 2^64-1 ns past its kill).
             // File reads then go to the runtime's blocking pool, and a stopped attempt
             // leaves them behind. A module without `poll_oneoff` reads its files inline.
-            .allow_blocking_current_thread(matches!(compiled, Compiled::Module(_)));
+            .allow_blocking_current_thread(sync_module);
         if let Some(dir) = run.files_dir
             && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
         {
-            return RunReport {
-                outcome: Err(TaskFailure::new(
-                    FailureKind::HostError,
-                    format!("mounting the job's files from {}: {e:#}", dir.display()),
-                )),
-                log: Vec::new(),
-                log_truncated: false,
-            };
+            return RunReport::refused(TaskFailure::new(
+                FailureKind::HostError,
+                format!("mounting the job's files from {}: {e:#}", dir.display()),
+            ));
         }
         let memory_bytes = run.memory_bytes.min(self.max_memory_bytes);
         let limits = TaskLimiter {
@@ -341,30 +334,47 @@ impl Sandbox {
                 .build(),
             memory_bytes,
             memory_used: 0,
+            memory_peak: 0,
             memory_limit_hit: false,
         };
         let kill = &run.kill;
-        let (ended, memory_limit_hit) = match compiled {
+        let metered = self.meters_fuel;
+        let began = Instant::now();
+        let (ended, spent) = match compiled {
+            // A deterministic module's host calls never wait: linked again with the
+            // virtual `poll_oneoff` (a few microseconds) and run on the plain path.
+            Compiled::Module(pre) | Compiled::WaitingModule(pre) if clock.is_some() => {
+                let linked = self.deterministic_modules.instantiate_pre(pre.module());
+                let pre = match linked {
+                    Ok(pre) => pre,
+                    Err(e) => {
+                        return RunReport::refused(TaskFailure::new(
+                            FailureKind::UnknownImport,
+                            format!("cannot link: {e:#}"),
+                        ));
+                    }
+                };
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                    clock,
+                };
+                self.run_module(&pre, ctx, deadline, kill, run.fuel)
+            }
             // Not inside the task runtime: the sync WASI calls enter one of their own.
             Compiled::Module(pre) => {
                 let ctx = ModuleCtx {
                     wasi: wasi.build_p1(),
                     limits,
+                    clock,
                 };
-                let mut store = self.store(ctx, deadline, kill, run.fuel);
-                let result = pre
-                    .instantiate(&mut store)
-                    .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
-                    .and_then(|start| start.call(&mut store, ()));
-                (
-                    Ended::Returned(result),
-                    store.data().limits.memory_limit_hit,
-                )
+                self.run_module(pre, ctx, deadline, kill, run.fuel)
             }
             Compiled::WaitingModule(pre) => {
                 let ctx = ModuleCtx {
                     wasi: wasi.build_p1(),
                     limits,
+                    clock,
                 };
                 let mut store = self.store(ctx, deadline, kill, run.fuel);
                 let call = async {
@@ -373,7 +383,7 @@ impl Sandbox {
                     start.call_async(&mut store, ()).await
                 };
                 let ended = on_task_runtime(bounded(call, deadline, kill));
-                (ended, store.data().limits.memory_limit_hit)
+                (ended, Spent::of(&mut store, metered))
             }
             Compiled::Component(pre) => {
                 let ctx = ComponentCtx {
@@ -392,9 +402,10 @@ impl Sandbox {
                         .map_err(|()| wasmtime_wasi::I32Exit(1).into())
                 };
                 let ended = on_task_runtime(bounded(call, deadline, kill));
-                (ended, store.data().limits.memory_limit_hit)
+                (ended, Spent::of(&mut store, metered))
             }
         };
+        let wall = began.elapsed();
         let limits_text =
             || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
         let result = match ended {
@@ -428,7 +439,7 @@ impl Sandbox {
             )),
             Ok(Err(e)) => classify(
                 e,
-                memory_limit_hit,
+                spent.memory_limit_hit,
                 stdout.overflowed(),
                 run.kill.is_killed(),
                 &limits_text(),
@@ -441,6 +452,7 @@ impl Sandbox {
                 format!("\n[flint: log truncated at {} bytes]\n", run.max_log_bytes).as_bytes(),
             );
         }
+        let output_bytes = stdout.written();
         let outcome = match outcome {
             Ok(()) => stdout.into_result(),
             Err(failure) => {
@@ -448,39 +460,20 @@ impl Sandbox {
                 Err(failure)
             }
         };
+        let fuel_given = run.fuel.unwrap_or(u64::MAX);
         RunReport {
             outcome,
             log,
             log_truncated,
+            usage: Usage {
+                fuel: spent.fuel.map(|left| fuel_given.saturating_sub(left)),
+                wall_us: wall.as_micros() as u64,
+                peak_memory_bytes: spent.memory_peak as u64,
+                output_bytes,
+                ..Usage::default()
+            },
+            pins: None,
         }
-    }
-
-    /// A fresh store for one attempt: limits on, and an epoch callback that interrupts
-    /// the guest when it is killed or past its deadline (the classification reads the
-    /// kill flag to tell the two apart).
-    fn store<T: Limited>(
-        &self,
-        data: T,
-        deadline: Instant,
-        kill: &Arc<Kill>,
-        fuel: Option<u64>,
-    ) -> Store<T> {
-        let mut store = Store::new(&self.engine, data);
-        store.limiter(|ctx| ctx.limits());
-        if self.meters_fuel {
-            store
-                .set_fuel(fuel.unwrap_or(u64::MAX))
-                .expect("the engine meters fuel");
-        }
-        let kill = kill.clone();
-        store.epoch_deadline_callback(move |_| {
-            if kill.is_killed() || Instant::now() >= deadline {
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            Ok(UpdateDeadline::Continue(1))
-        });
-        store.set_epoch_deadline(1);
-        store
     }
 }
 

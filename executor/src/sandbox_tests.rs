@@ -42,6 +42,7 @@ fn run(sandbox: &Sandbox, compiled: &Compiled, timeout: Duration, kill: Arc<Kill
             max_log_bytes: 1 << 20,
             kill,
             fuel: None,
+            seed: None,
             files_dir: None,
             result_target: None,
         },
@@ -268,4 +269,168 @@ fn a_guest_that_could_wait_but_computes_ends_at_its_deadline_and_at_a_kill() {
     let report = run(&sandbox, &compiled, Duration::from_secs(600), kill);
     killer.join().unwrap();
     assert_eq!(failure(&report).kind, FailureKind::Killed);
+}
+
+/// A p1 command that grows its 1-page memory by `grow` pages, then writes "abc" to
+/// stdout, then counts down from `loops` in a loop.
+fn grower(grow: u32, loops: u32) -> String {
+    format!(
+        r#"(module
+             (import "wasi_snapshot_preview1" "fd_write"
+               (func $write (param i32 i32 i32 i32) (result i32)))
+             (memory (export "memory") 1)
+             (func (export "_start") (local $n i32)
+               (drop (memory.grow (i32.const {grow})))
+               ;; "abc" at 100, its iovec at 0, the count written at 8.
+               (i32.store8 (i32.const 100) (i32.const 97))
+               (i32.store8 (i32.const 101) (i32.const 98))
+               (i32.store8 (i32.const 102) (i32.const 99))
+               (i32.store (i32.const 0) (i32.const 100))
+               (i32.store (i32.const 4) (i32.const 3))
+               (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+               (local.set $n (i32.const {loops}))
+               (block $done
+                 (loop $again
+                   (br_if $done (i32.eqz (local.get $n)))
+                   (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+                   (br $again)))))"#
+    )
+}
+
+#[test]
+fn usage_counts_the_memory_held_the_output_written_and_the_time_taken() {
+    let sandbox = sandbox();
+    let compiled = compile(&sandbox, &grower(99, 10));
+    let report = run(&sandbox, &compiled, Duration::from_secs(10), Kill::new());
+    assert!(report.outcome.is_ok(), "{:?}", report.outcome);
+    let usage = report.usage;
+    // 1 page at instantiation and 99 grown: exactly 100 pages of 64 KiB.
+    assert_eq!(usage.peak_memory_bytes, 100 * 65_536);
+    assert_eq!(usage.output_bytes, 3);
+    assert!(usage.wall_us > 0);
+    assert_eq!(usage.fuel, None, "this engine meters no fuel");
+}
+
+#[test]
+fn a_guest_stopped_at_its_memory_limit_is_counted_at_what_it_held() {
+    let sandbox = sandbox();
+    // 64 MiB is 1,024 pages: growing by 2,000 is refused and traps (trap_on_grow_failure).
+    let compiled = compile(&sandbox, &grower(2_000, 0));
+    let report = run(&sandbox, &compiled, Duration::from_secs(10), Kill::new());
+    assert_eq!(failure(&report).kind, FailureKind::MemoryLimit);
+    assert_eq!(report.usage.peak_memory_bytes, 65_536);
+    assert_eq!(report.usage.output_bytes, 0);
+}
+
+#[test]
+fn fuel_is_counted_where_metered_and_the_same_for_the_same_work() {
+    let metered = Sandbox::new(SandboxConfig {
+        slots: 2,
+        max_memory_bytes: 64 << 20,
+        fuel: true,
+    })
+    .unwrap();
+    let fuel = |loops| {
+        let compiled = compile(&metered, &grower(0, loops));
+        let report = run(&metered, &compiled, Duration::from_secs(10), Kill::new());
+        assert!(report.outcome.is_ok(), "{:?}", report.outcome);
+        report.usage.fuel.expect("metered")
+    };
+    let (small, again, large) = (fuel(1_000), fuel(1_000), fuel(101_000));
+    assert_eq!(small, again, "the same work costs the same fuel");
+    // Each turn of the loop is a handful of instructions: 100,000 more turns cost at
+    // least 100,000 more fuel.
+    assert!(large - small >= 100_000, "{small} then {large}");
+}
+
+/// A p1 command that writes 40 bytes: the realtime and monotonic clocks, 16 random bytes,
+/// then the monotonic clock again after sleeping 3 s in `poll_oneoff`.
+const CLOCKS_AND_RANDOM: &str = r#"(module
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 1024)))
+    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1032)))
+    (drop (call $random (i32.const 1040) (i32.const 16)))
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 3000000000))
+    (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
+    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1056)))
+    (i32.store (i32.const 200) (i32.const 1024))
+    (i32.store (i32.const 204) (i32.const 40))
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#;
+
+fn run_seeded(sandbox: &Sandbox, compiled: &Compiled, seed: Option<[u8; 32]>) -> Vec<u8> {
+    let report = sandbox.run(
+        compiled,
+        TaskRun {
+            args: &["test"],
+            env: &[],
+            task: TaskEnv {
+                job: "job",
+                index: 0,
+                count: 1,
+                attempt: 1,
+            },
+            stdin: Vec::new(),
+            memory_bytes: 64 << 20,
+            timeout: Duration::from_secs(30),
+            max_output_bytes: 1 << 20,
+            max_log_bytes: 1 << 20,
+            kill: Kill::new(),
+            fuel: None,
+            seed,
+            files_dir: None,
+            result_target: None,
+        },
+    );
+    match report.outcome {
+        Ok(TaskResult::Inline(bytes)) => bytes,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in_no_time() {
+    let sandbox = sandbox();
+    let compiled = compile(&sandbox, CLOCKS_AND_RANDOM);
+    let began = Instant::now();
+    let first = run_seeded(&sandbox, &compiled, Some([1; 32]));
+    assert!(
+        began.elapsed() < Duration::from_millis(2_500),
+        "a virtual 3 s sleep waited {:?}",
+        began.elapsed()
+    );
+    let u64_at =
+        |bytes: &[u8], at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    assert_eq!(
+        u64_at(&first, 0),
+        EPOCH.as_nanos() as u64,
+        "the wall clock starts at 2000"
+    );
+    assert_eq!(u64_at(&first, 8), 0, "the monotonic clock at 0");
+    assert_eq!(
+        u64_at(&first, 32),
+        3_000_000_000,
+        "moved by exactly the sleep"
+    );
+    assert_eq!(run_seeded(&sandbox, &compiled, Some([1; 32])), first);
+    let other = run_seeded(&sandbox, &compiled, Some([2; 32]));
+    assert_eq!(
+        other[..16],
+        first[..16],
+        "the clocks do not depend on the seed"
+    );
+    assert_ne!(other[16..32], first[16..32], "the random bytes do");
+    // Unseeded: the host's clocks and entropy, different every run.
+    let host = run_seeded(&sandbox, &compiled, None);
+    assert_ne!(host[..8], first[..8]);
+    assert_ne!(run_seeded(&sandbox, &compiled, None)[16..32], host[16..32]);
 }

@@ -97,6 +97,8 @@ fn launch(input: TaskInput) -> TaskLaunch {
         args: vec!["a".into()],
         env: vec![("SHARD".into(), "3".into())],
         input,
+        resources: None,
+        determinism: None,
     }
 }
 
@@ -107,6 +109,8 @@ fn task_end(outcome: Result<TaskResult, TaskFailure>) -> TaskEnd {
         outcome,
         log: b"log".to_vec(),
         log_truncated: false,
+        usage: Default::default(),
+        pins: None,
     }
 }
 

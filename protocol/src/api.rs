@@ -19,11 +19,12 @@ pub use cluster::{
     WorkerView,
 };
 pub use jobs::{
-    AttemptView, JobState, JobView, LaggedEvent, ResultInfo, TaskCounts, TaskEvent, TaskState,
-    TaskView, TimelineView,
+    AttemptView, JobState, JobView, LaggedEvent, PinsView, ResultInfo, TaskAttemptView, TaskCounts,
+    TaskEvent, TaskState, TaskView, TimelineView,
 };
 pub use spec::{
-    FileSpec, InputSpec, JobSpec, ResourcesSpec, ResultRef, ResultsRef, TaskSpec, UrlFileSpec,
+    Accounting, EscalateSpec, Factor, FileSpec, InputSpec, JobSpec, ResourcesSpec, ResultRef,
+    ResultsRef, RetrySpec, TaskSpec, UrlFileSpec,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

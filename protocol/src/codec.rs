@@ -195,6 +195,7 @@ mod tests {
             args: vec!["--lower".into()],
             env: vec![("LANG".into(), "C".into())],
             resources: Resources::default(),
+            determinism: None,
         }
     }
 
@@ -207,6 +208,7 @@ mod tests {
             args,
             env: vec![("SHARD".into(), "3".into())],
             input: TaskInput::Inline(input),
+            resources: None,
         }
     }
 
@@ -243,6 +245,7 @@ mod tests {
                     timestamp_ms: 0,
                     digest: Some(Digest::of(b"x")),
                 })),
+                resources: None,
                 ..launch(Vec::new(), vec![])
             })),
             DriverMessage::LaunchTask(Box::new(TaskLaunch {
@@ -254,6 +257,7 @@ mod tests {
                         digest: Some(Digest::of(b"y")),
                     }),
                 ]),
+                resources: None,
                 ..launch(Vec::new(), vec![])
             })),
             DriverMessage::ForgetJob { key: 12 },
@@ -277,6 +281,16 @@ mod tests {
             outcome: Ok(TaskResult::Inline(b"{\"a\":1}".to_vec())),
             log: b"log".to_vec(),
             log_truncated: false,
+            usage: crate::Usage {
+                fuel: Some(7),
+                cpu_us: 3,
+                wall_us: 4,
+                peak_memory_bytes: 65_536,
+                input_bytes: 5,
+                output_bytes: 7,
+                fetched_bytes: 9,
+            },
+            pins: None,
         };
         let failed = TaskEnd {
             outcome: Err(TaskFailure {

@@ -23,10 +23,13 @@ pub mod ids;
 pub mod messages;
 pub mod records;
 pub mod task;
+pub mod usage;
 
 pub use ids::{Digest, ExecutorId, JobId, TaskId};
 pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION};
 pub use task::{
-    BlockRef, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Resources,
-    TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult, TaskStatus,
+    BlockRef, Determinism, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Pins,
+    Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult,
+    TaskStatus,
 };
+pub use usage::Usage;

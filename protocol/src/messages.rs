@@ -26,8 +26,10 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// (`DefineJob`, `ForgetJob`), launches carrying only the task's own. 8: workers
 /// (`RegisterWorker`, [`WorkerMessage`], [`DriverToWorker`]). 9: executor metrics in
 /// heartbeats (task CPU time, bytes fetched, result bytes, attempts completed). 10:
-/// object-store credentials pushed by the driver (`UpdateCredentials`).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// object-store credentials pushed by the driver (`UpdateCredentials`). 11: per-attempt
+/// usage and a deterministic attempt's pins in the task end, a job's determinism in its
+/// template, a launch's own budget (escalated retries).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

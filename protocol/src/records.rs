@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{JobState, TaskState};
 use crate::ids::{ExecutorId, JobId};
-use crate::task::{FailureKind, FileRef, ModuleRef, Resources, TaskFailure, TaskInput, TaskResult};
+use crate::task::{
+    Determinism, FailureKind, FileRef, ModuleRef, Pins, Resources, TaskFailure, TaskInput,
+    TaskResult, Usage,
+};
 
 /// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
 /// as it is stored.
@@ -23,7 +26,48 @@ pub struct JobDef {
     /// Cap on the sum of the job's results.
     pub max_result_bytes: u64,
     pub created_at_ms: u64,
+    /// Not in this record's encoding: stored beside it, in the table `job_options.v1`
+    /// (added without a new layout; a job without a value there has the defaults), and
+    /// joined in whenever a job is read.
+    #[serde(skip)]
+    pub options: JobOptions,
 }
+
+impl JobDef {
+    /// Whether its tasks run only where fuel is metered: a fuel budget, or exact
+    /// accounting (which counts fuel).
+    pub fn needs_fuel(&self) -> bool {
+        self.resources.fuel.is_some() || self.options.exact_accounting
+    }
+}
+
+/// What a job asked for beyond running its tasks with its resources: exact accounting,
+/// escalated retries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobOptions {
+    /// Count fuel: run only on executors that meter it.
+    pub exact_accounting: bool,
+    pub escalate: Option<Escalation>,
+    /// `"deterministic": true`, with its seed (drawn at submission when not given).
+    pub determinism: Option<Determinism>,
+}
+
+impl JobOptions {
+    pub fn is_default(&self) -> bool {
+        *self == JobOptions::default()
+    }
+}
+
+/// `"retry": {"escalate": ...}` as accepted: factors of 1 mean that budget never grows.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Escalation {
+    pub memory: f64,
+    pub timeout: f64,
+    pub max_memory_mb: u32,
+    pub max_timeout_ms: u64,
+}
+
+impl Eq for Escalation {}
 
 /// A job as accepted, written before the API answers 202.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +128,26 @@ pub struct AttemptRecord {
     pub start_us: u64,
     pub end_us: Option<u64>,
     /// None: it never ended (its job ended first and nothing reported it).
+    pub outcome: Option<AttemptOutcome>,
+    pub speculative: bool,
+    /// The memory and time it ran with (an escalated retry's are more than the job's).
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    /// What it used, as its executor measured it; none when it never reported.
+    pub usage: Option<Usage>,
+    /// What a deterministic job's attempt ran, by digest.
+    pub pins: Option<Pins>,
+}
+
+/// [`AttemptRecord`] as the table `job_attempts.v1` holds it (before usage and budgets
+/// were kept): read where a data dir has no `job_attempts.v2` value for a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecordV1 {
+    pub task: u32,
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    pub start_us: u64,
+    pub end_us: Option<u64>,
     pub outcome: Option<AttemptOutcome>,
     pub speculative: bool,
 }

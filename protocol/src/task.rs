@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::usage::Usage;
+
 use crate::defaults;
 use crate::ids::{Digest, JobId, TaskId};
 
@@ -29,6 +31,31 @@ pub struct JobTemplate {
     /// The job's env, under each task's own. The executor adds the `FLINT_*` variables.
     pub env: Vec<(String, String)>,
     pub resources: Resources,
+    /// Set for a job submitted with `"deterministic": true`: its guests get a virtual
+    /// clock, a random source seeded from this, and no ambient environment.
+    pub determinism: Option<Determinism>,
+}
+
+/// A deterministic job's one source of variety: its seed (the job's `"seed"`, or one the
+/// driver drew and recorded). Each task's random source is seeded from it and the task's
+/// index ([`Determinism::task_seed`]), so that tasks differ from each other and every
+/// attempt of a task sees the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Determinism {
+    pub seed: u64,
+}
+
+impl Determinism {
+    /// The seed of task `index`'s random source: SHA-256 over a fixed label, the job's
+    /// seed and the index, so that no two tasks of a job share a stream.
+    pub fn task_seed(&self, index: u32) -> [u8; 32] {
+        use sha2::{Digest as _, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(b"flint deterministic task seed v1\0");
+        hash.update(self.seed.to_le_bytes());
+        hash.update(index.to_le_bytes());
+        hash.finalize().into()
+    }
 }
 
 /// One attempt of one task on the wire: its job's template by key, and what is the
@@ -49,6 +76,9 @@ pub struct TaskLaunch {
     /// The task's env, over the job's.
     pub env: Vec<(String, String)>,
     pub input: TaskInput,
+    /// This attempt's budget when it is not the job's: a retry that escalated its memory
+    /// or time after a `memory_limit` or `timeout` failure (`"retry": {"escalate": ...}`).
+    pub resources: Option<Resources>,
 }
 
 /// Everything an executor needs to run one attempt of one task (Spark's
@@ -65,12 +95,15 @@ pub struct TaskDescription {
     /// The task's own env, over the job's.
     pub env: Vec<(String, String)>,
     pub input: TaskInput,
+    /// What this attempt may use: the launch's own budget, else the job's.
+    pub resources: Resources,
 }
 
 impl TaskDescription {
     /// `launch` joined with its job's template (`launch.job == job.key`).
     pub fn new(job: Arc<JobTemplate>, launch: TaskLaunch) -> Self {
         debug_assert_eq!(job.key, launch.job);
+        let resources = launch.resources.unwrap_or(job.resources);
         TaskDescription {
             task: TaskId {
                 job: job.job.clone(),
@@ -82,6 +115,7 @@ impl TaskDescription {
             args: launch.args,
             env: launch.env,
             input: launch.input,
+            resources,
         }
     }
 }
@@ -258,6 +292,22 @@ pub struct TaskEnd {
     pub log: Vec<u8>,
     /// True when the log was cut at the cap.
     pub log_truncated: bool,
+    /// What the attempt used, as far as it got.
+    pub usage: Usage,
+    /// For a deterministic job, the digests of exactly what the attempt ran: none when
+    /// it never got as far as having them (its module failed to fetch, say).
+    pub pins: Option<Box<Pins>>,
+}
+
+/// The digests of what a deterministic attempt ran: URLs resolved to the bytes the
+/// executor fetched, so that the record names bytes, not places.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pins {
+    pub module: Digest,
+    /// The job's files, in the order of [`JobTemplate::files`].
+    pub files: Vec<Digest>,
+    /// The task's whole stdin.
+    pub input: Digest,
 }
 
 /// A successful task's stdout: inline up to the inline limit, else a block in the block

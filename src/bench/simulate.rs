@@ -118,6 +118,8 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
                             outcome: Ok(TaskResult::Inline(Vec::new())),
                             log: Vec::new(),
                             log_truncated: false,
+                            usage: Default::default(),
+                            pins: None,
                         },
                     };
                     if task_time.is_zero() {

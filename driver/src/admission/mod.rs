@@ -20,6 +20,7 @@ use crate::store::blobs::ModuleInfo;
 
 pub mod guest_env;
 pub mod inputs;
+mod options;
 
 use guest_env::GuestStringError;
 use inputs::{InputBudget, block_fetch, ready_result, results_input};
@@ -112,10 +113,14 @@ pub fn check_schedulable(
     max_cores: Option<u32>,
     any_meters_fuel: bool,
 ) -> Result<(), Rejection> {
-    if max_cores.is_some() && job.def.resources.fuel.is_some() && !any_meters_fuel {
+    if max_cores.is_some() && job.def.needs_fuel() && !any_meters_fuel {
+        let why = match job.def.resources.fuel {
+            Some(_) => "tasks have a fuel budget",
+            None => "the job asks for exact accounting (fuel)",
+        };
         return Err(Rejection::new(
             "unschedulable",
-            "tasks have a fuel budget but no executor meters fuel (start executors with --fuel)",
+            format!("{why} but no executor meters fuel (start executors with --fuel)"),
         ));
     }
     if let Some(max) = max_cores
@@ -265,6 +270,13 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
     let max_result_bytes = spec
         .max_result_bytes
         .unwrap_or(defaults::JOB_MAX_RESULT_BYTES);
+    let options = options::of(
+        spec.deterministic,
+        spec.seed,
+        spec.accounting,
+        spec.retry.as_ref(),
+        &resources,
+    )?;
     let name = spec.name.unwrap_or_else(|| "job".into());
     let def = JobDef {
         id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
@@ -279,6 +291,7 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
         created_at_ms: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        options,
     };
     Ok(NewJob { def, tasks })
 }

@@ -21,7 +21,7 @@ use super::error::{ApiError, ApiResult};
 use crate::scheduler::Task;
 use crate::service::{Driver, IdempotencyKey, ListError, Submitted};
 use crate::store::JobFilter;
-use crate::views::{TIMELINE_PAGE, task_view, timeline_view};
+use crate::views::{TIMELINE_PAGE, task_views, timeline_view};
 
 /// The header that makes a submission safe to retry.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -323,7 +323,7 @@ pub(super) async fn list_tasks(
     driver
         .job(&id, |job| {
             let end = job.tasks.len().min(first.saturating_add(limit));
-            let items: Vec<TaskView> = (first.min(end)..end).map(|i| task_view(job, i)).collect();
+            let items: Vec<TaskView> = task_views(job, first.min(end)..end);
             let next = (end < job.tasks.len()).then(|| (end - 1).to_string());
             axum::Json(List { items, next })
         })?

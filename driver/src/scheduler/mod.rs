@@ -15,12 +15,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskStatus,
+    ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskStatus, Usage,
 };
 
 use exclusion::excluded_for_task;
 use policy::{Demand, Offer};
 
+pub mod escalation;
 pub mod exclusion;
 mod executors;
 pub mod latency;
@@ -57,6 +58,10 @@ pub struct ClusterState {
     wall: SystemTime,
     /// Every attempt's launch-to-status time.
     pub launch_to_status: latency::LatencyHistogram,
+    /// What every attempt that reported its end used, summed since the driver started
+    /// (`/metrics`), and how many those were.
+    pub usage: Usage,
+    pub attempts_measured: u64,
 }
 
 impl ClusterState {
@@ -82,6 +87,8 @@ impl ClusterState {
             now,
             wall,
             launch_to_status: latency::LatencyHistogram::default(),
+            usage: Usage::default(),
+            attempts_measured: 0,
         }
     }
 
@@ -227,6 +234,9 @@ impl ClusterState {
                 attempt_executors: Vec::new(),
                 attempt_executor_at: FastMap::default(),
                 rebuilt: Vec::new(),
+                usage: Usage::default(),
+                budgets: FastMap::default(),
+                pins: FastMap::default(),
             },
         );
     }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    Digest, ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskInput,
-    TaskLaunch, TaskResult,
+    Digest, ExecutorId, FailureKind, JobId, JobTemplate, Pins, Resources, TaskFailure, TaskId,
+    TaskInput, TaskLaunch, TaskResult, Usage,
 };
 
 use flint_protocol::exit::ProcessExit;
@@ -213,6 +213,13 @@ pub struct Job {
     /// from its task's times, ahead of the spans. Set once, when the job is read back
     /// (see [`Job::note_rebuilt`]); a task that ends later has a span.
     pub(crate) rebuilt: Vec<u32>,
+    /// What its attempts used, summed as they end (see [`Usage::add`]).
+    pub usage: Usage,
+    /// Escalated budgets by task (`"retry": {"escalate": ...}`): a map, not a field of
+    /// every task, because escalation is rare and a million pending tasks pay per field.
+    pub(crate) budgets: FastMap<u32, Resources>,
+    /// What each attempt of a deterministic job ran, by digest, by its span's index.
+    pub pins: FastMap<u32, Pins>,
 }
 
 /// One attempt of a task, from its launch to its end. About 40 bytes: a job keeps one
@@ -229,6 +236,11 @@ pub struct AttemptSpan {
     pub start_us: u64,
     pub end_us: Option<u64>,
     pub outcome: Option<Outcome>,
+    /// The memory and time it was launched with (escalated retries get more).
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    /// What it used, as its executor reported (none if it never reported).
+    pub usage: Option<Usage>,
 }
 
 /// How an attempt ended.
@@ -309,25 +321,35 @@ impl Job {
                 at
             }
         };
+        let task = &self.tasks[index as usize];
+        let budget = self.budget(index);
         self.attempts.push(AttemptSpan {
             task: index,
-            attempt: self.tasks[index as usize].attempts,
+            attempt: task.attempts,
             executor: at,
             speculative,
             start_us: unix_us(now),
             end_us: None,
             outcome: None,
+            memory_mb: budget.memory_mb,
+            timeout_ms: budget.timeout_ms,
+            usage: None,
         });
         (self.attempts.len() - 1) as u32
     }
 
-    /// Closes an attempt's span; the executor's own times (when it reported them)
-    /// replace the driver's.
+    /// What task `index`'s next attempt may use: its escalated budget, else the job's.
+    pub fn budget(&self, index: u32) -> Resources {
+        *self.budgets.get(&index).unwrap_or(&self.def.resources)
+    }
+
+    /// Closes an attempt's span; the executor's own times and usage (when it reported
+    /// them) replace the driver's.
     pub(crate) fn close_span(
         &mut self,
         span: u32,
         outcome: Outcome,
-        times: Option<(u64, u64)>,
+        reported: Option<(u64, u64, Usage)>,
         now: SystemTime,
     ) {
         let Some(span) = self.attempts.get_mut(span as usize) else {
@@ -336,13 +358,17 @@ impl Job {
         if span.end_us.is_some() {
             return;
         }
-        match times {
+        match reported {
             // A guest that never started (a fetch failed) reports zeros.
-            Some((start, end)) if start > 0 && end >= start => {
+            Some((start, end, _)) if start > 0 && end >= start => {
                 span.start_us = start;
                 span.end_us = Some(end);
             }
             _ => span.end_us = Some(unix_us(now).max(span.start_us)),
+        }
+        if let Some((_, _, usage)) = reported {
+            span.usage = Some(usage);
+            self.usage.add(&usage);
         }
         span.outcome = Some(outcome);
     }

@@ -180,7 +180,7 @@ impl ClusterState {
                     cores: job.def.resources.cores,
                     count: job.pending.len(),
                     constrained,
-                    needs_fuel: job.def.resources.fuel.is_some(),
+                    needs_fuel: job.def.needs_fuel(),
                     cold_allowed: cold_allowed || (!warm.contains(&true) && !warm_elsewhere),
                     warm_elsewhere,
                     warm,
@@ -442,6 +442,7 @@ fn template(job: &Job) -> JobTemplate {
         args: job.def.args.clone(),
         env: job.def.env.clone(),
         resources: job.def.resources,
+        determinism: job.def.options.determinism,
     }
 }
 
@@ -455,5 +456,7 @@ fn launch(job: &Job, index: u32, generation: u64) -> TaskLaunch {
         args: task.args.clone(),
         env: task.env.clone(),
         input: task.input.clone(),
+        // An escalated retry's budget; the job's goes with the job's template.
+        resources: job.budgets.get(&index).copied(),
     }
 }

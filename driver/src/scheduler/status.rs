@@ -88,8 +88,15 @@ impl ClusterState {
             }
             Err(f) => Outcome::Failed(f.kind),
         };
-        let times = (status.end.started_at_us, status.end.finished_at_us);
-        job.close_span(running.span, outcome, Some(times), now);
+        let usage = status.end.usage;
+        self.usage.add(&usage);
+        self.attempts_measured += 1;
+        let reported = (status.end.started_at_us, status.end.finished_at_us, usage);
+        job.close_span(running.span, outcome, Some(reported), now);
+        let mut status = status;
+        if let Some(pins) = status.end.pins.take() {
+            job.pins.insert(running.span, *pins);
+        }
         let run = status
             .end
             .finished_at_us
@@ -97,6 +104,17 @@ impl ClusterState {
         // A short memory (weight 0.2 for the newest): a job whose tasks slow down stops
         // queueing deep within a few ends.
         job.run_time_us = Some(job.run_time_us.map_or(run, |avg| avg + 0.2 * (run - avg)));
+        // What the next attempt gets after running out of memory or time, when the job
+        // escalates (None: it fails as before).
+        let escalated = match (&status.end.outcome, job.def.options.escalate) {
+            (Err(failure), Some(policy)) => escalation::next_budget(
+                &policy,
+                failure.kind,
+                job.budget(status.task.index),
+                usage.peak_memory_bytes,
+            ),
+            _ => None,
+        };
         let task = &mut job.tasks[status.task.index as usize];
         let actions = out;
         // A killed task's times and log are its last attempt's; a succeeded or failed
@@ -232,6 +250,31 @@ impl ClusterState {
                         kind: failure.map_or("host_error", |f| f.kind.as_str()).into(),
                         message: failure.map_or(String::new(), |f| f.message.clone()),
                     };
+                    actions.push(requeued(job, status.task.index, why));
+                    if !self.queue.contains(&job.def.id) {
+                        self.queue.push_back(job.def.id.clone());
+                    }
+                }
+            }
+            Err(failure)
+                if escalated.is_some() && task.host_failures + 1 < job.def.max_failures =>
+            {
+                // The guest's own failure, but one a bigger budget may cure: retried with
+                // it, counted against max_failures like a host's.
+                task.host_failures += 1;
+                let next = escalated.expect("checked in the guard");
+                task.failure = Some(failure.clone());
+                let why = ErrorBody {
+                    kind: failure.kind.as_str().into(),
+                    message: format!(
+                        "{}; retrying with {} MiB and {} ms",
+                        failure.message, next.memory_mb, next.timeout_ms
+                    ),
+                };
+                job.budgets.insert(status.task.index, next);
+                if !copy_running {
+                    job.requeue(status.task.index, false);
+                    put_back = true;
                     actions.push(requeued(job, status.task.index, why));
                     if !self.queue.contains(&job.def.id) {
                         self.queue.push_back(job.def.id.clone());

@@ -65,7 +65,8 @@ pub fn job_summary(job: &Job) -> JobSummaryRecord {
 pub fn attempt_records(job: &Job) -> Vec<AttemptRecord> {
     job.attempts
         .iter()
-        .map(|s| AttemptRecord {
+        .enumerate()
+        .map(|(at, s)| AttemptRecord {
             task: s.task,
             attempt: s.attempt,
             executor: job.attempt_executors[s.executor as usize].clone(),
@@ -73,6 +74,10 @@ pub fn attempt_records(job: &Job) -> Vec<AttemptRecord> {
             end_us: s.end_us,
             outcome: s.outcome,
             speculative: s.speculative,
+            memory_mb: s.memory_mb,
+            timeout_ms: s.timeout_ms,
+            usage: s.usage,
+            pins: job.pins.get(&(at as u32)).cloned(),
         })
         .collect()
 }
@@ -98,7 +103,16 @@ fn restore_attempts(job: &mut Job, records: Vec<AttemptRecord>) {
             start_us: r.start_us,
             end_us: r.end_us,
             outcome: r.outcome,
+            memory_mb: r.memory_mb,
+            timeout_ms: r.timeout_ms,
+            usage: r.usage,
         });
+        if let Some(usage) = &r.usage {
+            job.usage.add(usage);
+        }
+        if let Some(pins) = r.pins {
+            job.pins.insert(job.attempts.len() as u32 - 1, pins);
+        }
     }
 }
 

@@ -24,6 +24,29 @@ pub(super) struct JobFiles {
     _pins: Vec<Fetched>,
 }
 
+impl JobFiles {
+    /// The digests of the job's files, in the job's order.
+    pub(super) fn digests(&self) -> Vec<Digest> {
+        self._pins.iter().map(|f| f.digest).collect()
+    }
+}
+
+/// Gives a deterministic job's files, and their directory, the virtual clock's epoch as
+/// their access and modification times: a guest's `fd_filestat_get` reads no host time.
+fn fixed_times(dir: &std::path::Path, files: &[flint_protocol::FileRef]) -> std::io::Result<()> {
+    let epoch = std::time::UNIX_EPOCH + crate::sandbox::EPOCH;
+    let times = std::fs::FileTimes::new()
+        .set_accessed(epoch)
+        .set_modified(epoch);
+    for file in files {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join(&file.name))?
+            .set_times(times)?;
+    }
+    std::fs::File::open(dir)?.set_times(times)
+}
+
 impl Drop for JobFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -142,12 +165,21 @@ impl TaskRunner {
                     .await?;
                 // The driver checked the name: one path component, never `.` or `..`.
                 let target = dir.join(&file.name);
-                if tokio::fs::hard_link(&fetched.path, &target).await.is_err() {
+                // A deterministic job's files get fixed times (below): a copy of their
+                // own, so that the cache's blob keeps its own.
+                let link = match desc.job.determinism {
+                    None => tokio::fs::hard_link(&fetched.path, &target).await,
+                    Some(_) => Err(std::io::ErrorKind::Unsupported.into()),
+                };
+                if link.is_err() {
                     tokio::fs::copy(&fetched.path, &target)
                         .await
                         .map_err(|e| host("copying a file into", e))?;
                 }
                 pins.push(fetched);
+            }
+            if desc.job.determinism.is_some() {
+                fixed_times(&dir, &desc.job.files).map_err(|e| host("fixing the times of", e))?;
             }
             Ok(Arc::new(JobFiles { dir, _pins: pins }))
         })
@@ -188,8 +220,30 @@ impl TaskRunner {
             self.fetch_misses.fetch_add(1, Ordering::Relaxed);
             self.bytes_fetched
                 .fetch_add(fetched.size, Ordering::Relaxed);
+            super::count_fetched(fetched.size);
         }
         Ok(fetched)
+    }
+
+    /// The digest of the module's bytes: the job's, or (a URL without one) what the
+    /// fetch cache holds for it, which is what the task compiled from.
+    pub(super) async fn module_digest(
+        &self,
+        desc: &TaskDescription,
+    ) -> Result<Digest, TaskFailure> {
+        let module = &desc.job.module;
+        if let Some(digest) = module.digest {
+            return Ok(digest);
+        }
+        let fetched = self
+            .fetch(
+                &module.url,
+                module.timestamp_ms,
+                None,
+                trust(module.served_by_driver()),
+            )
+            .await?;
+        Ok(fetched.digest)
     }
 
     pub(super) async fn load_module(

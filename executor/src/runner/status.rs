@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_protocol::{ExecutorMessage, TaskDescription, TaskEnd, TaskFailure, TaskStatus};
+use flint_protocol::{ExecutorMessage, TaskDescription, TaskEnd, TaskFailure, TaskStatus, Usage};
 
 use super::TaskRunner;
+use crate::sandbox::RunReport;
 
 /// Status updates held back while task threads have more work queued, so that a burst
 /// of short tasks wakes the connection's writer once per batch instead of once per task
@@ -29,15 +30,42 @@ const HOLD_MAX: usize = 64;
 const HOLD_FOR: Duration = Duration::from_millis(1);
 
 impl TaskRunner {
+    /// Reports an attempt that ended before its guest ran (killed while queued, its
+    /// module or input not to be had).
+    pub(super) fn report_unrun(
+        &self,
+        desc: TaskDescription,
+        failure: TaskFailure,
+        fetched_bytes: u64,
+        more_queued: bool,
+    ) {
+        let report = RunReport {
+            outcome: Err(failure),
+            log: Vec::new(),
+            log_truncated: false,
+            usage: Usage {
+                fetched_bytes,
+                ..Usage::default()
+            },
+            pins: None,
+        };
+        self.report(desc, 0, report, more_queued)
+    }
+
     pub(super) fn report(
         &self,
         desc: TaskDescription,
         started_at_us: u64,
-        outcome: Result<flint_protocol::TaskResult, TaskFailure>,
-        log: Vec<u8>,
-        log_truncated: bool,
+        report: RunReport,
         more_queued: bool,
     ) {
+        let RunReport {
+            outcome,
+            log,
+            log_truncated,
+            usage,
+            pins,
+        } = report;
         {
             let mut attempts = self.lock_attempts();
             if let Some(held) = attempts.get_mut(&desc.task) {
@@ -66,6 +94,8 @@ impl TaskRunner {
                 outcome,
                 log,
                 log_truncated,
+                usage,
+                pins,
             },
         };
         let message = ExecutorMessage::StatusUpdate(status);

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ErrorBody;
 use crate::ids::{ExecutorId, JobId};
+use crate::task::Usage;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -132,6 +133,14 @@ pub struct JobView {
     pub tasks: u32,
     pub counts: TaskCounts,
     pub error: Option<ErrorBody>,
+    /// What its attempts used, summed (`peak_memory_bytes` is the largest of any one):
+    /// none when no attempt has reported, and in job listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// A deterministic job's seed (given, or drawn and recorded at submission); none
+    /// for other jobs, and in job listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +164,48 @@ pub struct TaskView {
     /// attempt started and ended.
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// What its attempts used, summed (`peak_memory_bytes`: the largest of any one);
+    /// none until one has reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Each attempt, in launch order: its budget, how it ended and what it used. Empty
+    /// for a task that ended before a driver restart while its job ran on (its attempts
+    /// are kept when the job ends).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TaskAttemptView>,
+}
+
+/// One attempt of a task as its task view lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskAttemptView {
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    /// The memory and time limits it ran with: the job's, or more for a retry that
+    /// escalated (`"retry": {"escalate": ...}`). 0 for an attempt stored before budgets
+    /// were kept.
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    /// `succeeded`, a failure kind, `lost`, or none while it runs.
+    pub outcome: Option<String>,
+    pub speculative: bool,
+    /// None while it runs, and for one that never reported (lost with its executor).
+    pub usage: Option<Usage>,
+    /// What a deterministic job's attempt ran, by digest; none for other jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pins: Option<PinsView>,
+}
+
+/// The SHA-256 of exactly what a deterministic attempt ran (`sha256:<hex>` each): URLs
+/// resolved to the bytes the executor fetched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PinsView {
+    pub module: String,
+    /// The job's files, by name.
+    pub files: std::collections::BTreeMap<String, String>,
+    /// The task's whole stdin.
+    pub input: String,
 }
 
 /// `GET /v1/jobs/{id}/timeline`: every attempt of every task, for drawing the job over

@@ -54,7 +54,84 @@ pub struct JobSpec {
     /// Cap on the sum of the job's results (Spark's `maxResultSize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<u64>,
+    /// `"exact"`: count each attempt's wasm work in fuel too (`usage.fuel`); the job
+    /// then runs only on executors that meter fuel (`--fuel`). `"standard"` (the default)
+    /// counts time, memory and bytes, which cost nothing measurable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounting: Option<Accounting>,
+    /// Run every task with a virtual clock (from 2000-01-01T00:00:00Z, moved only by the
+    /// guest's own sleeps), a random source seeded from `seed` and the task's index, no
+    /// `FLINT_JOB_ID` or `FLINT_ATTEMPT`, and its module, files and input pinned by
+    /// digest (each attempt's `pins`): two runs of a task see the same bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deterministic: bool,
+    /// The seed of a deterministic job (drawn and recorded when left out). Only with
+    /// `deterministic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// What a task that fails by running out of memory or time does next: see
+    /// [`RetrySpec`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
 }
+
+/// How much a job's attempts are counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Accounting {
+    #[default]
+    Standard,
+    Exact,
+}
+
+/// How a job retries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate: Option<EscalateSpec>,
+}
+
+/// Retries that learn: a task that failed with `memory_limit` (or `timeout`) runs again
+/// with its memory (or time) multiplied by the factor, from the peak it was seen to
+/// reach where that is more, up to the caps and the cluster's limits. Each attempt's
+/// budget is in the task's `history`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EscalateSpec {
+    /// Factor for memory after `memory_limit`, more than 1 and at most 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Factor>,
+    /// Factor for the time limit after `timeout`, more than 1 and at most 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Factor>,
+    /// The most memory an escalated attempt may have (default: the cluster's largest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_memory_mb: Option<u32>,
+    /// The longest time limit an escalated attempt may have (default: the cluster's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_timeout_ms: Option<u64>,
+}
+
+/// A multiplier. Compared by its bits, so that a spec is `Eq` (the idempotency check
+/// compares specs).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(transparent)]
+pub struct Factor(pub f64);
+
+impl PartialEq for Factor {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Factor {}
 
 /// A job file: an uploaded file's id (`sha256:<hex>`), or a URL the executors fetch
 /// (through their fetch cache and URL policy).

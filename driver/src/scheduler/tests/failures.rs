@@ -175,3 +175,136 @@ fn an_executor_failing_many_tasks_is_excluded_for_a_period() {
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].0, exec(1));
 }
+
+/// The launches in `actions`, with the budget each carries (None: the job's).
+fn budgets(actions: &[Action]) -> Vec<(u32, Option<(u32, u64)>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Launch { launch, .. } => Some((
+                launch.attempt,
+                launch.resources.map(|r| (r.memory_mb, r.timeout_ms)),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn escalating(memory: f64, timeout: f64) -> NewJob {
+    let mut job = job("j", 1, 1);
+    job.def.resources.memory_mb = 128;
+    job.def.resources.timeout_ms = 1_000;
+    job.def.max_failures = 4;
+    job.def.options.escalate = Some(flint_protocol::records::Escalation {
+        memory,
+        timeout,
+        max_memory_mb: 512,
+        max_timeout_ms: 2_500,
+    });
+    job
+}
+
+fn failed(kind: FailureKind, peak_memory_bytes: u64) -> TaskStatus {
+    let mut s = status("j", 0, 0, Err(TaskFailure::new(kind, "over")));
+    s.end.usage.peak_memory_bytes = peak_memory_bytes;
+    s
+}
+
+/// Reports `status` for the attempt `placed` and returns the actions.
+fn end_with(state: &mut ClusterState, attempt: u32, mut s: TaskStatus) -> Vec<Action> {
+    let generation = generation_of(state, &exec(1));
+    s.attempt = attempt;
+    report(state, &exec(1), generation, s, SystemTime::UNIX_EPOCH)
+}
+
+#[test]
+fn a_task_out_of_memory_retries_with_its_memory_doubled_up_to_the_cap_then_fails() {
+    let (mut state, _) = cluster(1, 1);
+    let first = state.submit_job(escalating(2.0, 1.0));
+    assert_eq!(
+        budgets(&first),
+        [(1, None)],
+        "the first attempt has the job's"
+    );
+    let second = end_with(&mut state, 1, failed(FailureKind::MemoryLimit, 128 << 20));
+    assert_eq!(budgets(&second), [(2, Some((256, 1_000)))]);
+    let third = end_with(&mut state, 2, failed(FailureKind::MemoryLimit, 256 << 20));
+    assert_eq!(budgets(&third), [(3, Some((512, 1_000)))]);
+    // At the cap (512): no bigger budget to give, so the task fails.
+    let after = end_with(&mut state, 3, failed(FailureKind::MemoryLimit, 512 << 20));
+    assert!(budgets(&after).is_empty());
+    let job = &state.jobs[&JobId("j".into())];
+    assert_eq!(job.state, JobState::Failed);
+    let budgets: Vec<(u32, u32)> = job
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.memory_mb))
+        .collect();
+    assert_eq!(
+        budgets,
+        [(1, 128), (2, 256), (3, 512)],
+        "each attempt's budget kept"
+    );
+}
+
+#[test]
+fn a_task_that_times_out_retries_with_more_time_and_succeeds() {
+    let (mut state, _) = cluster(1, 1);
+    state.submit_job(escalating(1.0, 2.0));
+    let second = end_with(&mut state, 1, failed(FailureKind::Timeout, 0));
+    assert_eq!(budgets(&second), [(2, Some((128, 2_000)))]);
+    let third = end_with(&mut state, 2, failed(FailureKind::Timeout, 0));
+    assert_eq!(
+        budgets(&third),
+        [(3, Some((128, 2_500)))],
+        "held to max_timeout_ms"
+    );
+    end_with(&mut state, 3, status("j", 0, 3, Ok(())));
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Succeeded);
+}
+
+#[test]
+fn escalation_is_bounded_by_max_failures_and_cures_nothing_else() {
+    let (mut state, _) = cluster(1, 1);
+    let mut job = escalating(2.0, 2.0);
+    job.def.options.escalate.as_mut().unwrap().max_memory_mb = 4096;
+    job.def.max_failures = 2;
+    state.submit_job(job);
+    let second = end_with(&mut state, 1, failed(FailureKind::MemoryLimit, 0));
+    assert_eq!(budgets(&second), [(2, Some((256, 1_000)))]);
+    // Two attempts are all max_failures allows, however much memory is left to give.
+    assert!(
+        budgets(&end_with(
+            &mut state,
+            2,
+            failed(FailureKind::MemoryLimit, 0)
+        ))
+        .is_empty()
+    );
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Failed);
+
+    // A guest's other failures are not retried, escalation or not.
+    let (mut state, _) = cluster(1, 1);
+    state.submit_job(escalating(2.0, 2.0));
+    assert!(budgets(&end_with(&mut state, 1, failed(FailureKind::Exit, 0))).is_empty());
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Failed);
+
+    // Without escalation, running out of memory fails the task at once.
+    let (mut state, _) = cluster(1, 1);
+    state.submit_job(job_without_escalation());
+    assert!(
+        budgets(&end_with(
+            &mut state,
+            1,
+            failed(FailureKind::MemoryLimit, 0)
+        ))
+        .is_empty()
+    );
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Failed);
+}
+
+fn job_without_escalation() -> NewJob {
+    let mut job = escalating(2.0, 2.0);
+    job.def.options.escalate = None;
+    job
+}

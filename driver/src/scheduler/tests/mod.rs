@@ -33,6 +33,7 @@ pub(crate) fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
             },
             max_failures: 3,
             max_result_bytes: u64::MAX,
+            options: Default::default(),
             created_at_ms: 0,
         },
         tasks: (0..tasks)
@@ -71,6 +72,8 @@ fn status(job: &str, index: u32, attempt: u32, outcome: Result<(), TaskFailure>)
             outcome: outcome.map(|()| TaskResult::Inline(b"ok".to_vec())),
             log: vec![],
             log_truncated: false,
+            usage: Default::default(),
+            pins: None,
         },
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
-    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+    AttemptRecord, AttemptRecordV1, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
 };
 use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
@@ -40,8 +40,8 @@ use read::read_job;
 use rows::{delete_job, insert_job};
 use schema::LAYOUT;
 use schema::{
-    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS, JOBS, META,
-    NEXT_SEQUENCE, SUMMARIES, blob_key, create_tables, state_code,
+    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
+    JOB_ATTEMPTS_V1, JOBS, META, NEXT_SEQUENCE, SUMMARIES, blob_key, create_tables, state_code,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -232,13 +232,42 @@ impl JobStore {
     /// job stored without them (still running, or finished before they were kept).
     pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
         let txn = self.db.get()?.begin_read().map_err(db_error)?;
-        let table = match txn.open_table(JOB_ATTEMPTS) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(db_error(e)),
+        let value =
+            |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
+                match txn.open_table(table) {
+                    Ok(table) => Ok(table
+                        .get(id.0.as_str())
+                        .map_err(db_error)?
+                        .map(|v| v.value().to_vec())),
+                    Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+                    Err(e) => Err(db_error(e)),
+                }
+            };
+        if let Some(bytes) = value(JOB_ATTEMPTS)? {
+            return Ok(Some(postcard::from_bytes(&bytes)?));
+        }
+        let Some(bytes) = value(JOB_ATTEMPTS_V1)? else {
+            return Ok(None);
         };
-        let value = table.get(id.0.as_str()).map_err(db_error)?;
-        Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
+        let old: Vec<AttemptRecordV1> = postcard::from_bytes(&bytes)?;
+        Ok(Some(
+            old.into_iter()
+                .map(|a| AttemptRecord {
+                    task: a.task,
+                    attempt: a.attempt,
+                    executor: a.executor,
+                    start_us: a.start_us,
+                    end_us: a.end_us,
+                    outcome: a.outcome,
+                    speculative: a.speculative,
+                    // Not kept then.
+                    memory_mb: 0,
+                    timeout_ms: 0,
+                    usage: None,
+                    pins: None,
+                })
+                .collect(),
+        ))
     }
 
     /// Whether the write numbered `write` (and every one before it) is committed.

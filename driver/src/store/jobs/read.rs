@@ -8,7 +8,7 @@ use flint_protocol::records::{JobRecord, JobSummaryRecord, TaskEndRecord};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::rows::queued_summary;
-use super::schema::{JOB_ENDS, JOBS, TASK_ENDS};
+use super::schema::{JOB_ENDS, JOB_OPTIONS, JOBS, TASK_ENDS};
 use super::{StoreError, StoredJob, db_error};
 
 /// A job's record, task ends (the latest end of each task) and end, as committed.
@@ -16,12 +16,25 @@ pub(super) fn read_job(
     txn: &redb::ReadTransaction,
     id: &str,
 ) -> Result<Option<StoredJob>, StoreError> {
-    read_job_from(
+    let Some(mut stored) = read_job_from(
         &txn.open_table(JOBS).map_err(db_error)?,
         &txn.open_table(TASK_ENDS).map_err(db_error)?,
         &txn.open_table(JOB_ENDS).map_err(db_error)?,
         id,
-    )
+    )?
+    else {
+        return Ok(None);
+    };
+    // A data dir from before the table has no options for any job: the defaults.
+    let options = match txn.open_table(JOB_OPTIONS) {
+        Ok(table) => table.get(id).map_err(db_error)?.map(|v| v.value().to_vec()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(db_error(e)),
+    };
+    if let Some(bytes) = options {
+        stored.job.def.options = postcard::from_bytes(&bytes)?;
+    }
+    Ok(Some(stored))
 }
 
 /// [`read_job`] within a write transaction (the migration's).

@@ -10,7 +10,8 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
     BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ENDS, JOB_KEYS, JOBS, SUMMARIES, TASK_ENDS, blob_key, state_code,
+    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOBS, SUMMARIES, TASK_ENDS, blob_key,
+    state_code,
 };
 use super::{Deleted, StoreError, db_error};
 
@@ -56,6 +57,13 @@ pub(super) fn insert_job(
         .map_err(db_error)?
         .insert(id, bytes.as_slice())
         .map_err(db_error)?;
+    if !job.def.options.is_default() {
+        let options = postcard::to_stdvec(&job.def.options)?;
+        txn.open_table(JOB_OPTIONS)
+            .map_err(db_error)?
+            .insert(id, options.as_slice())
+            .map_err(db_error)?;
+    }
     if let Some((key, spec)) = key {
         txn.open_table(IDEMPOTENCY_KEYS)
             .map_err(db_error)?
@@ -192,10 +200,12 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
         .map_err(db_error)?
         .remove(id)
         .map_err(db_error)?;
-    txn.open_table(JOB_ATTEMPTS)
-        .map_err(db_error)?
-        .remove(id)
-        .map_err(db_error)?;
+    for table in [JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_OPTIONS] {
+        txn.open_table(table)
+            .map_err(db_error)?
+            .remove(id)
+            .map_err(db_error)?;
+    }
     txn.open_table(BY_CREATED)
         .map_err(db_error)?
         .remove((created, id))

@@ -29,8 +29,17 @@ pub(super) const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("
 /// ended: the timeline of a finished job. Added in layout 5 without a new layout: a
 /// data dir without it has no timelines, and its jobs' timelines are rebuilt from
 /// their task ends.
+/// v2 keeps each attempt's budget and usage; a job stored with only a v1 value is read
+/// from it, with neither.
 pub(super) const JOB_ATTEMPTS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("job_attempts.v2");
+pub(super) const JOB_ATTEMPTS_V1: TableDefinition<&str, &[u8]> =
     TableDefinition::new("job_attempts.v1");
+/// Job -> its [`JobOptions`](flint_protocol::records::JobOptions), for a job that asked
+/// for any (exact accounting, escalated retries): written with the job, read whenever it
+/// is, deleted with it. Added in layout 5 without a new layout: a job without a value
+/// here has the defaults.
+pub(super) const JOB_OPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_options.v1");
 /// Idempotency keys: key -> (the SHA-256 of the canonical spec the key was given with,
 /// the job it made). Written in the job's own transaction, so a job and its key are
 /// stored together or not at all.
@@ -79,6 +88,7 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     }
     txn.open_table(TASK_ENDS).map_err(db_error)?;
     txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
+    txn.open_table(JOB_OPTIONS).map_err(db_error)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;
     txn.open_table(JOB_KEYS).map_err(db_error)?;
     txn.open_table(BY_STATE).map_err(db_error)?;

@@ -277,7 +277,8 @@ fn a_finished_job_is_not_loaded_at_start_but_read_when_asked_for() {
 fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
     let dir = tempfile::tempdir().unwrap();
     let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
-    let gone = record_at("gone", "n", 1);
+    let mut gone = record_at("gone", "n", 1);
+    gone.def.options.exact_accounting = true;
     let spec = Digest::of(b"spec");
     store.put_job(&gone, Some(("key-1", &spec))).unwrap();
     store.put_job(&record_at("kept", "n", 2), None).unwrap();
@@ -303,7 +304,8 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
     for table in txn.list_tables().unwrap() {
         let name = table.name().to_owned();
         let found = match name.as_str() {
-            "jobs.v3" | "job_ends.v3" | "job_summaries.v1" | "job_attempts.v1" => txn
+            "jobs.v3" | "job_ends.v3" | "job_summaries.v1" | "job_attempts.v1"
+            | "job_attempts.v2" | "job_options.v1" => txn
                 .open_table(TableDefinition::<&str, &[u8]>::new(&name))
                 .unwrap()
                 .get("gone")
@@ -650,6 +652,18 @@ fn attempt(task: u32, attempt: u32) -> AttemptRecord {
         end_us: Some(20),
         outcome: Some(flint_protocol::records::AttemptOutcome::Succeeded),
         speculative: attempt > 1,
+        memory_mb: 128 * attempt,
+        timeout_ms: 1_000,
+        usage: Some(flint_protocol::Usage {
+            cpu_us: u64::from(task),
+            fuel: (attempt > 1).then_some(5),
+            ..Default::default()
+        }),
+        pins: (task == 1).then(|| flint_protocol::Pins {
+            module: Digest::of(b"m"),
+            files: vec![Digest::of(b"f")],
+            input: Digest::of(b"i"),
+        }),
     }
 }
 
@@ -672,4 +686,71 @@ fn a_finished_jobs_attempts_come_back_after_a_reopen_and_none_for_a_job_not_stor
     let store = reopen(store, &path);
     assert_eq!(store.attempts(&id).unwrap(), Some(attempts));
     assert_eq!(store.attempts(&never).unwrap(), None);
+}
+
+#[test]
+fn a_jobs_options_are_stored_beside_it_and_a_job_without_any_has_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let mut asked = record_at("asked", "a", 1);
+    asked.def.options = flint_protocol::records::JobOptions {
+        exact_accounting: true,
+        escalate: Some(flint_protocol::records::Escalation {
+            memory: 2.0,
+            timeout: 1.0,
+            max_memory_mb: 1024,
+            max_timeout_ms: 60_000,
+        }),
+        determinism: Some(flint_protocol::Determinism { seed: 7 }),
+    };
+    store.put_job(&asked, None).unwrap();
+    store.put_job(&record_at("plain", "a", 2), None).unwrap();
+    let store = reopen(store, &path);
+    let job = |id: &str| store.job(&JobId(id.into())).unwrap().unwrap().job;
+    assert_eq!(job("asked").def.options, asked.def.options);
+    assert!(job("plain").def.options.is_default());
+    // A live job comes back with them at start too (the scheduler escalates from them).
+    let loaded = store.load().unwrap().jobs;
+    let asked_loaded = loaded.iter().find(|j| j.job.def.id.0 == "asked").unwrap();
+    assert_eq!(asked_loaded.job.def.options, asked.def.options);
+    let txn = store.db.get().unwrap().begin_read().unwrap();
+    let options = txn.open_table(JOB_OPTIONS).unwrap();
+    assert!(
+        options.get("plain").unwrap().is_none(),
+        "no row for the defaults"
+    );
+}
+
+#[test]
+fn attempts_stored_before_usage_was_kept_are_read_from_the_old_table_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    store.put_job(&record_at("old", "a", 1), None).unwrap();
+    let old = vec![flint_protocol::records::AttemptRecordV1 {
+        task: 0,
+        attempt: 1,
+        executor: flint_protocol::ExecutorId("exec-1".into()),
+        start_us: 10,
+        end_us: Some(20),
+        outcome: Some(flint_protocol::records::AttemptOutcome::Succeeded),
+        speculative: false,
+    }];
+    {
+        let db = store.db.get().unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(JOB_ATTEMPTS_V1)
+            .unwrap()
+            .insert("old", postcard::to_stdvec(&old).unwrap().as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let read = store.attempts(&JobId("old".into())).unwrap().unwrap();
+    assert_eq!(read.len(), 1);
+    assert_eq!((read[0].task, read[0].end_us), (0, Some(20)));
+    assert_eq!((read[0].memory_mb, read[0].usage), (0, None));
+    // Deleting the job takes the old row too.
+    store.delete_job(&JobId("old".into())).unwrap().unwrap();
+    assert_eq!(store.attempts(&JobId("old".into())).unwrap(), None);
 }

@@ -1,0 +1,144 @@
+//! End to end on a real `flint dev`: a deterministic job's guests read a virtual clock
+//! and seeded random bytes, so two runs of a task write the same bytes; the same job
+//! without the flag does not. Each attempt records the digests of what it ran.
+
+mod common;
+
+use common::{DevCluster, guests, spec};
+use serde_json::{Value, json};
+
+/// A p1 command that writes 40 bytes: the realtime and monotonic clocks, 16 bytes of
+/// `random_get`, and the monotonic clock again after a 2 s sleep in `poll_oneoff`.
+const PROBE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 1024)))
+    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1032)))
+    (drop (call $random (i32.const 1040) (i32.const 16)))
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 2000000000))
+    (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
+    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1056)))
+    (i32.store (i32.const 200) (i32.const 1024))
+    (i32.store (i32.const 204) (i32.const 40))
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#;
+
+fn results(cluster: &DevCluster, job: &Value) -> Vec<Vec<u8>> {
+    assert_eq!(job["state"], "succeeded", "{job}");
+    (0..job["tasks"].as_u64().unwrap())
+        .map(|i| cluster.result(job, i))
+        .collect()
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn two_deterministic_runs_read_the_same_clocks_and_random_bytes_and_plain_runs_do_not() {
+    let cluster = DevCluster::start(2, 1);
+    let probe = cluster.upload_wat(PROBE);
+    let mut job = spec(&probe, &[], &["a", "b"]);
+    let plain = [
+        results(&cluster, &cluster.run_job(job.clone())),
+        results(&cluster, &cluster.run_job(job.clone())),
+    ];
+    assert_ne!(
+        plain[0][0], plain[1][0],
+        "the host's clock and entropy differ per run"
+    );
+
+    job["deterministic"] = json!(true);
+    job["seed"] = json!(42);
+    let first = cluster.run_job(job.clone());
+    assert_eq!(first["seed"], 42);
+    let runs = [
+        results(&cluster, &first),
+        results(&cluster, &cluster.run_job(job.clone())),
+    ];
+    assert_eq!(
+        runs[0], runs[1],
+        "the same bytes, task by task, whichever executor"
+    );
+    let task0 = &runs[0][0];
+    assert_eq!(
+        u64_at(task0, 0),
+        946_684_800_000_000_000,
+        "2000-01-01T00:00:00Z"
+    );
+    assert_eq!(u64_at(task0, 8), 0);
+    assert_eq!(
+        u64_at(task0, 32),
+        2_000_000_000,
+        "moved by the guest's 2 s sleep"
+    );
+    assert_ne!(
+        runs[0][0][16..32],
+        runs[0][1][16..32],
+        "each task its own stream"
+    );
+
+    // Another seed, other random bytes; no seed, one drawn and shown, which replays.
+    job["seed"] = json!(43);
+    assert_ne!(
+        results(&cluster, &cluster.run_job(job.clone()))[0][16..32],
+        task0[16..32]
+    );
+    job.as_object_mut().unwrap().remove("seed");
+    let drawn = cluster.run_job(job.clone());
+    let seed = drawn["seed"].as_u64().expect("a drawn seed is recorded");
+    job["seed"] = json!(seed);
+    assert_eq!(
+        results(&cluster, &cluster.run_job(job)),
+        results(&cluster, &drawn)
+    );
+}
+
+#[test]
+fn a_deterministic_guest_is_not_told_its_job_or_attempt_and_its_inputs_are_pinned() {
+    let cluster = DevCluster::start(1, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let file = cluster.upload_file(b"stop words".to_vec());
+    let mut job = spec(&testkit, &["env"], &["some input"]);
+    job["deterministic"] = json!(true);
+    job["files"] = json!({"words.txt": file});
+    let done = cluster.run_job(job);
+    let report = String::from_utf8(results(&cluster, &done).remove(0)).unwrap();
+    assert!(!report.contains("FLINT_JOB_ID"), "{report}");
+    assert!(!report.contains("FLINT_ATTEMPT"), "{report}");
+    assert!(report.contains("FLINT_TASK_INDEX=0"), "{report}");
+
+    let task = &cluster.tasks(&done)[0];
+    let pins = &task["history"][0]["pins"];
+    assert_eq!(pins["module"], testkit.as_str(), "{task}");
+    assert_eq!(pins["files"]["words.txt"], file.as_str());
+    let input = format!("sha256:{}", sha256_hex(b"some input"));
+    assert_eq!(pins["input"], input.as_str());
+
+    // A plain job records no pins; a seed without the flag is refused.
+    let plain = cluster.run_job(spec(&testkit, &["echo"], &["x"]));
+    assert!(cluster.tasks(&plain)[0]["history"][0].get("pins").is_none());
+    let mut seeded = spec(&testkit, &["echo"], &["x"]);
+    seeded["seed"] = json!(1);
+    let (status, body) = cluster.post_raw("/v1/jobs", seeded.to_string());
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deterministic")
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
