@@ -78,7 +78,7 @@ async def test_map_failures_kill_logs_and_errors(driver: Driver, guests: Guests)
             await logged.info()
 
 
-async def test_timeline_and_history(driver: Driver, guests: Guests) -> None:
+async def test_timeline_history_and_usage(driver: Driver, guests: Guests) -> None:
     async with AsyncClient(driver.url) as client:
         job = await client.submit(guests.testkit, [""], args=["noop"])
         await job.wait(60)
@@ -86,3 +86,7 @@ async def test_timeline_and_history(driver: Driver, guests: Guests) -> None:
         assert timeline.job == job.id and [a.task for a in timeline.attempts] == [0]
         history = await client.cluster_history()
         assert history.interval_ms > 0
+        usage = await job.usage()
+        assert usage is not None and usage.cpu_us > 0
+        (task,) = [t async for t in job.tasks()]
+        assert task.usage is not None and [a.outcome for a in task.history] == ["succeeded"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import time
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 import flint_client
-from flint_client import Client, Conflict, InvalidModule, JobFailed, NotFound, Resources, Task
+from flint_client import Client, Conflict, Escalate, InvalidModule, InvalidSpec, JobFailed, NotFound, Resources, Task
 
 from .conftest import Driver, Guests, start_driver
 
@@ -284,6 +285,87 @@ def test_timeline(client: Client, guests: Guests) -> None:
         assert attempt.end_us is not None and attempt.duration_us is not None
         assert 40_000 <= attempt.duration_us < 30_000_000, attempt
         assert attempt.speculative is False
+
+
+def test_usage_and_a_retry_that_escalates_memory(client: Client, guests: Guests) -> None:
+    # 300 MiB do not fit in 128 MiB, nor in 256: the third attempt, with 512, succeeds.
+    job = client.submit(
+        guests.testkit,
+        [""],
+        args=["alloc", "300"],
+        resources=Resources(memory_mb=128),
+        retry=Escalate(memory=2.0),
+    )
+    view = job.wait(120, raise_on_failure=True)
+    assert job.result(0) == str(300 << 20).encode()
+    (task,) = job.tasks()
+    assert task.attempts == 3
+    assert [a.memory_mb for a in task.history] == [128, 256, 512]
+    assert [a.outcome for a in task.history] == ["memory_limit", "memory_limit", "succeeded"]
+    assert [a.attempt for a in task.history] == [1, 2, 3]
+    assert all(a.executor.startswith("exec-") and not a.speculative for a in task.history)
+    assert task.usage is not None and task.usage.peak_memory_bytes >= 300 << 20
+    assert task.usage.fuel is None  # flint dev's executors do not meter fuel
+    last = task.history[-1].usage
+    assert last is not None and last.peak_memory_bytes >= 300 << 20 and last.output_bytes == len(str(300 << 20))
+    # The job's usage: the final view has it, and Job.usage() reads it now.
+    assert view.usage is not None and view.usage.cpu_us > 0 and view.usage.wall_us > 0
+    usage = job.usage()
+    assert usage is not None and usage.cpu_us > 0 and usage.peak_memory_bytes == task.usage.peak_memory_bytes
+    assert usage.cpu_us == task.usage.cpu_us  # one task: the job's sum is the task's
+
+    # A job that does not escalate fails at its first memory_limit.
+    plain = client.submit(guests.testkit, [""], args=["alloc", "300"], resources=Resources(memory_mb=128))
+    assert plain.wait(60).state == "failed"
+    (failed,) = plain.tasks()
+    assert failed.error is not None and failed.error.kind == "memory_limit"
+    assert [a.outcome for a in failed.history] == ["memory_limit"]
+
+
+def test_accounting_and_retry_reach_the_driver(client: Client, guests: Guests) -> None:
+    # flint dev's executors do not meter fuel: exact accounting has nowhere to run.
+    with pytest.raises(InvalidSpec) as exact:
+        client.submit(guests.testkit, [""], args=["noop"], accounting="exact")
+    assert exact.value.kind == "unschedulable" and exact.value.status == 422
+    standard = client.submit(guests.testkit, [""], args=["noop"], accounting="standard")
+    assert standard.wait(60).state == "succeeded"
+    with pytest.raises(InvalidSpec) as unknown:
+        client.submit(guests.testkit, [""], args=["noop"], retry={"escalate": {"memory": 2.0, "bogus": 1}})
+    assert unknown.value.kind == "invalid_spec" and "bogus" in unknown.value.message
+
+
+def test_a_deterministic_job_runs_the_same_twice_and_pins_what_it_ran(client: Client, guests: Guests) -> None:
+    module = client.upload_module(guests.testkit)
+    runs = [client.submit(module, ["x"], args=["env"], deterministic=True, seed=7) for _ in range(2)]
+    views = [run.wait(60, raise_on_failure=True) for run in runs]
+    first, second = (run.result(0) for run in runs)
+    assert first == second, "two runs of a deterministic task write the same bytes"
+    assert b"FLINT_JOB_ID" not in first and b"FLINT_ATTEMPT" not in first
+    assert b"FLINT_TASK_INDEX=0" in first
+    assert [v.seed for v in views] == [7, 7] and runs[0].info().seed == 7
+    for run in runs:
+        (task,) = run.tasks()
+        pins = task.history[0].pins
+        assert isinstance(pins, flint_client.Pins)
+        assert pins.input == "sha256:" + hashlib.sha256(b"x").hexdigest()
+        assert pins.module == module and pins.files == {}
+
+    # Without a seed the driver draws one and records it; a plain job has no seed, no
+    # pins, and is told its job id.
+    drawn = client.submit(module, ["x"], args=["env"], deterministic=True)
+    seed = drawn.wait(60, raise_on_failure=True).seed
+    assert seed is not None and 0 <= seed < 2**53
+    plain = client.submit(module, ["x"], args=["env"])
+    view = plain.wait(60, raise_on_failure=True)
+    assert view.seed is None and b"FLINT_JOB_ID" in plain.result(0)
+    (task,) = plain.tasks()
+    assert [a.pins for a in task.history] == [None]
+
+    # A seed is only for a deterministic job.
+    with pytest.raises(InvalidSpec) as refused:
+        client.submit(module, ["x"], args=["env"], seed=7)
+    assert refused.value.kind == "invalid_spec" and refused.value.status == 422
+    assert "deterministic" in refused.value.message
 
 
 def test_cluster_history(client: Client) -> None:

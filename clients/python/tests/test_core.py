@@ -1,5 +1,6 @@
 """The sans-I/O core without a driver: frame and event decoding, error mapping, spec
-building, model parsing, and the request count of ``map`` over a mock transport."""
+building, model parsing (usage, attempt history, pins and seeds too), and, over mock
+transports, the request count of ``map`` and what ``submit`` sends."""
 
 from __future__ import annotations
 
@@ -174,6 +175,317 @@ def test_models_ignore_unknown_fields_and_default_missing_ones() -> None:
     assert view.counts == flint_client.TaskCounts(failed=1)
     assert view.error == flint_client.ErrorBody("task_failed", "m")
     assert view.finished_at is None and not view.succeeded and view.ended
+
+
+USAGE = {
+    "fuel": None,
+    "cpu_us": 260049,
+    "wall_us": 309515,
+    "peak_memory_bytes": 315686912,
+    "input_bytes": 0,
+    "output_bytes": 9,
+    "fetched_bytes": 105051,
+}
+
+
+def attempt_view(n: int, memory_mb: int, outcome: Optional[str], usage: Optional[dict]) -> dict:
+    return {
+        "attempt": n,
+        "executor": "exec-1",
+        "memory_mb": memory_mb,
+        "timeout_ms": 60000,
+        "outcome": outcome,
+        "speculative": False,
+        "usage": usage,
+    }
+
+
+#: A task of a retry that escalated its memory twice (as the driver answers it).
+ESCALATED_TASK = {
+    "index": 0,
+    "state": "succeeded",
+    "attempts": 3,
+    "executor": "exec-1",
+    "exit_code": 0,
+    "error": None,
+    "result": {"size": 9, "sha256": "c9"},
+    "started_at": "2026-12-05T09:13:51.821620Z",
+    "finished_at": "2026-12-05T09:13:52.130065Z",
+    "usage": USAGE,
+    "history": [
+        attempt_view(1, 128, "memory_limit", dict(USAGE, cpu_us=1144, peak_memory_bytes=1114112)),
+        attempt_view(2, 256, "memory_limit", dict(USAGE, cpu_us=268, fuel=7)),
+        attempt_view(3, 512, None, None),
+    ],
+}
+
+
+def test_views_parse_usage_and_history() -> None:
+    task = from_json(flint_client.TaskView, ESCALATED_TASK)
+    assert task.usage == flint_client.Usage(
+        fuel=None,
+        cpu_us=260049,
+        wall_us=309515,
+        peak_memory_bytes=315686912,
+        input_bytes=0,
+        output_bytes=9,
+        fetched_bytes=105051,
+    )
+    assert [a.memory_mb for a in task.history] == [128, 256, 512]
+    assert all(isinstance(a, flint_client.TaskAttempt) for a in task.history)
+    first, second, running = task.history
+    assert first == flint_client.TaskAttempt(
+        attempt=1,
+        executor="exec-1",
+        memory_mb=128,
+        timeout_ms=60000,
+        outcome="memory_limit",
+        speculative=False,
+        usage=flint_client.Usage(None, 1144, 309515, 1114112, 0, 9, 105051),
+    )
+    assert second.usage is not None and second.usage.fuel == 7
+    assert running.outcome is None and running.usage is None and running.attempt == 3
+    job = from_json(flint_client.JobView, {"id": "job-1", "state": "succeeded", "tasks": 1, "usage": USAGE})
+    assert job.usage is not None and job.usage.peak_memory_bytes == 315686912 and job.usage.fuel is None
+    # A usage with fields missing (or more than this client knows) still parses.
+    assert from_json(flint_client.Usage, {"cpu_us": 5, "gpu_us": 1}) == flint_client.Usage(cpu_us=5)
+
+
+def test_views_of_a_driver_without_usage_still_parse() -> None:
+    older = {k: v for k, v in ESCALATED_TASK.items() if k not in ("usage", "history")}
+    task = from_json(flint_client.TaskView, older)
+    assert task.usage is None and task.history == [] and task.attempts == 3
+    assert from_json(flint_client.TaskView, {"index": 4}).history == []
+    job = from_json(flint_client.JobView, {"id": "job-1", "state": "running", "tasks": 1})
+    assert job.usage is None
+
+
+def test_accounting_and_retry_go_into_the_spec_only_when_given() -> None:
+    module = {"module": "sha256:00"}
+    plain = core.build_spec(module, inputs=[""])
+    assert "accounting" not in plain and "retry" not in plain
+    spec = core.build_spec(
+        module,
+        inputs=[""],
+        accounting="exact",
+        retry=flint_client.Escalate(memory=2.0, max_memory_mb=1024),
+    )
+    assert spec["accounting"] == "exact"
+    assert spec["retry"] == {"escalate": {"memory": 2.0, "max_memory_mb": 1024}}
+    every = flint_client.Escalate(memory=2.0, timeout=1.5, max_memory_mb=2048, max_timeout_ms=600_000)
+    assert core.build_spec(module, inputs=[""], retry=every)["retry"] == {
+        "escalate": {"memory": 2.0, "timeout": 1.5, "max_memory_mb": 2048, "max_timeout_ms": 600_000}
+    }
+    # The RetrySpec's JSON form passes through as it is (the driver judges it), with an
+    # Escalate in it if wished.
+    raw = {"escalate": {"timeout": 3.0}}
+    assert core.build_spec(module, inputs=[""], retry=raw)["retry"] == raw
+    nested = {"escalate": flint_client.Escalate(timeout=3.0)}
+    assert core.build_spec(module, inputs=[""], retry=nested)["retry"] == raw
+    with pytest.raises(TypeError, match="retry is an Escalate or a dict"):
+        core.build_spec(module, inputs=[""], retry=2.0)  # type: ignore[arg-type]
+
+
+def usage_driver(bodies: List[dict]) -> httpx.MockTransport:
+    """A mock driver of job 1 (with usage; its task escalated) that keeps each
+    submitted spec in ``bodies``."""
+    view = {"id": "job-1", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}, "usage": USAGE}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/jobs" and request.method == "POST":
+            bodies.append(json.loads(request.content))
+            return httpx.Response(202, json=dict(view, state="queued", counts={"pending": 1}, usage=None))
+        if path == "/v1/jobs/job-1":
+            return httpx.Response(200, json=view)
+        if path == "/v1/jobs/job-1/tasks":
+            return httpx.Response(200, json={"items": [ESCALATED_TASK], "next": None})
+        if path == "/v1/jobs/job-1/results":
+            return httpx.Response(200, content=frames([b"314572800"]))
+        return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+
+    return httpx.MockTransport(handler)
+
+
+def test_submit_sends_accounting_and_retry_and_job_usage_reads_the_job() -> None:
+    bodies: List[dict] = []
+    with flint_client.Client("http://flint.test", transport=usage_driver(bodies)) as client:
+        job = client.submit(
+            "sha256:00",
+            [""],
+            args=["alloc", "300"],
+            resources={"memory_mb": 128},
+            accounting="standard",
+            retry=flint_client.Escalate(memory=2.0),
+        )
+        assert job.view is not None and job.view.usage is None
+        usage = job.usage()
+        assert usage == flint_client.Usage(**USAGE)
+        assert job.view.usage == usage  # read now: the handle's view is the job's latest
+        (task,) = job.tasks()
+        assert task.usage == usage and [a.memory_mb for a in task.history] == [128, 256, 512]
+        client.submit("sha256:00", [""])
+        assert client.map("sha256:00", [""], retry={"escalate": {"timeout": 2}}, accounting="exact") == [b"314572800"]
+    assert bodies[0] == {
+        "module": "sha256:00",
+        "inputs": [{"text": ""}],
+        "args": ["alloc", "300"],
+        "resources": {"memory_mb": 128},
+        "accounting": "standard",
+        "retry": {"escalate": {"memory": 2.0}},
+    }
+    assert bodies[1] == {"module": "sha256:00", "inputs": [{"text": ""}]}
+    assert bodies[2]["accounting"] == "exact" and bodies[2]["retry"] == {"escalate": {"timeout": 2}}
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sends_accounting_and_retry_and_reads_usage() -> None:
+    bodies: List[dict] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=usage_driver(bodies)) as client:
+        job = await client.submit("sha256:00", [""], accounting="exact", retry=flint_client.Escalate(timeout=4.0))
+        assert await job.usage() == flint_client.Usage(**USAGE)
+        tasks = [t async for t in job.tasks()]
+        assert tasks[0].history[0].outcome == "memory_limit"
+        await client.submit("sha256:00", [""])
+    assert bodies[0]["accounting"] == "exact" and bodies[0]["retry"] == {"escalate": {"timeout": 4.0}}
+    assert "accounting" not in bodies[1] and "retry" not in bodies[1]
+
+
+PINS = {
+    "module": "sha256:" + "a1" * 32,
+    "files": {"words.txt": "sha256:" + "f0" * 32},
+    "input": "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
+}
+
+#: A task of a deterministic job (as the driver answers it): its attempt is pinned.
+PINNED_TASK = dict(
+    ESCALATED_TASK,
+    attempts=1,
+    history=[dict(attempt_view(1, 128, "succeeded", USAGE), pins=PINS)],
+)
+
+
+def test_views_parse_pins_and_seed() -> None:
+    task = from_json(flint_client.TaskView, PINNED_TASK)
+    (attempt,) = task.history
+    assert isinstance(attempt.pins, flint_client.Pins)
+    assert attempt.pins == flint_client.Pins(
+        module="sha256:" + "a1" * 32,
+        files={"words.txt": "sha256:" + "f0" * 32},
+        input="sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
+    )
+    assert attempt.usage is not None and attempt.outcome == "succeeded"
+    job = from_json(flint_client.JobView, {"id": "job-1", "state": "succeeded", "tasks": 1, "seed": 7})
+    assert job.seed == 7
+    # The driver draws 53-bit seeds; any u64 a caller gave comes back as it is.
+    big = from_json(flint_client.JobView, {"id": "job-1", "seed": 2**64 - 1})
+    assert big.seed == 2**64 - 1
+    # Pins without files (or with fields this client does not know) still parse.
+    assert from_json(flint_client.Pins, {"module": "sha256:00", "input": "sha256:11", "more": 1}) == (
+        flint_client.Pins(module="sha256:00", input="sha256:11")
+    )
+    assert flint_client.Pins().files == {}
+
+
+def test_a_job_that_is_not_deterministic_has_no_seed_nor_pins() -> None:
+    # Non-deterministic jobs (and drivers older than deterministic mode) leave both out.
+    task = from_json(flint_client.TaskView, ESCALATED_TASK)
+    assert [a.pins for a in task.history] == [None, None, None]
+    job = from_json(flint_client.JobView, {"id": "job-1", "state": "running", "tasks": 1})
+    assert job.seed is None
+    # An explicit null is None too.
+    attempt = from_json(flint_client.TaskAttempt, dict(attempt_view(1, 128, None, None), pins=None))
+    assert attempt.pins is None
+
+
+def test_deterministic_and_seed_go_into_the_spec_only_when_given() -> None:
+    module = {"module": "sha256:00"}
+    plain = core.build_spec(module, inputs=[""])
+    assert "deterministic" not in plain and "seed" not in plain
+    assert core.build_spec(module, inputs=[""], deterministic=False) == plain
+    drawn = core.build_spec(module, inputs=[""], deterministic=True)
+    assert drawn["deterministic"] is True and "seed" not in drawn
+    seeded = core.build_spec(module, inputs=[""], deterministic=True, seed=7)
+    assert seeded == {"module": "sha256:00", "inputs": [{"text": ""}], "deterministic": True, "seed": 7}
+    # 0 is a seed, not a missing one.
+    assert core.build_spec(module, inputs=[""], deterministic=True, seed=0)["seed"] == 0
+    # A seed without the flag is sent as it is: the driver refuses it (422 invalid_spec).
+    alone = core.build_spec(module, inputs=[""], seed=7)
+    assert alone["seed"] == 7 and "deterministic" not in alone
+    assert json.loads(json.dumps(seeded)) == seeded
+
+
+def deterministic_driver(bodies: List[dict]) -> httpx.MockTransport:
+    """A mock driver of job 1, deterministic with seed 7, that keeps each submitted spec
+    in ``bodies`` and refuses a seed without ``deterministic`` as the driver does."""
+    view = {"id": "job-1", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}, "seed": 7}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/jobs" and request.method == "POST":
+            body = json.loads(request.content)
+            bodies.append(body)
+            if "seed" in body and not body.get("deterministic"):
+                message = 'seed is for a deterministic job: give "deterministic": true too'
+                return httpx.Response(422, json={"error": {"kind": "invalid_spec", "message": message}})
+            answer = dict(view, state="queued", counts={"pending": 1})
+            if not body.get("deterministic"):
+                del answer["seed"]
+            return httpx.Response(202, json=answer)
+        if path == "/v1/jobs/job-1":
+            return httpx.Response(200, json=view)
+        if path == "/v1/jobs/job-1/tasks":
+            return httpx.Response(200, json={"items": [PINNED_TASK], "next": None})
+        if path == "/v1/jobs/job-1/results":
+            return httpx.Response(200, content=frames([b"FLINT_TASK_INDEX=0"]))
+        return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+
+    return httpx.MockTransport(handler)
+
+
+def test_submit_and_map_send_deterministic_and_seed_and_read_seed_and_pins() -> None:
+    bodies: List[dict] = []
+    with flint_client.Client("http://flint.test", transport=deterministic_driver(bodies)) as client:
+        job = client.submit("sha256:00", ["x"], args=["env"], deterministic=True, seed=7)
+        assert job.view is not None and job.view.seed == 7
+        assert job.info().seed == 7
+        (task,) = job.tasks()
+        assert task.history[0].pins == from_json(flint_client.Pins, PINS)
+        plain = client.submit("sha256:00", ["x"])
+        assert plain.view is not None and plain.view.seed is None
+        assert client.map("sha256:00", ["x"], deterministic=True) == [b"FLINT_TASK_INDEX=0"]
+        with pytest.raises(flint_client.InvalidSpec) as refused:
+            client.submit("sha256:00", ["x"], seed=7)
+        assert refused.value.kind == "invalid_spec" and refused.value.status == 422
+    assert bodies[0] == {
+        "module": "sha256:00",
+        "inputs": [{"text": "x"}],
+        "args": ["env"],
+        "deterministic": True,
+        "seed": 7,
+    }
+    assert bodies[1] == {"module": "sha256:00", "inputs": [{"text": "x"}]}
+    assert bodies[2]["deterministic"] is True and "seed" not in bodies[2]
+    assert bodies[3]["seed"] == 7 and "deterministic" not in bodies[3]
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sends_deterministic_and_seed() -> None:
+    bodies: List[dict] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=deterministic_driver(bodies)) as client:
+        job = await client.submit("sha256:00", ["x"], deterministic=True, seed=2**53 - 1)
+        assert (await job.info()).seed == 7  # the mock's; the driver echoes the given one
+        tasks = [t async for t in job.tasks()]
+        pins = tasks[0].history[0].pins
+        assert pins is not None and pins.files == {"words.txt": "sha256:" + "f0" * 32}
+        assert await client.map("sha256:00", ["x"], deterministic=True, seed=3) == [b"FLINT_TASK_INDEX=0"]
+        await client.submit("sha256:00", [""])
+        with pytest.raises(flint_client.InvalidSpec):
+            await client.submit("sha256:00", ["x"], seed=1)
+    assert bodies[0]["deterministic"] is True and bodies[0]["seed"] == 2**53 - 1
+    assert bodies[1]["deterministic"] is True and bodies[1]["seed"] == 3
+    assert "deterministic" not in bodies[2] and "seed" not in bodies[2]
+    assert bodies[3]["seed"] == 1 and "deterministic" not in bodies[3]
 
 
 def test_map_takes_a_constant_number_of_requests() -> None:

@@ -44,7 +44,9 @@ from .models import (
     JobEvent,
     JobView,
     LaggedEvent,
+    Pins,
     ResultInfo,
+    TaskAttempt,
     TaskCounts,
     TaskEvent,
     TaskView,
@@ -52,9 +54,10 @@ from .models import (
     TimelineAttempt,
     UnknownEvent,
     Uploaded,
+    Usage,
     WorkerView,
 )
-from .specs import Resources, ResultRef, ResultsRef, Task, Url
+from .specs import Escalate, Resources, ResultRef, ResultsRef, Task, Url
 
 __version__ = "0.1.0"
 
@@ -68,6 +71,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Url",
     "Resources",
+    "Escalate",
     "Task",
     "ResultRef",
     "ResultsRef",
@@ -92,6 +96,9 @@ __all__ = [
     "TaskCounts",
     "ErrorBody",
     "TaskView",
+    "TaskAttempt",
+    "Pins",
+    "Usage",
     "ResultInfo",
     "Event",
     "JobEvent",

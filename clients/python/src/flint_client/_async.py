@@ -20,8 +20,19 @@ from ._core import FileLike, Flow, Module, Request
 from ._progress import Progress
 from ._sync import DEFAULT_TIMEOUT, EVENTS_READ_TIMEOUT, _headers, _rfc3339, _settings
 from .errors import FlintError, FlintTimeoutError, Overloaded, WaitTimeout
-from .models import ClusterHistory, EndEvent, Event, ExecutorList, JobView, LaggedEvent, TaskView, Timeline, WorkerView
-from .specs import Input, Resources, ResultRef, ResultsRef, Task
+from .models import (
+    ClusterHistory,
+    EndEvent,
+    Event,
+    ExecutorList,
+    JobView,
+    LaggedEvent,
+    TaskView,
+    Timeline,
+    Usage,
+    WorkerView,
+)
+from .specs import Escalate, Input, Resources, ResultRef, ResultsRef, Task
 
 __all__ = ["AsyncClient", "AsyncJob"]
 
@@ -151,6 +162,10 @@ class AsyncClient:
         max_failures: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
         name: Optional[str] = None,
+        accounting: Optional[str] = None,
+        retry: Union[Escalate, Mapping[str, Any], None] = None,
+        deterministic: bool = False,
+        seed: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "AsyncJob":
@@ -168,6 +183,10 @@ class AsyncClient:
                 max_failures=max_failures,
                 max_result_bytes=max_result_bytes,
                 name=name,
+                accounting=accounting,
+                retry=retry,
+                deterministic=deterministic,
+                seed=seed,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -286,6 +305,11 @@ class AsyncJob:
     async def refresh(self) -> JobView:
         """The job now; the same as :meth:`info`."""
         return await self.info()
+
+    async def usage(self) -> Optional[Usage]:
+        """What the job's attempts used so far, summed, read now (see
+        :meth:`flint_client.Job.usage`)."""
+        return (await self.info()).usage
 
     async def wait(
         self, timeout: Optional[float] = None, *, progress: bool = False, raise_on_failure: bool = False

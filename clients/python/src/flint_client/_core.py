@@ -46,6 +46,7 @@ from .models import (
     from_json,
 )
 from .specs import (
+    Escalate,
     Input,
     Resources,
     Task,
@@ -53,6 +54,7 @@ from .specs import (
     as_list,
     encode_input,
     encode_resources,
+    encode_retry,
     encode_task,
 )
 
@@ -80,6 +82,10 @@ JOB_SPEC_FIELDS = (
     "resources",
     "max_failures",
     "max_result_bytes",
+    "accounting",
+    "deterministic",
+    "seed",
+    "retry",
 )
 #: The bulk results' media type.
 RESULTS_MEDIA_TYPE = "application/vnd.flint.results"
@@ -291,8 +297,15 @@ def build_spec(
     max_failures: Optional[int] = None,
     max_result_bytes: Optional[int] = None,
     name: Optional[str] = None,
+    accounting: Optional[str] = None,
+    retry: Union[Escalate, Mapping[str, Any], None] = None,
+    deterministic: bool = False,
+    seed: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """A ``JobSpec`` document (files already resolved to their spec values)."""
+    """A ``JobSpec`` document (files already resolved to their spec values).
+
+    ``deterministic`` goes in only when true and ``seed`` only when given; a seed
+    without ``deterministic`` is sent as it is, for the driver to refuse."""
     if (inputs is None) == (tasks is None):
         raise ValueError("give exactly one of inputs (one task per input) and tasks")
     spec: Dict[str, Any] = dict(module_fields)
@@ -319,6 +332,15 @@ def build_spec(
         spec["max_failures"] = max_failures
     if max_result_bytes is not None:
         spec["max_result_bytes"] = max_result_bytes
+    if accounting is not None:
+        spec["accounting"] = accounting
+    if deterministic:
+        spec["deterministic"] = True
+    if seed is not None:
+        spec["seed"] = seed
+    encoded_retry = encode_retry(retry)
+    if encoded_retry is not None:
+        spec["retry"] = encoded_retry
     return spec
 
 
@@ -334,6 +356,10 @@ def submit(
     max_failures: Optional[int] = None,
     max_result_bytes: Optional[int] = None,
     name: Optional[str] = None,
+    accounting: Optional[str] = None,
+    retry: Union[Escalate, Mapping[str, Any], None] = None,
+    deterministic: bool = False,
+    seed: Optional[int] = None,
     idempotency_key: Optional[str] = None,
     wait: Optional[float] = None,
 ) -> Flow[JobView]:
@@ -355,6 +381,10 @@ def submit(
         max_failures=max_failures,
         max_result_bytes=max_result_bytes,
         name=name,
+        accounting=accounting,
+        retry=retry,
+        deterministic=deterministic,
+        seed=seed,
     )
     request = Request("POST", "/v1/jobs", json=spec)
     if idempotency_key is not None:

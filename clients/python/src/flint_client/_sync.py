@@ -23,9 +23,10 @@ from .models import (
     LaggedEvent,
     TaskView,
     Timeline,
+    Usage,
     WorkerView,
 )
-from .specs import Input, Resources, ResultRef, ResultsRef, Task
+from .specs import Escalate, Input, Resources, ResultRef, ResultsRef, Task
 
 __all__ = ["Client", "Job", "DEFAULT_URL", "DEFAULT_TIMEOUT"]
 
@@ -198,6 +199,10 @@ class Client:
         max_failures: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
         name: Optional[str] = None,
+        accounting: Optional[str] = None,
+        retry: Union[Escalate, Mapping[str, Any], None] = None,
+        deterministic: bool = False,
+        seed: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "Job":
@@ -213,6 +218,23 @@ class Client:
         same fields. With ``idempotency_key``, a repeat of the same submission gets the
         job the first made instead of a second one. With ``wait`` (seconds, at most
         300) the driver answers once the job ended or that time passed.
+
+        ``accounting="exact"`` counts each attempt's wasm work in fuel too
+        (:attr:`~flint_client.Usage.fuel`): the job then runs only on executors started
+        with ``--fuel``, and is refused (:class:`~flint_client.InvalidSpec`
+        ``unschedulable``) while none is; ``"standard"`` (the driver's default) counts
+        time, memory and bytes. ``retry`` is an :class:`~flint_client.Escalate` (or the
+        ``RetrySpec`` dict, ``{"escalate": {...}}``): a task that fails with
+        ``memory_limit`` or ``timeout`` runs again with more memory or time.
+
+        ``deterministic=True`` runs every task reproducibly: a virtual clock (the wall
+        clock starts at 2000-01-01T00:00:00Z, the monotonic one at 0, and only the
+        guest's own sleeps move them, returning at once), random bytes seeded from
+        ``seed`` and the task's index, no ``FLINT_JOB_ID`` or ``FLINT_ATTEMPT`` in its
+        environment, and its module, files and input pinned by digest (each attempt's
+        :attr:`~flint_client.TaskAttempt.pins`). Without ``seed`` the driver draws one
+        and records it (:attr:`~flint_client.JobView.seed`); a ``seed`` without
+        ``deterministic=True`` is refused (:class:`~flint_client.InvalidSpec`).
         """
         view = self._drive(
             core.submit(
@@ -226,6 +248,10 @@ class Client:
                 max_failures=max_failures,
                 max_result_bytes=max_result_bytes,
                 name=name,
+                accounting=accounting,
+                retry=retry,
+                deterministic=deterministic,
+                seed=seed,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -247,10 +273,11 @@ class Client:
 
         ``decode`` is ``"bytes"`` (default), ``"text"`` (UTF-8) or ``"json"``.
         ``options`` are :meth:`submit`'s (``args``, ``env``, ``files``, ``resources``,
-        ...). A job that does not succeed raises :class:`~flint_client.JobFailed`
-        naming the failed tasks (with ``raise_on_failure=False`` their results are
-        ``None`` instead). ``progress=True`` shows a bar following the job's events;
-        ``timeout`` (seconds) raises :class:`~flint_client.WaitTimeout` once passed.
+        ``max_failures``, ``accounting``, ``retry``, ``deterministic``, ``seed``, ...).
+        A job that does not succeed raises :class:`~flint_client.JobFailed` naming the
+        failed tasks (with ``raise_on_failure=False`` their results are ``None``
+        instead). ``progress=True`` shows a bar following the job's events; ``timeout``
+        (seconds) raises :class:`~flint_client.WaitTimeout` once passed.
 
         A few requests whatever the number of tasks: the submission, which the driver
         answers when the job ends (``?wait=``), and one read of all the results.
@@ -361,6 +388,13 @@ class Job:
         """The job now; the same as :meth:`info`."""
         return self.info()
 
+    def usage(self) -> Optional[Usage]:
+        """What the job's attempts used so far, summed (CPU and wall time, peak memory,
+        bytes in, out and fetched, fuel under exact accounting), read now like
+        :meth:`info`; ``None`` until an attempt has reported. Each task's is in
+        :meth:`tasks` (``usage``, and per attempt in ``history``)."""
+        return self.info().usage
+
     def wait(
         self, timeout: Optional[float] = None, *, progress: bool = False, raise_on_failure: bool = False
     ) -> JobView:
@@ -454,7 +488,8 @@ class Job:
 
     def tasks(self) -> Iterator[TaskView]:
         """Every task of the job in index order (state, attempts, executor, exit code,
-        error, result size and digest), read 10,000 a page."""
+        error, result size and digest, usage, each attempt's ``history``), read 10,000 a
+        page."""
         after: Optional[str] = None
         while True:
             items, after = self.client._drive(core.task_page(self.id, after))

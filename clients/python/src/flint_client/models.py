@@ -19,8 +19,11 @@ from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Tuple
 __all__ = [
     "ErrorBody",
     "TaskCounts",
+    "Usage",
     "JobView",
     "ResultInfo",
+    "Pins",
+    "TaskAttempt",
     "TaskView",
     "TaskEvent",
     "LaggedEvent",
@@ -75,12 +78,42 @@ class TaskCounts:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What attempts used, measured by the executors that ran them: of one attempt
+    (:attr:`TaskAttempt.usage`), of a task's attempts summed (:attr:`TaskView.usage`) or
+    of every attempt of a job (:attr:`JobView.usage`).
+
+    ``cpu_us`` is the CPU time of the task thread (instantiation included), ``wall_us``
+    the time from instantiation to the guest's end, both in microseconds;
+    ``peak_memory_bytes`` the most linear memory the guest held (a sum's is the largest
+    of any one attempt, not a sum); ``input_bytes`` its stdin, ``output_bytes`` what it
+    wrote to stdout, ``fetched_bytes`` what the executor downloaded to get it ready.
+    ``fuel`` is its wasm work in wasmtime fuel (about one unit per instruction), counted
+    only on executors started with ``--fuel`` (where a job with ``accounting="exact"``
+    runs), ``None`` elsewhere.
+    """
+
+    fuel: Optional[int] = None
+    cpu_us: int = 0
+    wall_us: int = 0
+    peak_memory_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    fetched_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class JobView:
     """A job as ``GET /v1/jobs/{id}`` shows it.
 
     ``state`` is one of ``queued``, ``running``, ``succeeded``, ``failed``, ``killed``;
     ``created_at`` and ``finished_at`` are RFC 3339 strings; ``error`` says why a job
-    failed (``kind`` ``task_failed`` names the task).
+    failed (``kind`` ``task_failed`` names the task). ``usage`` is what its attempts
+    used, summed: ``None`` until one has reported, in job listings
+    (:meth:`flint_client.Client.jobs`), and from a driver older than usage accounting.
+    ``seed`` is a deterministic job's (``submit(deterministic=True)``): the one it was
+    given, or the one the driver drew and recorded for it (submit again with
+    ``seed=`` that to run it the same way); ``None`` for other jobs and in listings.
     """
 
     id: str
@@ -91,6 +124,8 @@ class JobView:
     tasks: int = 0
     counts: TaskCounts = field(default_factory=TaskCounts)
     error: Optional[ErrorBody] = None
+    usage: Optional[Usage] = None
+    seed: Optional[int] = None
 
     @property
     def ended(self) -> bool:
@@ -112,11 +147,50 @@ class ResultInfo:
 
 
 @dataclass(frozen=True)
+class Pins:
+    """What an attempt of a deterministic job ran, by digest (``PinsView``; each
+    ``sha256:<hex>``): its ``module``, the job's ``files`` by name, and the task's whole
+    stdin (``input``), URLs resolved to the bytes the executor fetched. Two attempts
+    with the same pins and seed saw the same bytes."""
+
+    module: str = ""
+    files: Dict[str, str] = field(default_factory=dict)
+    input: str = ""
+
+
+@dataclass(frozen=True)
+class TaskAttempt:
+    """One attempt of a task as its :class:`TaskView` lists it (``TaskAttemptView``).
+
+    ``attempt`` is 1 for the task's first launch, counting retries and speculative
+    copies. ``memory_mb`` and ``timeout_ms`` are the limits it ran with: the job's, or
+    more for a retry that escalated (``retry=Escalate(...)``); 0 for an attempt stored
+    before budgets were kept. ``outcome`` is ``succeeded``, a failure kind
+    (``memory_limit``, ``timeout``, ``exit``, ...) or ``lost``, ``None`` while it runs;
+    ``usage`` is ``None`` while it runs and for an attempt that never reported (lost
+    with its executor). ``pins`` are the digests of what it ran for a deterministic job
+    (``submit(deterministic=True)``), ``None`` for other jobs.
+    """
+
+    attempt: int
+    executor: str = ""
+    memory_mb: int = 0
+    timeout_ms: int = 0
+    outcome: Optional[str] = None
+    speculative: bool = False
+    usage: Optional[Usage] = None
+    pins: Optional[Pins] = None
+
+
+@dataclass(frozen=True)
 class TaskView:
     """One task as ``GET /v1/jobs/{id}/tasks`` lists it.
 
     ``started_at`` and ``finished_at`` are RFC 3339 with microseconds, from the
-    executor's clock, for the latest attempt.
+    executor's clock, for the latest attempt. ``usage`` is what its attempts used,
+    summed (``None`` until one has reported); ``history`` is each attempt in launch
+    order (its budget, outcome and usage), empty from a driver older than usage
+    accounting and for a task that ended before a driver restart while its job ran on.
     """
 
     index: int
@@ -128,6 +202,8 @@ class TaskView:
     result: Optional[ResultInfo] = None
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
+    usage: Optional[Usage] = None
+    history: List[TaskAttempt] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -356,8 +432,11 @@ class ClusterHistory:
 SCHEMAS: Dict[type, str] = {
     ErrorBody: "ErrorBody",
     TaskCounts: "TaskCounts",
+    Usage: "Usage",
     JobView: "JobView",
     ResultInfo: "ResultInfo",
+    Pins: "PinsView",
+    TaskAttempt: "TaskAttemptView",
     TaskView: "TaskView",
     TaskEvent: "TaskEvent",
     LaggedEvent: "LaggedEvent",

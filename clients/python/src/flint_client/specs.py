@@ -1,4 +1,4 @@
-"""What a job is made of: inputs, tasks, files, resources, and their JSON forms.
+"""What a job is made of: inputs, tasks, files, resources, retries, and their JSON forms.
 
 A task's input (its stdin) may be given as
 
@@ -24,10 +24,12 @@ __all__ = [
     "ResultRef",
     "ResultsRef",
     "Resources",
+    "Escalate",
     "Task",
     "Input",
     "encode_input",
     "encode_resources",
+    "encode_retry",
     "encode_task",
 ]
 
@@ -113,6 +115,30 @@ class Resources:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class Escalate:
+    """Retries that learn (``submit(retry=Escalate(...))``): a task that failed with
+    ``memory_limit`` runs again with its memory multiplied by ``memory`` (from the larger
+    of its budget and the peak it reached), one that failed with ``timeout`` with its
+    time limit multiplied by ``timeout``, up to ``max_memory_mb`` and ``max_timeout_ms``
+    (``None``: the cluster's limits). Factors are more than 1 and at most 16; give
+    either or both. Each escalated attempt counts towards the job's ``max_failures``;
+    each attempt's budget is in the task's ``history``."""
+
+    memory: Optional[float] = None
+    timeout: Optional[float] = None
+    max_memory_mb: Optional[int] = None
+    max_timeout_ms: Optional[int] = None
+
+    def as_json(self) -> Dict[str, Any]:
+        """The JSON form (``EscalateSpec``), without the fields not given."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def as_retry(self) -> Dict[str, Any]:
+        """The job's ``retry`` JSON form: ``{"escalate": {...}}``."""
+        return {"escalate": self.as_json()}
+
+
 #: Anything :func:`encode_input` takes.
 Input = Union[bytes, bytearray, memoryview, str, Path, Url, ResultRef, ResultsRef, Mapping[str, Any]]
 
@@ -157,6 +183,22 @@ def encode_resources(value: Union[Resources, Mapping[str, Any], None]) -> Option
     raise TypeError(f"resources is a Resources or a dict, not {type(value).__name__}")
 
 
+def encode_retry(value: Union[Escalate, Mapping[str, Any], None]) -> Optional[Dict[str, Any]]:
+    """The JSON form of a job's ``retry`` (``RetrySpec``): an :class:`Escalate` becomes
+    ``{"escalate": {...}}``; a dict is that form already and is passed through as it is
+    (the driver refuses fields it does not know). ``None`` when none is given."""
+    if value is None:
+        return None
+    if isinstance(value, Escalate):
+        return value.as_retry()
+    if isinstance(value, Mapping):
+        out = dict(value)
+        if isinstance(out.get("escalate"), Escalate):
+            out["escalate"] = out["escalate"].as_json()
+        return out
+    raise TypeError(f"retry is an Escalate or a dict, not {type(value).__name__}")
+
+
 def encode_task(value: Union[Task, Mapping[str, Any]]) -> Dict[str, Any]:
     """The JSON form of one task given task by task: a :class:`Task`, or a dict with
     ``input`` (any :data:`Input`), ``args`` and ``env``."""
@@ -197,6 +239,7 @@ SCHEMAS: Dict[type, str] = {
     ResultRef: "ResultRef",
     ResultsRef: "ResultsRef",
     Resources: "ResourcesSpec",
+    Escalate: "EscalateSpec",
     Task: "TaskSpec",
 }
 
