@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::flags::{CompileArgs, DriverCommand, ExecutorArgs};
-use crate::{bench, dev, jobs, submit, worker};
+use crate::{bench, dev, jobs, replay, submit, worker};
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +41,9 @@ pub enum Command {
     Results(jobs::ResultsArgs),
     /// A task's log (its stderr).
     Logs(jobs::LogsArgs),
+    /// Run one attempt of a task again here, with no cluster, in the same sandbox, and
+    /// say whether it did the same thing (exit 0) or not (exit 3).
+    Replay(replay::ReplayArgs),
     /// Kill a job: pending tasks never start, running ones stop.
     Kill(jobs::KillArgs),
     /// Delete finished jobs with their results, logs and blocks.

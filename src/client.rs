@@ -126,6 +126,16 @@ impl Client {
             .await
     }
 
+    /// A JSON answer of the API at `path`.
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.send(self.request(reqwest::Method::GET, path)).await
+    }
+
+    /// The bytes the API answers at `path`.
+    pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        self.bytes(path).await
+    }
+
     async fn bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
         let response = self
             .request(reqwest::Method::GET, path)

@@ -12,6 +12,7 @@ mod flags;
 mod follow;
 mod jobs;
 mod progress;
+mod replay;
 mod shutdown;
 mod submit;
 mod worker;
@@ -121,6 +122,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Results(args) => jobs::results(args).await,
         Command::Logs(args) => jobs::logs(args).await,
         Command::Kill(args) => jobs::kill(args).await,
+        Command::Replay(args) => replay::run(args).await,
         Command::Delete(args) => jobs::delete(args).await,
         Command::Executors(args) => jobs::executors(args).await,
         Command::Workers(args) => jobs::workers(args).await,

@@ -338,6 +338,7 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/v1/jobs/{id}/results",
             "/v1/jobs/{id}/tasks",
             "/v1/jobs/{id}/tasks/{index}/log",
+            "/v1/jobs/{id}/tasks/{index}/replay",
             "/v1/jobs/{id}/tasks/{index}/result",
             "/v1/jobs/{id}/timeline",
             "/v1/modules",

@@ -41,7 +41,7 @@ pub use self::config::{
 use self::config::{
     EpochTicker, INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK,
 };
-pub use self::determinism::EPOCH;
+pub use self::determinism::{EPOCH, fixed_times};
 use self::determinism::{VirtualClock, deterministic_linker};
 use self::spent::Spent;
 pub use self::stop::Kill;

@@ -1,11 +1,12 @@
 //! JSON shapes of the driver's HTTP API (see API.md). Fields may be added, not renamed.
 //!
 //! [`spec`] holds what clients submit, [`jobs`] what the driver says about jobs and tasks,
-//! [`cluster`] what it says about executors and workers; this file the shapes every
-//! endpoint shares (errors, lists, uploads).
+//! [`cluster`] what it says about executors and workers, [`replay`] what one attempt ran
+//! with; this file the shapes every endpoint shares (errors, lists, uploads).
 
 mod cluster;
 mod jobs;
+mod replay;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,7 @@ pub use jobs::{
     AttemptView, JobState, JobView, LaggedEvent, PinsView, ResultInfo, TaskAttemptView, TaskCounts,
     TaskEvent, TaskState, TaskView, TimelineView,
 };
+pub use replay::{ReplayBundle, ReplayInputPart, ReplaySource};
 pub use spec::{
     Accounting, EscalateSpec, Factor, FileSpec, InputSpec, JobSpec, ResourcesSpec, ResultRef,
     ResultsRef, RetrySpec, TaskSpec, UrlFileSpec,

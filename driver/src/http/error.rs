@@ -42,6 +42,7 @@ impl ApiError {
             "module" => "module_not_found",
             "file" => "file_not_found",
             "block" => "block_not_found",
+            "attempt" => "attempt_not_found",
             _ => "not_found",
         };
         Self::new(StatusCode::NOT_FOUND, kind, message)

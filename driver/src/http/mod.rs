@@ -23,6 +23,7 @@ pub mod error;
 mod events;
 mod jobs;
 pub mod openapi;
+mod replay;
 mod results;
 mod status;
 pub mod ui;
@@ -51,6 +52,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(jobs::get_log))
         .routes(routes!(results::get_results))
         .routes(routes!(jobs::get_timeline))
+        .routes(routes!(replay::get_replay))
         .routes(routes!(status::cluster_history))
         .routes(routes!(status::list_executors))
         .routes(routes!(status::list_workers))

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::JobView;
-use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord};
+use flint_protocol::records::{AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord};
 use flint_protocol::{DriverMessage, ExecutorId, JobId};
 use tokio::sync::{mpsc, watch};
 
@@ -226,6 +226,12 @@ impl Driver {
         }
         drop(inner);
         Ok(Some(f(&job)))
+    }
+
+    /// A job as it was submitted (its tasks' inputs, args and env), from the job store,
+    /// live or finished. Blocks on the store: call it off the runtime.
+    pub fn job_record(&self, id: &JobId) -> Result<Option<JobRecord>, StoreError> {
+        Ok(self.store.job(id)?.map(|stored| stored.job))
     }
 
     /// The job's view, live or finished.

@@ -31,22 +31,6 @@ impl JobFiles {
     }
 }
 
-/// Gives a deterministic job's files, and their directory, the virtual clock's epoch as
-/// their access and modification times: a guest's `fd_filestat_get` reads no host time.
-fn fixed_times(dir: &std::path::Path, files: &[flint_protocol::FileRef]) -> std::io::Result<()> {
-    let epoch = std::time::UNIX_EPOCH + crate::sandbox::EPOCH;
-    let times = std::fs::FileTimes::new()
-        .set_accessed(epoch)
-        .set_modified(epoch);
-    for file in files {
-        std::fs::File::options()
-            .write(true)
-            .open(dir.join(&file.name))?
-            .set_times(times)?;
-    }
-    std::fs::File::open(dir)?.set_times(times)
-}
-
 impl Drop for JobFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -179,7 +163,8 @@ impl TaskRunner {
                 pins.push(fetched);
             }
             if desc.job.determinism.is_some() {
-                fixed_times(&dir, &desc.job.files).map_err(|e| host("fixing the times of", e))?;
+                crate::sandbox::fixed_times(&dir, desc.job.files.iter().map(|f| f.name.as_str()))
+                    .map_err(|e| host("fixing the times of", e))?;
             }
             Ok(Arc::new(JobFiles { dir, _pins: pins }))
         })

@@ -137,6 +137,25 @@ impl rand_core::TryRng for SeededRandom {
     }
 }
 
+/// Gives a deterministic job's files, and their directory, the virtual clock's epoch as
+/// their access and modification times: a guest's `fd_filestat_get` reads no host time.
+pub fn fixed_times<'a>(
+    dir: &std::path::Path,
+    names: impl IntoIterator<Item = &'a str>,
+) -> std::io::Result<()> {
+    let epoch = std::time::UNIX_EPOCH + EPOCH;
+    let times = std::fs::FileTimes::new()
+        .set_accessed(epoch)
+        .set_modified(epoch);
+    for name in names {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join(name))?
+            .set_times(times)?;
+    }
+    std::fs::File::open(dir)?.set_times(times)
+}
+
 /// Gives a deterministic attempt its clocks and random sources.
 pub fn apply(wasi: &mut WasiCtxBuilder, seed: [u8; 32], clock: &VirtualClock) {
     wasi.wall_clock(clock.clone())
