@@ -9,7 +9,9 @@
 //!   no-op module, on the executor's own engine (pooling with keep-resident memory and
 //!   pagemap_scan, epoch interruption, store limits): the least any executor can pay.
 //! - runner: the same no-op task through `TaskRunner` (launch, the task thread, WASI
-//!   context with capped pipes, env and argv, status update back): what Flint pays.
+//!   context with capped pipes, env and argv, its usage measured, status update back):
+//!   what Flint pays; and again on an engine that meters fuel (`--fuel` executors, where
+//!   `"accounting": "exact"` jobs run).
 //! - compile vs disk cache: a module compiled from scratch against the same module
 //!   loaded from the verified on-disk artifact by a new executor (a restart).
 
@@ -190,14 +192,22 @@ fn main() {
     // lands on all of them alike; each figure is the median of its rounds.
     let sandbox = Arc::new(Sandbox::new(config()).unwrap());
     let wasm = wat::parse_str(NOOP).unwrap();
-    let mut rounds: [Vec<Duration>; 3] = Default::default();
+    let metered = Arc::new(
+        Sandbox::new(SandboxConfig {
+            fuel: true,
+            ..config()
+        })
+        .unwrap(),
+    );
+    let mut rounds: [Vec<Duration>; 4] = Default::default();
     for _ in 0..args.rounds {
         rounds[0].push(floor_per_task(args.tasks));
         let compiled = sandbox.compile(&wasm).unwrap();
         rounds[1].push(sandbox_run_per_task(args.tasks, &sandbox, &compiled));
         rounds[2].push(runner_per_task(args.tasks, &wasm, sandbox.clone()));
+        rounds[3].push(runner_per_task(args.tasks, &wasm, metered.clone()));
     }
-    let [floor, run_only, runner] = rounds.map(|mut r| {
+    let [floor, run_only, runner, runner_fuel] = rounds.map(|mut r| {
         r.sort();
         r[r.len() / 2]
     });
@@ -209,6 +219,7 @@ fn main() {
     for (what, d) in [
         ("Sandbox::run:              ", run_only),
         ("TaskRunner:                ", runner),
+        ("TaskRunner, fuel metered:  ", runner_fuel),
     ] {
         println!(
             "  p1 no-op, {what}  {:6.1} us/task  {:.2}x floor",
