@@ -27,7 +27,7 @@ use flint_protocol::{
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
-use self::counters::{thread_cpu_us, thread_schedstat};
+use self::counters::{cpu_since_last_attempt, thread_schedstat};
 use self::prepare::{JobFiles, trust};
 use self::status::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
@@ -169,6 +169,8 @@ impl TaskRunner {
                 .name(format!("flint-task-{i}"))
                 .stack_size(TASK_THREAD_STACK)
                 .spawn(move || {
+                    // The first attempt's CPU time counts from here.
+                    cpu_since_last_attempt();
                     if let (Some(runner), Some(stat)) = (runner.upgrade(), thread_schedstat()) {
                         runner
                             .task_threads
@@ -367,7 +369,6 @@ impl TaskRunner {
             return self.report_unrun(desc, failure, fetched, more_queued);
         }
         let started_at_us = now_us();
-        let cpu_began = thread_cpu_us();
         // The job's variables under the task's, except the `FLINT_*` ones, which a job
         // cannot set. Borrowed, not copied: a launch's strings go to WASI as they are.
         let job = desc.job.clone();
@@ -459,7 +460,7 @@ impl TaskRunner {
                 }
             });
         let mut report = report;
-        report.usage.cpu_us = thread_cpu_us().saturating_sub(cpu_began);
+        report.usage.cpu_us = cpu_since_last_attempt();
         report.usage.input_bytes = input_bytes;
         report.usage.fetched_bytes = fetched;
         report.pins = pins;

@@ -41,8 +41,24 @@ impl TaskRunner {
     }
 }
 
-/// CPU time the calling thread has had, in microseconds: one `clock_gettime` (a system
-/// call, about a quarter of a microsecond here; BENCHMARKS.md, "Accounting").
+thread_local! {
+    /// The task thread's CPU time when its previous attempt was measured.
+    static LAST_CPU_US: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The CPU time the calling task thread had since its previous attempt was measured (or
+/// since it started, which calls this once first): the attempt's instantiation, run and
+/// the small bookkeeping around it. One clock read per attempt, not two: a read is a system call
+/// (`CLOCK_THREAD_CPUTIME_ID` has no vDSO path), about a third of a microsecond here,
+/// and a no-op attempt costs the runner about 4 (BENCHMARKS.md, "Accounting"). A thread
+/// waiting for work gains no CPU time, so the attempts of a thread add up to its CPU time.
+pub(super) fn cpu_since_last_attempt() -> u64 {
+    let now = thread_cpu_us();
+    let last = LAST_CPU_US.with(|last| last.replace(Some(now)));
+    now.saturating_sub(last.unwrap_or(now))
+}
+
+/// CPU time the calling thread has had, in microseconds.
 pub(super) fn thread_cpu_us() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
