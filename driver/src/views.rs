@@ -6,8 +6,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::Usage;
 use flint_protocol::api::{
-    AttemptView, ErrorBody, ExecutorView, JobView, PinsView, ResultInfo, TaskAttemptView,
-    TaskState, TaskView, TimelineView,
+    AttemptView, ErrorBody, ExecutorView, JobView, MemoSource, PinsView, ResultInfo,
+    TaskAttemptView, TaskState, TaskView, TimelineView,
 };
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::records::JobSummaryRecord;
@@ -124,6 +124,19 @@ fn task_view(job: &Job, index: usize) -> TaskView {
         finished_at: task.finished_at_us.map(micros),
         usage: None,
         history: Vec::new(),
+        memoized_from: job
+            .def
+            .options
+            .memoized
+            .binary_search_by_key(&(index as u32), |(task, _, _)| *task)
+            .ok()
+            .map(|at| {
+                let (_, job, task) = &job.def.options.memoized[at];
+                MemoSource {
+                    job: job.clone(),
+                    task: *task,
+                }
+            }),
     }
 }
 

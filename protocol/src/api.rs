@@ -20,8 +20,8 @@ pub use cluster::{
     WorkerView,
 };
 pub use jobs::{
-    AttemptView, JobState, JobView, LaggedEvent, PinsView, ResultInfo, TaskAttemptView, TaskCounts,
-    TaskEvent, TaskState, TaskView, TimelineView,
+    AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo, TaskAttemptView,
+    TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,
 };
 pub use replay::{ReplayBundle, ReplayInputPart, ReplaySource};
 pub use spec::{

@@ -50,6 +50,11 @@ pub struct JobOptions {
     pub escalate: Option<Escalation>,
     /// `"deterministic": true`, with its seed (drawn at submission when not given).
     pub determinism: Option<Determinism>,
+    /// `"memoize": true`: a task computed before is taken from there.
+    pub memoize: bool,
+    /// The tasks taken from earlier ones at submission, in task order: (task, the job
+    /// and task whose result it is).
+    pub memoized: Vec<(u32, JobId, u32)>,
 }
 
 impl JobOptions {

@@ -187,6 +187,7 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
                     input: decode(input, &format!("inputs[{i}]"))?,
                     args: Vec::new(),
                     env: Vec::new(),
+                    memoized: None,
                 })
             })
             .collect::<Result<_, Rejection>>()?,
@@ -204,6 +205,7 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
                     input,
                     args: task.args,
                     env: task.env.into_iter().collect(),
+                    memoized: None,
                 })
             })
             .collect::<Result<_, Rejection>>()?,
@@ -271,8 +273,7 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
         .max_result_bytes
         .unwrap_or(defaults::JOB_MAX_RESULT_BYTES);
     let options = options::of(
-        spec.deterministic,
-        spec.seed,
+        (spec.deterministic, spec.seed, spec.memoize),
         spec.accounting,
         spec.retry.as_ref(),
         &resources,
@@ -293,7 +294,11 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
             .map_or(0, |d| d.as_millis() as u64),
         options,
     };
-    Ok(NewJob { def, tasks })
+    let job = NewJob { def, tasks };
+    if job.def.options.memoize {
+        options::check_memoizable(&job)?;
+    }
+    Ok(job)
 }
 
 /// The job's module: an uploaded one by id, or a URL the executors fetch through their

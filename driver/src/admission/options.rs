@@ -7,13 +7,12 @@ use flint_protocol::records::{Escalation, JobOptions};
 use flint_protocol::{Determinism, Resources};
 
 use super::Rejection;
-use crate::scheduler::escalation;
+use crate::scheduler::{NewJob, escalation, memo};
 
 /// What a spec asks for beyond its resources (already checked: `resources`): its
-/// `deterministic`, `seed`, `accounting` and `retry`.
+/// `deterministic`, `seed` and `memoize`, `accounting` and `retry`.
 pub(super) fn of(
-    deterministic: bool,
-    seed: Option<u64>,
+    (deterministic, seed, memoize): (bool, Option<u64>, bool),
     accounting: Option<Accounting>,
     retry: Option<&RetrySpec>,
     resources: &Resources,
@@ -30,9 +29,18 @@ pub(super) fn of(
             ));
         }
     };
+    if memoize && determinism.is_none() {
+        return Err(Rejection::new(
+            "invalid_spec",
+            "memoize is for deterministic jobs: give \"deterministic\": true too (a result is \
+             reused only where the same inputs are sure to make the same bytes)",
+        ));
+    }
     Ok(JobOptions {
         exact_accounting: accounting == Some(Accounting::Exact),
         determinism,
+        memoize,
+        memoized: Vec::new(),
         escalate: retry
             .and_then(|r| r.escalate.as_ref())
             .map(|e| escalation(e, resources))
@@ -94,4 +102,22 @@ pub(super) fn escalation(
 /// client reads exactly), from the random part of a v7 UUID.
 fn draw_seed() -> u64 {
     (uuid::Uuid::now_v7().as_u128() as u64) & ((1 << 53) - 1)
+}
+
+/// Whether every task of a `"memoize": true` job has a key: everything it runs named by
+/// digest (a module, file or input by URL needs its `sha256`).
+pub(super) fn check_memoizable(job: &NewJob) -> Result<(), Rejection> {
+    let count = job.tasks.len() as u32;
+    for (index, task) in job.tasks.iter().enumerate() {
+        memo::key(
+            &job.def,
+            index as u32,
+            count,
+            &task.input,
+            &task.args,
+            &task.env,
+        )
+        .map_err(|why| Rejection::new("invalid_spec", format!("memoize: {why}")))?;
+    }
+    Ok(())
 }

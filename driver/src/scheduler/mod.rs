@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskStatus, Usage,
+    ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskResult,
+    TaskStatus, Usage,
 };
 
 use exclusion::excluded_for_task;
@@ -25,6 +26,7 @@ pub mod escalation;
 pub mod exclusion;
 mod executors;
 pub mod latency;
+pub mod memo;
 mod model;
 mod offers;
 pub mod policy;
@@ -181,12 +183,35 @@ impl ClusterState {
     }
 
     pub fn submit_job(&mut self, job: NewJob) -> Vec<Action> {
+        let id = job.def.id.clone();
+        let memoized: Vec<u32> = (job.tasks.iter().enumerate())
+            .filter(|(_, t)| t.memoized.is_some())
+            .map(|(index, _)| index as u32)
+            .collect();
         self.insert_job(job);
-        self.make_offers()
+        // Memoized tasks ended as they were accepted: stored and told like any end, and
+        // a job with nothing left to run ends here.
+        let mut actions: Vec<Action> = (memoized.into_iter())
+            .map(|index| {
+                Action::TaskEnded(TaskId {
+                    job: id.clone(),
+                    index,
+                })
+            })
+            .collect();
+        let wall = self.wall;
+        if let Some(job) = self.jobs.get_mut(&id)
+            && job.all_final()
+        {
+            actions.extend(Self::end_job(job, JobState::Succeeded, None, wall));
+        }
+        actions.extend(self.make_offers());
+        actions
     }
 
     /// Adds a job with every task pending, and nothing launched yet.
     pub(crate) fn insert_job(&mut self, job: NewJob) {
+        let mut result_bytes = 0;
         let tasks = job
             .tasks
             .into_iter()
@@ -194,22 +219,28 @@ impl ClusterState {
                 input: t.input,
                 args: t.args,
                 env: t.env,
-                state: TaskState::Pending,
+                state: match t.memoized {
+                    Some(_) => TaskState::Succeeded,
+                    None => TaskState::Pending,
+                },
                 attempts: 0,
                 host_failures: 0,
                 failed_on: Vec::new(),
                 executor: None,
-                result: None,
-                result_digest: None,
+                result_digest: t.memoized.as_ref().map(TaskResult::digest),
+                result: t.memoized.inspect(|r| result_bytes += r.len()),
                 failure: None,
                 started_at_us: None,
                 finished_at_us: None,
                 log: Vec::new(),
             })
             .collect::<Vec<_>>();
-        let pending = (0..tasks.len() as u32).collect();
+        let pending = (0..tasks.len() as u32)
+            .filter(|&i| tasks[i as usize].state == TaskState::Pending)
+            .collect::<VecDeque<u32>>();
         let counts = TaskCounts {
-            pending: tasks.len() as u32,
+            pending: pending.len() as u32,
+            succeeded: (tasks.len() - pending.len()) as u32,
             ..TaskCounts::default()
         };
         self.queue.push_back(job.def.id.clone());
@@ -227,7 +258,7 @@ impl ClusterState {
                 state: JobState::Queued,
                 finished_at: None,
                 error: None,
-                result_bytes: 0,
+                result_bytes,
                 counts,
                 run_time_us: None,
                 attempts: Vec::new(),

@@ -175,6 +175,8 @@ pub struct NewTask {
     pub input: TaskInput,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// A memoized task's result (`options.memoized` says whose): it never runs.
+    pub memoized: Option<TaskResult>,
 }
 
 pub struct Job {
@@ -215,10 +217,9 @@ pub struct Job {
     pub(crate) rebuilt: Vec<u32>,
     /// What its attempts used, summed as they end (see [`Usage::add`]).
     pub usage: Usage,
-    /// Escalated budgets by task (`"retry": {"escalate": ...}`): a map, not a field of
-    /// every task, because escalation is rare and a million pending tasks pay per field.
+    /// Escalated budgets by task: a map, as escalation is rare and tasks pay per field.
     pub(crate) budgets: FastMap<u32, Resources>,
-    /// What each attempt of a deterministic job ran, by digest, by its span's index.
+    /// What each attempt of a deterministic job ran, by its span's index.
     pub pins: FastMap<u32, Pins>,
 }
 
@@ -243,7 +244,6 @@ pub struct AttemptSpan {
     pub usage: Option<Usage>,
 }
 
-/// How an attempt ended.
 pub use flint_protocol::records::AttemptOutcome as Outcome;
 
 /// Unix microseconds of a wall-clock time.

@@ -3,6 +3,7 @@
 //! into the archive. Kept apart from the entry points (submission, executors) so that
 //! every change goes through one place that keeps those effects in the state's order.
 
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{TaskEvent, TaskState};
@@ -10,6 +11,7 @@ use flint_protocol::{DriverMessage, JobId, TaskId};
 
 use super::{Deferred, Driver, Inner, archive};
 use crate::events::JobEvent;
+use crate::scheduler::memo;
 use crate::scheduler::{Action, ClusterState, Job};
 use crate::store::durable;
 
@@ -71,11 +73,9 @@ impl Driver {
                 }
                 Action::TaskEnded(task) => {
                     self.publish_task(&inner.state, &task);
-                    if let Some(t) = inner
-                        .state
-                        .jobs
-                        .get_mut(&task.job)
-                        .and_then(|j| j.tasks.get_mut(task.index as usize))
+                    if let Some(job) = inner.state.jobs.get_mut(&task.job)
+                        && let count = job.tasks.len() as u32
+                        && let Some(t) = job.tasks.get_mut(task.index as usize)
                     {
                         self.metrics.task_ended(t);
                         self.store.task_ended(
@@ -83,6 +83,10 @@ impl Driver {
                             task.index,
                             durable::task_end_record(t),
                         );
+                        if let Some(key) = memo::found(&job.def, task.index, count, t) {
+                            let write = self.store.memo_found(key, task.job.clone(), task.index);
+                            self.memo_writes.fetch_max(write, Ordering::Relaxed);
+                        }
                         // Nothing runs an ended task again: its input can go.
                         t.input = flint_protocol::TaskInput::Inline(Vec::new());
                         t.args = Vec::new();

@@ -94,6 +94,8 @@ pub struct Driver {
     inner: Mutex<Inner>,
     /// Bumped whenever a job reaches a final state, for `?wait=` callers.
     jobs_finished: watch::Sender<u64>,
+    /// The job store's write number of the latest memo entry sent (see `take_memoized`).
+    memo_writes: std::sync::atomic::AtomicU64,
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
@@ -164,6 +166,7 @@ impl Driver {
                 finished,
             }),
             jobs_finished: watch::Sender::new(0),
+            memo_writes: Default::default(),
             metrics: crate::metrics::Metrics::default(),
             events,
             executor_logs: Default::default(),

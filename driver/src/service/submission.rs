@@ -4,14 +4,16 @@
 //! then settles an end that `actions` held back meanwhile (`storing`, `deferred`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use flint_protocol::{Digest, JobId};
+use flint_protocol::api::TaskState;
+use flint_protocol::{Digest, JobId, TaskResult};
 
 use super::idempotency::IdempotencyKey;
 use super::{Deferred, Driver};
 use crate::admission::{self, Rejection};
-use crate::scheduler::NewJob;
+use crate::scheduler::{NewJob, memo};
 use crate::store::StoreError;
 use crate::store::durable;
 use crate::store::usage::OverQuota;
@@ -153,6 +155,50 @@ impl Driver {
         let (max_cores, any_fuel) =
             self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
         admission::check_schedulable(&job, max_cores, any_fuel)?;
+        let mut job = job;
+        if job.def.options.memoize {
+            self.take_memoized(&mut job)?;
+        }
         Ok(job)
+    }
+
+    /// Gives each task of a `"memoize": true` job that an earlier task computed the
+    /// earlier result (inline results only: a block belongs to its job). An entry whose
+    /// job is gone, or whose task no longer holds that result, is passed over and the
+    /// task runs.
+    fn take_memoized(&self, job: &mut NewJob) -> Result<(), Rejection> {
+        let storage = |e: StoreError| Rejection::new(admission::STORAGE, e.to_string());
+        // A task that ended a moment ago is told (its job may even have ended) before its
+        // entry is committed: commit what is queued first, so that a job submitted after
+        // an identical one ended finds all of its results.
+        if !self
+            .store
+            .is_durable(self.memo_writes.load(Ordering::Relaxed))
+        {
+            self.store.flush();
+        }
+        let count = job.tasks.len() as u32;
+        for index in 0..count {
+            let task = &job.tasks[index as usize];
+            let Ok(key) = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
+            else {
+                continue;
+            };
+            let Some((from, at)) = self.store.memo(&key).map_err(storage)? else {
+                continue;
+            };
+            let result = self
+                .job(&from, |j| {
+                    let t = j.tasks.get(at as usize)?;
+                    (t.state == TaskState::Succeeded).then(|| t.result.clone())?
+                })
+                .map_err(storage)?
+                .flatten();
+            if let Some(result @ TaskResult::Inline(_)) = result {
+                job.tasks[index as usize].memoized = Some(result);
+                job.def.options.memoized.push((index, from, at));
+            }
+        }
+        Ok(())
     }
 }

@@ -233,6 +233,7 @@ fn new_job(job: JobRecord) -> NewJob {
                 input: t.input,
                 args: t.args,
                 env: t.env,
+                memoized: None,
             })
             .collect(),
     }

@@ -173,6 +173,18 @@ pub struct TaskView {
     /// are kept when the job ends).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<TaskAttemptView>,
+    /// For a task of a `"memoize": true` job that did not run: the earlier task whose
+    /// result it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memoized_from: Option<MemoSource>,
+}
+
+/// The task a memoized task's result comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MemoSource {
+    pub job: JobId,
+    pub task: u32,
 }
 
 /// One attempt of a task as its task view lists it.

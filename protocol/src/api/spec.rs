@@ -69,6 +69,12 @@ pub struct JobSpec {
     /// `deterministic`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Take a task's result from an earlier task that ran the same (module, input, args,
+    /// env, files, seed, index and limits, all by SHA-256) and succeeded, instead of
+    /// running it. Only with `deterministic`; a module, file or input by URL needs its
+    /// `sha256`. Results up to the inline limit are kept for this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memoize: bool,
     /// What a task that fails by running out of memory or time does next: see
     /// [`RetrySpec`].
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -41,6 +41,7 @@ pub(crate) fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
                 input: TaskInput::Inline(vec![]),
                 args: vec![],
                 env: vec![],
+                memoized: None,
             })
             .collect(),
     }

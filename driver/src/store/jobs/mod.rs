@@ -41,7 +41,8 @@ use rows::{delete_job, insert_job};
 use schema::LAYOUT;
 use schema::{
     ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOBS, META, NEXT_SEQUENCE, SUMMARIES, blob_key, create_tables, state_code,
+    JOB_ATTEMPTS_V1, JOBS, MEMO, META, NEXT_SEQUENCE, SUMMARIES, blob_key, create_tables,
+    state_code,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +227,27 @@ impl JobStore {
     /// the write's number.
     pub fn attempts_ended(&self, job: JobId, attempts: Vec<AttemptRecord>) -> u64 {
         self.writer.send(writer::Write::Attempts(job, attempts))
+    }
+
+    /// Queues a memoize job's successful task as the entry of its memo key (unless an
+    /// earlier one is); returns the write's number.
+    pub fn memo_found(&self, key: Digest, job: JobId, index: u32) -> u64 {
+        self.writer.send(writer::Write::Memo(key, job, index))
+    }
+
+    /// The job and task whose result a memo key stands for, if any is stored.
+    pub fn memo(&self, key: &Digest) -> Result<Option<(JobId, u32)>, StoreError> {
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let table = match txn.open_table(MEMO) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(db_error(e)),
+        };
+        let found = table.get(key.0.as_slice()).map_err(db_error)?;
+        Ok(found.map(|v| {
+            let (job, index) = v.value();
+            (JobId(job.to_owned()), index)
+        }))
     }
 
     /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a

@@ -10,8 +10,8 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
     BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOBS, SUMMARIES, TASK_ENDS, blob_key,
-    state_code,
+    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOBS, MEMO, MEMO_BY_JOB, SUMMARIES,
+    TASK_ENDS, blob_key, state_code,
 };
 use super::{Deleted, StoreError, db_error};
 
@@ -194,6 +194,28 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
             .map_err(db_error)?;
         for sequence in sequences {
             ends.remove((id, sequence)).map_err(db_error)?;
+        }
+    }
+    {
+        // Its memo entries: later jobs find nothing of it (those that took a result from
+        // it keep their own copy).
+        let mut by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
+        let mut memo = txn.open_table(MEMO).map_err(db_error)?;
+        let entries: Vec<(u32, Vec<u8>)> = by_job
+            .range((id, 0)..=(id, u32::MAX))
+            .map_err(db_error)?
+            .map(|e| e.map(|(k, v)| (k.value().1, v.value().to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(db_error)?;
+        for (index, key) in entries {
+            by_job.remove((id, index)).map_err(db_error)?;
+            let ours = memo
+                .get(key.as_slice())
+                .map_err(db_error)?
+                .map(|v| v.value() == (id, index));
+            if ours == Some(true) {
+                memo.remove(key.as_slice()).map_err(db_error)?;
+            }
         }
     }
     txn.open_table(JOB_ENDS)

@@ -40,6 +40,14 @@ pub(super) const JOB_ATTEMPTS_V1: TableDefinition<&str, &[u8]> =
 /// is, deleted with it. Added in layout 5 without a new layout: a job without a value
 /// here has the defaults.
 pub(super) const JOB_OPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_options.v1");
+/// Memoized results: a task's memo key (SHA-256, see `scheduler::memo`) -> the first job
+/// and task that succeeded with it and kept its result inline. Added in layout 5 without
+/// a new layout; deleted with that job (through `MEMO_BY_JOB`).
+pub(super) const MEMO: TableDefinition<&[u8], (&str, u32)> = TableDefinition::new("memo.v1");
+/// (job, task) -> the memo key it is the entry of, so that deleting a job drops its
+/// entries.
+pub(super) const MEMO_BY_JOB: TableDefinition<(&str, u32), &[u8]> =
+    TableDefinition::new("memo_by_job.v1");
 /// Idempotency keys: key -> (the SHA-256 of the canonical spec the key was given with,
 /// the job it made). Written in the job's own transaction, so a job and its key are
 /// stored together or not at all.
@@ -89,6 +97,8 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(TASK_ENDS).map_err(db_error)?;
     txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
     txn.open_table(JOB_OPTIONS).map_err(db_error)?;
+    txn.open_table(MEMO).map_err(db_error)?;
+    txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;
     txn.open_table(JOB_KEYS).map_err(db_error)?;
     txn.open_table(BY_STATE).map_err(db_error)?;

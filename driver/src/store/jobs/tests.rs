@@ -292,8 +292,10 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
         final_summary(&gone, JobState::Succeeded, 5),
     );
     store.attempts_ended(id.clone(), vec![attempt(0, 1)]);
+    store.memo_found(Digest::of(b"a task's key"), id.clone(), 1);
     store.flush();
     assert!(store.attempts(&id).unwrap().is_some());
+    assert!(store.memo(&Digest::of(b"a task's key")).unwrap().is_some());
     let deleted = store.delete_job(&id).unwrap().expect("it was there");
     assert_eq!(deleted.key.as_deref(), Some("key-1"));
     assert!(store.delete_job(&id).unwrap().is_none(), "once");
@@ -348,6 +350,19 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
                 .iter()
                 .unwrap()
                 .any(|e| e.unwrap().1.value().1 == "gone"),
+            "memo.v1" => txn
+                .open_table(MEMO)
+                .unwrap()
+                .iter()
+                .unwrap()
+                .any(|e| e.unwrap().1.value().0 == "gone"),
+            "memo_by_job.v1" => txn
+                .open_table(MEMO_BY_JOB)
+                .unwrap()
+                .range(("gone", 0)..=("gone", u32::MAX))
+                .unwrap()
+                .next()
+                .is_some(),
             "blob_refs.v1" | "meta" => false,
             other => panic!("a table this test does not know: {other}; teach it to look there"),
         };
@@ -703,6 +718,8 @@ fn a_jobs_options_are_stored_beside_it_and_a_job_without_any_has_the_defaults() 
             max_timeout_ms: 60_000,
         }),
         determinism: Some(flint_protocol::Determinism { seed: 7 }),
+        memoize: true,
+        memoized: vec![(1, JobId("earlier".into()), 3)],
     };
     store.put_job(&asked, None).unwrap();
     store.put_job(&record_at("plain", "a", 2), None).unwrap();
@@ -753,4 +770,47 @@ fn attempts_stored_before_usage_was_kept_are_read_from_the_old_table_without_it(
     // Deleting the job takes the old row too.
     store.delete_job(&JobId("old".into())).unwrap().unwrap();
     assert_eq!(store.attempts(&JobId("old".into())).unwrap(), None);
+}
+
+#[test]
+fn a_memo_entry_is_the_first_stored_computation_and_goes_with_its_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    store.put_job(&record_at("first", "a", 1), None).unwrap();
+    store.put_job(&record_at("second", "a", 2), None).unwrap();
+    let (key, other) = (Digest::of(b"key"), Digest::of(b"other"));
+    store.memo_found(key, JobId("first".into()), 0);
+    store.memo_found(key, JobId("second".into()), 4);
+    store.memo_found(other, JobId("second".into()), 5);
+    store.flush();
+    let store = reopen(store, &path);
+    assert_eq!(
+        store.memo(&key).unwrap(),
+        Some((JobId("first".into()), 0)),
+        "the first keeps it"
+    );
+    assert_eq!(store.memo(&Digest::of(b"unknown")).unwrap(), None);
+    // Deleting the holder frees its keys for the next computation, and nothing else.
+    store.delete_job(&JobId("first".into())).unwrap().unwrap();
+    assert_eq!(store.memo(&key).unwrap(), None);
+    assert_eq!(
+        store.memo(&other).unwrap(),
+        Some((JobId("second".into()), 5))
+    );
+    store.memo_found(key, JobId("second".into()), 4);
+    store.flush();
+    assert_eq!(store.memo(&key).unwrap(), Some((JobId("second".into()), 4)));
+    // An entry whose job was never stored (or is gone) gives way.
+    let orphan = Digest::of(b"orphan");
+    store.memo_found(orphan, JobId("never-stored".into()), 0);
+    store.flush();
+    store.memo_found(orphan, JobId("second".into()), 6);
+    store.flush();
+    assert_eq!(
+        store.memo(&orphan).unwrap(),
+        Some((JobId("second".into()), 6))
+    );
+    store.delete_job(&JobId("second".into())).unwrap().unwrap();
+    assert_eq!(store.memo(&orphan).unwrap(), None);
 }

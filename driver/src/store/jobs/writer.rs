@@ -13,14 +13,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flint_protocol::JobId;
 use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord, TaskEndRecord};
+use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableTable};
 
 use super::handle::Handle;
 
 use super::rows::end_job;
-use super::schema::{JOB_ATTEMPTS, JOBS, META, NEXT_SEQUENCE, TASK_ENDS};
+use super::schema::{JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS};
 use super::{StoreError, db_error};
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
@@ -37,6 +37,8 @@ pub(super) enum Write {
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord, Box<JobSummaryRecord>),
     Attempts(JobId, Vec<AttemptRecord>),
+    /// A memoize job's task succeeded with an inline result under this key.
+    Memo(Digest, JobId, u32),
     /// Try to commit what came before now, then answer.
     Flush(mpsc::SyncSender<()>),
 }
@@ -264,6 +266,7 @@ fn commit(
         };
         let mut job_ends = Vec::new();
         let mut timelines = Vec::new();
+        let mut memos = Vec::new();
         for (_, write) in batch {
             match write {
                 Write::TaskEnd(job, index, end) => {
@@ -283,6 +286,7 @@ fn commit(
                 }
                 Write::JobEnd(job, end, summary) => job_ends.push((job, end, summary)),
                 Write::Attempts(job, attempts) => timelines.push((job, attempts)),
+                Write::Memo(key, job, index) => memos.push((key, job, *index)),
                 Write::Flush(_) => {}
             }
         }
@@ -309,7 +313,29 @@ fn commit(
                 .insert(job.0.as_str(), bytes.as_slice())
                 .map_err(db_error)?;
         }
-        drop((attempts, jobs));
+        let mut memo = txn.open_table(MEMO).map_err(db_error)?;
+        let mut memo_by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
+        for (key, job, index) in memos {
+            // The first computation keeps the entry while its job is stored. The job
+            // itself may not be committed yet (its tasks can end first): an entry whose
+            // job never is, or was deleted meanwhile, finds nothing at lookup and gives
+            // way to the next computation.
+            let held = memo
+                .get(key.0.as_slice())
+                .map_err(db_error)?
+                .map(|v| v.value().0.to_owned());
+            if let Some(holder) = held
+                && jobs.get(holder.as_str()).map_err(db_error)?.is_some()
+            {
+                continue;
+            }
+            memo.insert(key.0.as_slice(), (job.0.as_str(), index))
+                .map_err(db_error)?;
+            memo_by_job
+                .insert((job.0.as_str(), index), key.0.as_slice())
+                .map_err(db_error)?;
+        }
+        drop((attempts, jobs, memo, memo_by_job));
         txn.open_table(META)
             .map_err(db_error)?
             .insert(NEXT_SEQUENCE, sequence)
