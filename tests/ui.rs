@@ -297,7 +297,22 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
                 .as_deref(),
             Some("0 B")
         );
+        // What it used: its peak memory in whole pages (a Rust guest holds at least one
+        // MiB), and the CPU time it took.
+        let peak = browser.text(&format!("{task} td[data-col='peak-memory']"));
+        assert!(
+            peak.as_deref().is_some_and(|p| p.ends_with("MiB")),
+            "{peak:?}"
+        );
+        let cpu = browser.text(&format!("{task} td[data-col='cpu']"));
+        assert!(
+            cpu.as_deref()
+                .is_some_and(|c| c.ends_with(" ms") || c.ends_with(" s")),
+            "{cpu:?}"
+        );
     }
+    let title = browser.text("#tasks-title").unwrap_or_default();
+    assert!(title.contains("peak memory"), "{title}");
     let log_href = browser.eval(
         "return document.querySelector(\"tr[data-task='2'] td[data-col='log'] a\").getAttribute('href');",
     );
