@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 import flint_client
@@ -63,6 +65,12 @@ async def test_map_failures_kill_logs_and_errors(driver: Driver, guests: Guests)
         logged = await client.submit(guests.testkit, [""], args=["eprint", "10"])
         await logged.wait(60)
         assert await logged.logs(0) == "e" * 10
+        bundle = await logged.replay(0)
+        assert bundle.outcome == "succeeded" and bundle.args == ["eprint", "10"] and not bundle.deterministic
+        assert bundle.log_sha256 == "sha256:" + hashlib.sha256(b"e" * 10).hexdigest()
+        assert bundle.result_sha256 == "sha256:" + hashlib.sha256(b"").hexdigest()
+        assert await client.replay(logged.id, 0, attempt=1) == bundle
+        assert await client.replay_input(bundle) == b""
 
         names = [j.id async for j in client.jobs(limit=3)]
         assert len(names) == 3
@@ -76,6 +84,9 @@ async def test_map_failures_kill_logs_and_errors(driver: Driver, guests: Guests)
         await logged.delete()
         with pytest.raises(NotFound):
             await logged.info()
+        with pytest.raises(NotFound) as gone:
+            await logged.replay(0)
+        assert gone.value.kind == "job_not_found"
 
 
 async def test_timeline_history_and_usage(driver: Driver, guests: Guests) -> None:

@@ -368,6 +368,83 @@ def test_a_deterministic_job_runs_the_same_twice_and_pins_what_it_ran(client: Cl
     assert "deterministic" in refused.value.message
 
 
+def test_a_memoized_job_takes_the_results_of_one_that_ran_the_same(client: Client, guests: Guests) -> None:
+    module = client.upload_module(guests.testkit)
+    first = client.submit(module, ["a", "b"], args=["echo"], deterministic=True, seed=3, memoize=True)
+    first.wait(60, raise_on_failure=True)
+    assert first.results() == [b"a", b"b"]
+    ran = list(first.tasks())
+    assert [t.memoized_from for t in ran] == [None, None], "nothing computed these before"
+    assert all(t.attempts >= 1 and t.history for t in ran)
+
+    again = client.submit(module, ["a", "b"], args=["echo"], deterministic=True, seed=3, memoize=True)
+    view = again.wait(60, raise_on_failure=True)
+    assert view.state == "succeeded" and view.counts.succeeded == 2
+    assert again.results() == first.results()
+    tasks = list(again.tasks())
+    assert [t.index for t in tasks] == [0, 1]
+    for task in tasks:
+        assert isinstance(task.memoized_from, flint_client.MemoSource)
+        assert task.memoized_from.job == first.id and task.memoized_from.task == task.index
+        assert task.attempts == 0 and task.history == [] and task.state == "succeeded"
+        assert task.result == ran[task.index].result
+
+    # Memoizing is for a deterministic job only.
+    with pytest.raises(InvalidSpec) as refused:
+        client.submit(module, ["a", "b"], args=["echo"], memoize=True)
+    assert refused.value.kind == "invalid_spec" and refused.value.status == 422
+    assert "deterministic" in refused.value.message
+
+
+def test_replay_of_a_failed_deterministic_task(client: Client, guests: Guests) -> None:
+    module = client.upload_module(guests.testkit)
+    job = client.submit(module, ["hi"], args=["exit", "3"], deterministic=True, seed=5)
+    assert job.wait(60).state == "failed"
+    bundle = client.replay(job.id, 0)
+    assert isinstance(bundle, flint_client.ReplayBundle)
+    assert (bundle.job, bundle.task, bundle.attempt, bundle.task_count) == (job.id, 0, 1, 1)
+    assert bundle.outcome == "exit"
+    assert bundle.error is not None and bundle.error.kind == "exit" and "3" in bundle.error.message
+    log = job.logs(0).encode()
+    assert log, "testkit's exit says so on stderr"
+    assert bundle.log_sha256 == "sha256:" + hashlib.sha256(log).hexdigest()
+    assert bundle.result_sha256 is None  # it failed
+    assert bundle.module.sha256 == module and bundle.module.url == f"/v1/modules/{module}"
+    (part,) = bundle.input
+    assert isinstance(part, flint_client.InlinePart) and part.bytes == b"hi"
+    assert bundle.input_sha256 == "sha256:" + hashlib.sha256(b"hi").hexdigest()
+    assert bundle.seed == 5 and bundle.deterministic is True
+    assert bundle.args == ["exit", "3"] and bundle.files == {} and bundle.env == {}
+    (task,) = job.tasks()
+    assert (bundle.memory_mb, bundle.timeout_ms) == (task.history[0].memory_mb, task.history[0].timeout_ms)
+    # The same through the job's handle and by its attempt's number; the bytes from the
+    # driver, checked against the bundle's digests.
+    assert job.replay(0) == bundle and client.replay(job.id, 0, attempt=1) == bundle
+    assert client.replay_input(bundle) == b"hi"
+    assert client.replay_bytes(bundle.module) == guests.testkit.read_bytes()
+    with pytest.raises(NotFound) as attempt:
+        client.replay(job.id, 0, attempt=9)
+    assert attempt.value.kind == "attempt_not_found" and attempt.value.status == 404
+    with pytest.raises(NotFound) as task_missing:
+        job.replay(1)
+    assert task_missing.value.kind == "task_not_found"
+
+
+def test_replay_of_a_task_whose_input_the_driver_serves(client: Client, guests: Guests) -> None:
+    big = "b" * 3_000_000  # past the inline limit: the result is a block, and so the next task's input
+    first = client.submit(guests.testkit, [big], args=["echo"])
+    first.wait(120, raise_on_failure=True)
+    chained = client.submit(guests.testkit, [first.result_ref(0), "!"], args=["echo"], deterministic=True)
+    chained.wait(120, raise_on_failure=True)
+    bundle = chained.replay(0)
+    (part,) = bundle.input
+    assert isinstance(part, flint_client.ReplaySource) and part.on_driver and part.sha256
+    assert client.replay_input(bundle) == big.encode()
+    assert bundle.outcome == "succeeded" and bundle.error is None
+    assert bundle.result_sha256 == "sha256:" + hashlib.sha256(big.encode()).hexdigest()
+    assert client.replay_input(chained.replay(1)) == b"!"
+
+
 def test_cluster_history(client: Client) -> None:
     history = client.cluster_history()
     deadline = time.monotonic() + 5

@@ -1,9 +1,12 @@
 """The sans-I/O core without a driver: frame and event decoding, error mapping, spec
-building, model parsing (usage, attempt history, pins and seeds too), and, over mock
-transports, the request count of ``map`` and what ``submit`` sends."""
+building, model parsing (usage, attempt history, pins and seeds, memoized tasks, replay
+bundles too), and, over mock transports, the request count of ``map``, what ``submit``
+sends and what ``replay`` asks for."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import random
 import struct
@@ -98,6 +101,9 @@ def response(status: int, body: object, headers: Optional[dict] = None) -> httpx
         (422, "idempotency_conflict", flint_client.Conflict),
         (409, "no_result", flint_client.Conflict),
         (409, "job_running", flint_client.Conflict),
+        (409, "not_run", flint_client.Conflict),
+        (404, "attempt_not_found", flint_client.NotFound),
+        (410, "replay_unavailable", flint_client.ReplayUnavailable),
         (503, "overloaded", flint_client.Overloaded),
         (507, "storage_full", flint_client.StorageFull),
         (500, "storage", flint_client.ServerError),
@@ -488,6 +494,122 @@ async def test_the_async_client_sends_deterministic_and_seed() -> None:
     assert bodies[3]["seed"] == 1 and "deterministic" not in bodies[3]
 
 
+#: A task of a memoized job that did not run (as the driver answers it): succeeded, with
+#: no attempt, the result of task 1 of job-0.
+MEMOIZED_TASK = {
+    "index": 1,
+    "state": "succeeded",
+    "attempts": 0,
+    "executor": None,
+    "exit_code": 0,
+    "error": None,
+    "result": {"size": 1, "sha256": "3e"},
+    "started_at": None,
+    "finished_at": None,
+    "memoized_from": {"job": "job-0", "task": 1},
+}
+
+
+def test_a_task_view_parses_memoized_from() -> None:
+    task = from_json(flint_client.TaskView, MEMOIZED_TASK)
+    assert task.memoized_from == flint_client.MemoSource(job="job-0", task=1)
+    assert isinstance(task.memoized_from, flint_client.MemoSource)
+    assert task.state == "succeeded" and task.attempts == 0 and task.history == [] and task.usage is None
+    assert task.result == flint_client.ResultInfo(1, "3e")
+    # A task that ran has none: the driver leaves it out, or (another server) sends null.
+    assert from_json(flint_client.TaskView, ESCALATED_TASK).memoized_from is None
+    assert from_json(flint_client.TaskView, dict(MEMOIZED_TASK, memoized_from=None)).memoized_from is None
+    # Fields this client does not know are ignored in it too; what it lacks is defaulted.
+    newer = from_json(flint_client.TaskView, dict(MEMOIZED_TASK, memoized_from={"job": "job-0", "task": 1, "more": 2}))
+    assert newer.memoized_from == flint_client.MemoSource("job-0", 1)
+    assert flint_client.MemoSource() == flint_client.MemoSource("", 0)
+
+
+def test_memoize_goes_into_the_spec_only_when_true() -> None:
+    module = {"module": "sha256:00"}
+    plain = core.build_spec(module, inputs=[""], deterministic=True, seed=3)
+    assert "memoize" not in plain
+    assert core.build_spec(module, inputs=[""], deterministic=True, seed=3, memoize=False) == plain
+    memoized = core.build_spec(module, inputs=["a", "b"], args=["echo"], deterministic=True, seed=3, memoize=True)
+    assert memoized == {
+        "module": "sha256:00",
+        "inputs": [{"text": "a"}, {"text": "b"}],
+        "args": ["echo"],
+        "deterministic": True,
+        "seed": 3,
+        "memoize": True,
+    }
+    assert json.loads(json.dumps(memoized)) == memoized
+    # Without deterministic it is sent as it is: the driver refuses it (422 invalid_spec).
+    alone = core.build_spec(module, inputs=[""], memoize=True)
+    assert alone["memoize"] is True and "deterministic" not in alone
+
+
+def memo_driver(bodies: List[dict]) -> httpx.MockTransport:
+    """A mock driver whose job-1 has task 0 run and task 1 memoized; it keeps each
+    submitted spec in ``bodies`` and refuses ``memoize`` without ``deterministic`` as
+    the driver does."""
+    view = {"id": "job-1", "state": "succeeded", "tasks": 2, "counts": {"succeeded": 2}, "seed": 3}
+    ran = dict(PINNED_TASK, index=0)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/jobs" and request.method == "POST":
+            body = json.loads(request.content)
+            bodies.append(body)
+            if body.get("memoize") and not body.get("deterministic"):
+                message = 'memoize is for deterministic jobs: give "deterministic": true too'
+                return httpx.Response(422, json={"error": {"kind": "invalid_spec", "message": message}})
+            return httpx.Response(202, json=view)
+        if path == "/v1/jobs/job-1/tasks":
+            return httpx.Response(200, json={"items": [ran, MEMOIZED_TASK], "next": None})
+        if path == "/v1/jobs/job-1/results":
+            return httpx.Response(200, content=frames([b"a", b"b"]))
+        return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+
+    return httpx.MockTransport(handler)
+
+
+def test_submit_and_map_send_memoize_and_tasks_say_where_their_results_came_from() -> None:
+    bodies: List[dict] = []
+    with flint_client.Client("http://flint.test", transport=memo_driver(bodies)) as client:
+        job = client.submit("sha256:00", ["a", "b"], args=["echo"], deterministic=True, seed=3, memoize=True)
+        ran, memoized = job.tasks()
+        assert ran.memoized_from is None and ran.attempts == 1
+        assert memoized.memoized_from == flint_client.MemoSource("job-0", 1) and memoized.attempts == 0
+        assert client.map("sha256:00", ["a", "b"], deterministic=True, memoize=True) == [b"a", b"b"]
+        client.submit("sha256:00", ["a"], deterministic=True)
+        with pytest.raises(flint_client.InvalidSpec, match="deterministic") as refused:
+            client.submit("sha256:00", ["a"], memoize=True)
+        assert refused.value.kind == "invalid_spec" and refused.value.status == 422
+    assert bodies[0] == {
+        "module": "sha256:00",
+        "inputs": [{"text": "a"}, {"text": "b"}],
+        "args": ["echo"],
+        "deterministic": True,
+        "seed": 3,
+        "memoize": True,
+    }
+    assert bodies[1]["memoize"] is True and bodies[1]["deterministic"] is True
+    assert "memoize" not in bodies[2]
+    assert bodies[3]["memoize"] is True and "deterministic" not in bodies[3]
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sends_memoize() -> None:
+    bodies: List[dict] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=memo_driver(bodies)) as client:
+        job = await client.submit("sha256:00", ["a", "b"], deterministic=True, memoize=True)
+        sources = [t.memoized_from async for t in job.tasks()]
+        assert sources == [None, flint_client.MemoSource("job-0", 1)]
+        assert await client.map("sha256:00", ["a", "b"], deterministic=True, seed=3, memoize=True) == [b"a", b"b"]
+        await client.submit("sha256:00", [""], deterministic=True)
+        with pytest.raises(flint_client.InvalidSpec):
+            await client.submit("sha256:00", ["x"], memoize=True)
+    assert [b.get("memoize") for b in bodies] == [True, True, None, True]
+    assert bodies[1]["seed"] == 3 and "deterministic" not in bodies[3]
+
+
 def test_map_takes_a_constant_number_of_requests() -> None:
     """20,000 tasks: upload, submit (answered when the job ended), one bulk read."""
     n = 20_000
@@ -681,3 +803,213 @@ async def test_the_async_client_sees_a_cut_results_stream() -> None:
             await client.job("job-2").results()
         with pytest.raises(flint_client.FlintTimeoutError, match="did not answer in time"):
             await client.job("job-3").results()
+
+
+MODULE = b"\0asm\1\0\0\0"
+MODULE_ID = "sha256:" + hashlib.sha256(MODULE).hexdigest()
+
+#: A deterministic task's bundle (as the driver answers it): it exited 3, and its stdin
+#: is an inline part and a block the driver serves.
+BUNDLE = {
+    "job": "job-1",
+    "task": 0,
+    "attempt": 1,
+    "task_count": 2,
+    "name": "job",
+    "module": {"url": f"/v1/modules/{MODULE_ID}", "sha256": MODULE_ID},
+    "files": {"words.txt": {"url": "https://h/words.txt", "sha256": "sha256:" + "f0" * 32}},
+    "input": [
+        {"base64": "aGk="},
+        {"url": "/v1/blocks/job-0/0-1-7", "sha256": "sha256:" + hashlib.sha256(b" there").hexdigest()},
+    ],
+    "input_sha256": "sha256:" + hashlib.sha256(b"hi there").hexdigest(),
+    "args": ["exit", "3"],
+    "env": {"COLOUR": "red"},
+    "deterministic": True,
+    "seed": 5,
+    "memory_mb": 256,
+    "timeout_ms": 60000,
+    "max_output_bytes": 1073741824,
+    "fuel": None,
+    "outcome": "exit",
+    "error": {"kind": "exit", "message": "exited with code 3"},
+    "log_sha256": "sha256:68b4282e36940b17cb09353849cbcfab59d2f6800d306056db90d46793861e02",
+    "result_sha256": None,
+}
+
+#: An earlier attempt of a plain job: everything the driver may leave null, null.
+BARE_BUNDLE = dict(
+    BUNDLE,
+    attempt=1,
+    module={"url": "https://h/m.wasm", "sha256": None},
+    files={},
+    input=[{"url": "https://h/in.txt", "sha256": None}],
+    input_sha256=None,
+    env={},
+    deterministic=False,
+    seed=None,
+    outcome="memory_limit",
+    error=None,
+    log_sha256=None,
+    result_sha256=None,
+)
+
+
+def test_a_replay_bundle_parses_with_its_sources_and_input_parts() -> None:
+    bundle = from_json(flint_client.ReplayBundle, BUNDLE)
+    assert bundle.job == "job-1" and (bundle.task, bundle.attempt, bundle.task_count) == (0, 1, 2)
+    assert bundle.module == flint_client.ReplaySource(f"/v1/modules/{MODULE_ID}", MODULE_ID)
+    assert bundle.module.on_driver
+    assert bundle.files == {"words.txt": flint_client.ReplaySource("https://h/words.txt", "sha256:" + "f0" * 32)}
+    assert isinstance(bundle.files["words.txt"], flint_client.ReplaySource)
+    assert not bundle.files["words.txt"].on_driver
+    inline, block = bundle.input
+    assert inline == flint_client.InlinePart("aGk=") and inline.bytes == b"hi"
+    assert isinstance(block, flint_client.ReplaySource) and block.url == "/v1/blocks/job-0/0-1-7"
+    assert bundle.args == ["exit", "3"] and bundle.env == {"COLOUR": "red"}
+    assert bundle.deterministic is True and bundle.seed == 5
+    assert (bundle.memory_mb, bundle.timeout_ms, bundle.max_output_bytes, bundle.fuel) == (256, 60000, 1 << 30, None)
+    assert bundle.outcome == "exit" and bundle.error == flint_client.ErrorBody("exit", "exited with code 3")
+    assert bundle.log_sha256 == BUNDLE["log_sha256"] and bundle.result_sha256 is None
+    assert bundle.input_sha256 == BUNDLE["input_sha256"]
+
+
+def test_a_replay_bundle_with_nulls_parses() -> None:
+    bundle = from_json(flint_client.ReplayBundle, BARE_BUNDLE)
+    assert bundle.module == flint_client.ReplaySource("https://h/m.wasm") and bundle.module.sha256 is None
+    assert bundle.input == [flint_client.ReplaySource("https://h/in.txt", None)]
+    assert bundle.files == {} and bundle.env == {}
+    assert bundle.input_sha256 is None and bundle.seed is None and not bundle.deterministic
+    assert bundle.error is None and bundle.log_sha256 is None and bundle.result_sha256 is None
+    assert bundle.outcome == "memory_limit"
+    # An attempt still running has no outcome; an empty stdin is one empty inline part.
+    running = from_json(flint_client.ReplayBundle, dict(BARE_BUNDLE, outcome=None, input=[{"base64": ""}]))
+    assert running.outcome is None and running.input == [flint_client.InlinePart("")]
+    (empty,) = running.input
+    assert isinstance(empty, flint_client.InlinePart) and empty.bytes == b""
+    # Fields this client does not know are ignored, in the parts too.
+    newer = from_json(flint_client.ReplayBundle, dict(BUNDLE, input=[{"base64": "eA==", "more": 1}], later=2))
+    assert newer.input == [flint_client.InlinePart("eA==")]
+    # A part that is neither kind is not the driver's answer.
+    with pytest.raises(ValueError, match="expected InlinePart or ReplaySource"):
+        from_json(flint_client.ReplayBundle, dict(BUNDLE, input=[{"text": "x"}]))
+
+
+def replay_driver(seen: List[str], block: bytes = b" there") -> httpx.MockTransport:
+    """A mock driver of job 1's bundle (``BUNDLE``; attempt 9 does not exist), of job 2's
+    (an upload it ran was deleted), of job 3's (its task not run yet); the module and
+    block it names; each request's path and query in ``seen``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        query = request.url.query.decode()
+        seen.append(request.url.path + (f"?{query}" if query else ""))
+        path = request.url.path
+
+        def error(status: int, kind: str, message: str) -> httpx.Response:
+            return httpx.Response(status, json={"error": {"kind": kind, "message": message}})
+
+        if path == "/v1/jobs/job-1/tasks/0/replay":
+            if request.url.params.get("attempt", "1") != "1":
+                return error(404, "attempt_not_found", "task 0 of job job-1 has no attempt 9")
+            return httpx.Response(200, json=BUNDLE)
+        if path == "/v1/jobs/job-2/tasks/0/replay":
+            return error(410, "replay_unavailable", f"module {MODULE_ID} was deleted since the attempt ran")
+        if path == "/v1/jobs/job-3/tasks/0/replay":
+            return error(409, "not_run", "task 0 of job job-3 has not run yet: nothing to replay")
+        if path == f"/v1/modules/{MODULE_ID}":
+            return httpx.Response(200, content=MODULE)
+        if path == "/v1/blocks/job-0/0-1-7":
+            return httpx.Response(200, content=block)
+        return error(404, "not_found", path)
+
+    return httpx.MockTransport(handler)
+
+
+def test_replay_asks_for_the_latest_attempt_or_the_one_given_and_maps_its_errors() -> None:
+    seen: List[str] = []
+    with flint_client.Client("http://flint.test", transport=replay_driver(seen)) as client:
+        bundle = client.replay("job-1", 0)
+        assert bundle == from_json(flint_client.ReplayBundle, BUNDLE)
+        assert client.replay("job-1", 0, attempt=1) == bundle
+        assert client.job("job-1").replay(0) == bundle
+        assert client.job("job-1").replay(0, attempt=1) == bundle
+        with pytest.raises(flint_client.NotFound) as missing:
+            client.replay("job-1", 0, attempt=9)
+        assert (missing.value.kind, missing.value.status) == ("attempt_not_found", 404)
+        with pytest.raises(flint_client.ReplayUnavailable) as gone:
+            client.replay("job-2", 0)
+        assert (gone.value.kind, gone.value.status) == ("replay_unavailable", 410)
+        assert "deleted" in str(gone.value)
+        with pytest.raises(flint_client.Conflict) as not_run:
+            client.job("job-3").replay(0)
+        assert (not_run.value.kind, not_run.value.status) == ("not_run", 409)
+    assert seen == [
+        "/v1/jobs/job-1/tasks/0/replay",
+        "/v1/jobs/job-1/tasks/0/replay?attempt=1",
+        "/v1/jobs/job-1/tasks/0/replay",
+        "/v1/jobs/job-1/tasks/0/replay?attempt=1",
+        "/v1/jobs/job-1/tasks/0/replay?attempt=9",
+        "/v1/jobs/job-2/tasks/0/replay",
+        "/v1/jobs/job-3/tasks/0/replay",
+    ]
+
+
+def test_replay_paths_escape_the_job_id() -> None:
+    request = next(core.get_replay("job/../x", 3, attempt=2))
+    assert request.method == "GET" and request.path == "/v1/jobs/job%2F..%2Fx/tasks/3/replay"
+    assert request.params == {"attempt": 2}
+    assert next(core.get_replay("job-1", 0)).params is None
+
+
+def test_replay_bytes_come_from_the_bundle_or_the_driver_and_are_checked() -> None:
+    seen: List[str] = []
+    with flint_client.Client("http://flint.test", transport=replay_driver(seen)) as client:
+        bundle = client.replay("job-1", 0)
+        assert client.replay_bytes(bundle.input[0]) == b"hi"
+        assert client.replay_bytes(bundle.module) == MODULE
+        assert client.replay_input(bundle) == b"hi there"
+        # A job's own URL is not the driver's: the client does not fetch it (nor send its
+        # token there).
+        with pytest.raises(ValueError, match=r"https://h/words.txt is not on the driver: fetch it yourself"):
+            client.replay_bytes(bundle.files["words.txt"])
+        bare = from_json(flint_client.ReplayBundle, BARE_BUNDLE)
+        with pytest.raises(ValueError, match="input part 0 is at https://h/in.txt"):
+            client.replay_input(bare)
+    assert seen == ["/v1/jobs/job-1/tasks/0/replay", f"/v1/modules/{MODULE_ID}", "/v1/blocks/job-0/0-1-7"]
+    # Bytes the driver serves now that are not those the attempt ran are refused.
+    with flint_client.Client("http://flint.test", transport=replay_driver([], block=b" where")) as client:
+        bundle = client.replay("job-1", 0)
+        with pytest.raises(flint_client.ReplayUnavailable, match="input part 1 has changed since the attempt ran"):
+            client.replay_input(bundle)
+    # And a whole stdin that is not the one recorded, though each part has no digest.
+    unpinned = dataclasses.replace(bundle, input=[flint_client.InlinePart("aGk=")])
+    with pytest.raises(flint_client.ReplayUnavailable) as changed:
+        run(core.replay_input(unpinned))
+    assert changed.value.kind == "source_changed" and changed.value.status is None
+    assert "the input has changed" in changed.value.message
+
+
+def run(flow: "core.Flow[bytes]") -> bytes:
+    """A flow that sends no request, run to its answer."""
+    try:
+        next(flow)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    raise AssertionError("the flow sent a request")
+
+
+@pytest.mark.anyio
+async def test_the_async_client_replays() -> None:
+    seen: List[str] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=replay_driver(seen)) as client:
+        bundle = await client.replay("job-1", 0)
+        assert bundle.seed == 5 and bundle.error is not None and bundle.error.kind == "exit"
+        assert await client.job("job-1").replay(0, attempt=1) == bundle
+        assert await client.replay_input(bundle) == b"hi there"
+        assert await client.replay_bytes(bundle.module) == MODULE
+        with pytest.raises(flint_client.NotFound) as missing:
+            await client.job("job-1").replay(0, attempt=9)
+        assert missing.value.kind == "attempt_not_found"
+        with pytest.raises(flint_client.ReplayUnavailable):
+            await client.replay("job-2", 0)
+    assert seen[:2] == ["/v1/jobs/job-1/tasks/0/replay", "/v1/jobs/job-1/tasks/0/replay?attempt=1"]

@@ -1,9 +1,11 @@
 """The models match the live driver's OpenAPI document: every schema property is a field
-of its model and every field a property (a drift either way fails)."""
+of its model and every field a property (a drift either way fails); the variants of an
+untagged union are its models'."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Dict, Set
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 
 from flint_client import _core as core
 from flint_client import specs
-from flint_client.models import ROUTE_SCHEMAS, SCHEMAS
+from flint_client.models import ROUTE_SCHEMAS, SCHEMAS, InlinePart, ReplayInputPart, ReplaySource
 
 from .conftest import Driver
 
@@ -97,3 +99,15 @@ def test_submit_knows_every_job_spec_field(document: Dict[str, Any]) -> None:
 def test_every_input_kind_is_known(document: Dict[str, Any]) -> None:
     have = properties(document, document["components"]["schemas"]["InputSpec"])
     assert set(specs.INPUT_KEYS) == have, f"InputSpec drifted: {sorted(set(specs.INPUT_KEYS) ^ have)}"
+
+
+def test_replay_input_parts_are_the_schemas_variants(document: Dict[str, Any]) -> None:
+    # An untagged enum: utoipa writes a oneOf of the inline object and ReplaySource,
+    # which ReplayInputPart mirrors as Union[InlinePart, ReplaySource], in that order
+    # (serde tries the inline variant first, and so does the client).
+    schema = document["components"]["schemas"]["ReplayInputPart"]
+    variants = [properties(document, option) for option in schema["oneOf"]]
+    assert variants == [fields(InlinePart), fields(ReplaySource)]
+    assert typing.get_args(ReplayInputPart) == (InlinePart, ReplaySource)
+    bundle = document["components"]["schemas"]["ReplayBundle"]
+    assert bundle["properties"]["input"]["items"] == {"$ref": "#/components/schemas/ReplayInputPart"}

@@ -27,6 +27,8 @@ from .models import (
     ExecutorList,
     JobView,
     LaggedEvent,
+    ReplayBundle,
+    ReplayInputPart,
     TaskView,
     Timeline,
     Usage,
@@ -166,6 +168,7 @@ class AsyncClient:
         retry: Union[Escalate, Mapping[str, Any], None] = None,
         deterministic: bool = False,
         seed: Optional[int] = None,
+        memoize: bool = False,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "AsyncJob":
@@ -187,6 +190,7 @@ class AsyncClient:
                 retry=retry,
                 deterministic=deterministic,
                 seed=seed,
+                memoize=memoize,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -250,6 +254,23 @@ class AsyncClient:
                 yield view
             if after is None or not items:
                 return
+
+    # --- replay -----------------------------------------------------------------------
+
+    async def replay(self, job_id: str, task: int, attempt: Optional[int] = None) -> ReplayBundle:
+        """What an attempt of a task ran with and how it ended (see
+        :meth:`flint_client.Client.replay`)."""
+        return await self._drive(core.get_replay(job_id, task, attempt))
+
+    async def replay_bytes(self, source: ReplayInputPart) -> bytes:
+        """The bytes of a bundle's module, file or input part, checked against its
+        digest (see :meth:`flint_client.Client.replay_bytes`)."""
+        return await self._drive(core.fetch_part(source))
+
+    async def replay_input(self, bundle: ReplayBundle) -> bytes:
+        """A bundle's task stdin, joined and checked (see
+        :meth:`flint_client.Client.replay_input`)."""
+        return await self._drive(core.replay_input(bundle))
 
     # --- the cluster ------------------------------------------------------------------
 
@@ -476,6 +497,11 @@ class AsyncJob:
     async def logs(self, index: int) -> str:
         """Task ``index``'s log (its stderr, up to 1 MiB)."""
         return await self.client._drive(core.get_log(self.id, index))
+
+    async def replay(self, index: int, attempt: Optional[int] = None) -> ReplayBundle:
+        """What task ``index``'s latest attempt (or ``attempt``) ran with and how it
+        ended (see :meth:`flint_client.Client.replay`)."""
+        return await self.client.replay(self.id, index, attempt)
 
     async def timeline(self) -> Timeline:
         """Every attempt of the job's tasks."""

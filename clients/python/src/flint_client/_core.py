@@ -16,6 +16,7 @@ incremental :class:`FrameParser` and :class:`SSEParser`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import struct
@@ -27,15 +28,18 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import FlintError, ProtocolError, TaskFailure, WaitTimeout, error_for
+from .errors import FlintError, ProtocolError, ReplayUnavailable, TaskFailure, WaitTimeout, error_for
 from .models import (
     ClusterHistory,
     EndEvent,
     Event,
     ExecutorList,
+    InlinePart,
     JobEvent,
     JobView,
     LaggedEvent,
+    ReplayBundle,
+    ReplayInputPart,
     TaskEvent,
     TaskView,
     Timeline,
@@ -85,6 +89,7 @@ JOB_SPEC_FIELDS = (
     "accounting",
     "deterministic",
     "seed",
+    "memoize",
     "retry",
 )
 #: The bulk results' media type.
@@ -301,11 +306,13 @@ def build_spec(
     retry: Union[Escalate, Mapping[str, Any], None] = None,
     deterministic: bool = False,
     seed: Optional[int] = None,
+    memoize: bool = False,
 ) -> Dict[str, Any]:
     """A ``JobSpec`` document (files already resolved to their spec values).
 
-    ``deterministic`` goes in only when true and ``seed`` only when given; a seed
-    without ``deterministic`` is sent as it is, for the driver to refuse."""
+    ``deterministic`` and ``memoize`` go in only when true and ``seed`` only when
+    given; a seed or ``memoize`` without ``deterministic`` is sent as it is, for the
+    driver to refuse."""
     if (inputs is None) == (tasks is None):
         raise ValueError("give exactly one of inputs (one task per input) and tasks")
     spec: Dict[str, Any] = dict(module_fields)
@@ -338,6 +345,8 @@ def build_spec(
         spec["deterministic"] = True
     if seed is not None:
         spec["seed"] = seed
+    if memoize:
+        spec["memoize"] = True
     encoded_retry = encode_retry(retry)
     if encoded_retry is not None:
         spec["retry"] = encoded_retry
@@ -360,6 +369,7 @@ def submit(
     retry: Union[Escalate, Mapping[str, Any], None] = None,
     deterministic: bool = False,
     seed: Optional[int] = None,
+    memoize: bool = False,
     idempotency_key: Optional[str] = None,
     wait: Optional[float] = None,
 ) -> Flow[JobView]:
@@ -385,6 +395,7 @@ def submit(
         retry=retry,
         deterministic=deterministic,
         seed=seed,
+        memoize=memoize,
     )
     request = Request("POST", "/v1/jobs", json=spec)
     if idempotency_key is not None:
@@ -564,6 +575,57 @@ def get_timeline(job_id: str) -> Flow[Timeline]:
         if page.next is None or not page.attempts:
             return dataclasses.replace(page, attempts=attempts, next=None)
         after = page.next
+
+
+# --- replay --------------------------------------------------------------------------
+
+
+def get_replay(job_id: str, index: int, attempt: Optional[int] = None) -> Flow[ReplayBundle]:
+    """``GET /v1/jobs/{id}/tasks/{index}/replay[?attempt=N]``."""
+    params = {"attempt": attempt} if attempt is not None else None
+    response = yield Request("GET", job_path(job_id, "tasks", index, "replay"), params=params)
+    return parse(ReplayBundle, response)
+
+
+def check_digest(data: bytes, expected: Optional[str], what: str) -> None:
+    """:class:`ReplayUnavailable` ``source_changed`` unless ``data`` hashes to
+    ``expected`` (``sha256:<hex>``; ``None``: nothing to check)."""
+    if expected is None:
+        return
+    got = "sha256:" + hashlib.sha256(data).hexdigest()
+    if got != expected:
+        raise ReplayUnavailable(
+            "source_changed", f"{what} has changed since the attempt ran: it was {expected}, it is now {got}"
+        )
+
+
+def fetch_part(part: ReplayInputPart, what: Optional[str] = None) -> Flow[bytes]:
+    """The bytes of an inline part, or of a source the driver serves (a path of its
+    API), checked against its digest. A job's own URL is refused: the client sends its
+    token to the driver only, and does not fetch from anywhere else."""
+    if isinstance(part, InlinePart):
+        return part.bytes
+    if not part.on_driver:
+        where = f"{what} is at {part.url}," if what else f"{part.url} is"
+        digest = f" and compare it with {part.sha256}" if part.sha256 else ""
+        raise ValueError(f"{where} not on the driver: fetch it yourself{digest}")
+    what = what or part.url
+    response = yield Request("GET", part.url)
+    data = response.content
+    check_digest(data, part.sha256, what)
+    return data
+
+
+def replay_input(bundle: ReplayBundle) -> Flow[bytes]:
+    """A bundle's task stdin: its parts joined, each fetched as :func:`fetch_part` does,
+    the whole checked against ``input_sha256``."""
+    parts: List[bytes] = []
+    for at, part in enumerate(bundle.input):
+        data = yield from fetch_part(part, f"input part {at}")
+        parts.append(data)
+    data = b"".join(parts)
+    check_digest(data, bundle.input_sha256, "the input")
+    return data
 
 
 # --- the cluster ---------------------------------------------------------------------

@@ -21,6 +21,8 @@ from .models import (
     ExecutorList,
     JobView,
     LaggedEvent,
+    ReplayBundle,
+    ReplayInputPart,
     TaskView,
     Timeline,
     Usage,
@@ -203,6 +205,7 @@ class Client:
         retry: Union[Escalate, Mapping[str, Any], None] = None,
         deterministic: bool = False,
         seed: Optional[int] = None,
+        memoize: bool = False,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "Job":
@@ -235,6 +238,16 @@ class Client:
         :attr:`~flint_client.TaskAttempt.pins`). Without ``seed`` the driver draws one
         and records it (:attr:`~flint_client.JobView.seed`); a ``seed`` without
         ``deterministic=True`` is refused (:class:`~flint_client.InvalidSpec`).
+
+        ``memoize=True`` (only with ``deterministic=True``, else
+        :class:`~flint_client.InvalidSpec`) lets a task take the result of an earlier
+        one that ran the same way instead of running: the same module, name, input,
+        args, env, files, seed, index, task count and limits (bytes compared by digest),
+        in a ``memoize=True`` job, succeeded with a result small enough to be kept
+        inline. Such a task starts succeeded, with ``attempts`` 0 and the task it copies
+        in :attr:`~flint_client.TaskView.memoized_from`. A module, file or input given
+        by URL needs its ``sha256`` (a :class:`~flint_client.Url` with one), else the
+        job is refused (:class:`~flint_client.InvalidSpec` naming it).
         """
         view = self._drive(
             core.submit(
@@ -252,6 +265,7 @@ class Client:
                 retry=retry,
                 deterministic=deterministic,
                 seed=seed,
+                memoize=memoize,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -273,7 +287,8 @@ class Client:
 
         ``decode`` is ``"bytes"`` (default), ``"text"`` (UTF-8) or ``"json"``.
         ``options`` are :meth:`submit`'s (``args``, ``env``, ``files``, ``resources``,
-        ``max_failures``, ``accounting``, ``retry``, ``deterministic``, ``seed``, ...).
+        ``max_failures``, ``accounting``, ``retry``, ``deterministic``, ``seed``,
+        ``memoize``, ...).
         A job that does not succeed raises :class:`~flint_client.JobFailed` naming the
         failed tasks (with ``raise_on_failure=False`` their results are ``None``
         instead). ``progress=True`` shows a bar following the job's events; ``timeout``
@@ -328,6 +343,36 @@ class Client:
                 yield view
             if after is None or not items:
                 return
+
+    # --- replay -----------------------------------------------------------------------
+
+    def replay(self, job_id: str, task: int, attempt: Optional[int] = None) -> ReplayBundle:
+        """What an attempt of task ``task`` of a job ran with and how it ended (the
+        task's latest attempt, or ``attempt``, 1 for the first): its module, files and
+        input (where to get them and their SHA-256), args, env, seed and budget, with
+        its outcome and, for the attempt that decided the task, its error, log digest
+        and result digest. ``flint replay JOB TASK`` runs it again locally; this client
+        cannot run wasm, but :meth:`replay_bytes` and :meth:`replay_input` fetch the
+        bytes.
+
+        :class:`~flint_client.NotFound` for a job, task or attempt that does not exist
+        (``attempt_not_found``), :class:`~flint_client.Conflict` ``not_run`` for a task
+        not run yet, :class:`~flint_client.ReplayUnavailable` when an upload it ran was
+        deleted since."""
+        return self._drive(core.get_replay(job_id, task, attempt))
+
+    def replay_bytes(self, source: ReplayInputPart) -> bytes:
+        """The bytes of a :class:`~flint_client.ReplayBundle`'s module, file or input
+        part: an inline part decoded, a source the driver serves fetched from it, checked
+        against its ``sha256`` (:class:`~flint_client.ReplayUnavailable`
+        ``source_changed`` if they differ). A job's own URL raises ``ValueError``: fetch
+        it yourself (the client sends its token to the driver only)."""
+        return self._drive(core.fetch_part(source))
+
+    def replay_input(self, bundle: ReplayBundle) -> bytes:
+        """A bundle's task stdin: its parts' bytes (as :meth:`replay_bytes` gets them)
+        joined, checked against ``input_sha256`` where the bundle has it."""
+        return self._drive(core.replay_input(bundle))
 
     # --- the cluster ------------------------------------------------------------------
 
@@ -571,6 +616,11 @@ class Job:
     def logs(self, index: int) -> str:
         """Task ``index``'s log (its stderr, up to 1 MiB)."""
         return self.client._drive(core.get_log(self.id, index))
+
+    def replay(self, index: int, attempt: Optional[int] = None) -> ReplayBundle:
+        """What task ``index``'s latest attempt (or ``attempt``) ran with and how it
+        ended; see :meth:`Client.replay`."""
+        return self.client.replay(self.id, index, attempt)
 
     def timeline(self) -> Timeline:
         """Every attempt of the job's tasks: executor, start and end (driver clock),

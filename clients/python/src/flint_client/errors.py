@@ -28,6 +28,7 @@ __all__ = [
     "TooLarge",
     "Overloaded",
     "StorageFull",
+    "ReplayUnavailable",
     "ServerError",
     "ProtocolError",
     "WaitTimeout",
@@ -81,14 +82,16 @@ class Unauthorized(FlintError):
 
 
 class NotFound(FlintError):
-    """404: no such job, task, module, file, executor, worker, log or route."""
+    """404: no such job, task, attempt (``attempt_not_found``), module, file, executor,
+    worker, log or route."""
 
 
 class Conflict(FlintError):
     """409, or a request that conflicts with the job's state: ``no_result`` (the task
     has no result), ``job_running`` (kill it first), ``job_in_use``,
-    ``executor_not_alive``, and ``idempotency_conflict`` (422: the key belongs to a job
-    submitted with another spec)."""
+    ``executor_not_alive``, ``not_run`` (a task not run yet has nothing to replay), and
+    ``idempotency_conflict`` (422: the key belongs to a job submitted with another
+    spec)."""
 
 
 class InvalidSpec(FlintError):
@@ -123,6 +126,13 @@ class Overloaded(FlintError):
 class StorageFull(FlintError):
     """507 ``storage_full``: the data dir is at its quota or the driver's disk is full;
     nothing was stored."""
+
+
+class ReplayUnavailable(FlintError):
+    """An attempt cannot be replayed as it ran: 410 ``replay_unavailable``, an upload it
+    ran (its module or a file) was deleted since, by retention or ``DELETE``; or, from
+    :meth:`flint_client.Client.replay_bytes` and ``replay_input``, ``source_changed``
+    (no status): bytes fetched now do not have the digest the attempt's bundle gives."""
 
 
 class ServerError(FlintError):
@@ -196,11 +206,13 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "executor_not_found": NotFound,
     "worker_not_found": NotFound,
     "no_log": NotFound,
+    "attempt_not_found": NotFound,
     "no_result": Conflict,
     "job_running": Conflict,
     "job_in_use": Conflict,
     "executor_not_alive": Conflict,
     "idempotency_conflict": Conflict,
+    "not_run": Conflict,
     "invalid_module": InvalidModule,
     "invalid_module_id": InvalidModule,
     "invalid_spec": InvalidSpec,
@@ -218,6 +230,7 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "body_timeout": BadRequest,
     "overloaded": Overloaded,
     "storage_full": StorageFull,
+    "replay_unavailable": ReplayUnavailable,
 }
 
 _BY_STATUS: Dict[int, Type[FlintError]] = {

@@ -10,6 +10,8 @@ leaves out with their defaults (``None``, ``0``, ``False`` or empty).
 
 from __future__ import annotations
 
+import base64
+import builtins
 import dataclasses
 import sys
 import typing
@@ -24,6 +26,7 @@ __all__ = [
     "ResultInfo",
     "Pins",
     "TaskAttempt",
+    "MemoSource",
     "TaskView",
     "TaskEvent",
     "LaggedEvent",
@@ -40,6 +43,10 @@ __all__ = [
     "Timeline",
     "ClusterSample",
     "ClusterHistory",
+    "ReplaySource",
+    "InlinePart",
+    "ReplayInputPart",
+    "ReplayBundle",
     "SCHEMAS",
     "ROUTE_SCHEMAS",
     "from_json",
@@ -183,6 +190,15 @@ class TaskAttempt:
 
 
 @dataclass(frozen=True)
+class MemoSource:
+    """The earlier task a memoized task's result is a copy of
+    (:attr:`TaskView.memoized_from`): task ``task`` of job ``job``."""
+
+    job: str = ""
+    task: int = 0
+
+
+@dataclass(frozen=True)
 class TaskView:
     """One task as ``GET /v1/jobs/{id}/tasks`` lists it.
 
@@ -191,6 +207,9 @@ class TaskView:
     summed (``None`` until one has reported); ``history`` is each attempt in launch
     order (its budget, outcome and usage), empty from a driver older than usage
     accounting and for a task that ended before a driver restart while its job ran on.
+    ``memoized_from`` is, for a task of a ``memoize=True`` job that did not run, the
+    earlier task whose result it has (such a task succeeded with ``attempts`` 0 and no
+    ``history``); ``None`` for a task that ran.
     """
 
     index: int
@@ -204,6 +223,7 @@ class TaskView:
     finished_at: Optional[str] = None
     usage: Optional[Usage] = None
     history: List[TaskAttempt] = field(default_factory=list)
+    memoized_from: Optional[MemoSource] = None
 
 
 @dataclass(frozen=True)
@@ -428,6 +448,86 @@ class ClusterHistory:
     samples: List[ClusterSample] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ReplaySource:
+    """Where to get a module, a file or a part of a task's stdin, and what its bytes
+    hash to (``sha256:<hex>``, ``None`` where the driver does not know).
+
+    A ``url`` that starts with ``/`` is a path of the driver's API (an upload, a result
+    or a block it serves: :meth:`flint_client.Client.replay_bytes` fetches it); any
+    other is the job's own URL, which the executors fetched.
+    """
+
+    url: str
+    sha256: Optional[str] = None
+
+    @property
+    def on_driver(self) -> bool:
+        """Whether the driver serves it (``url`` is a path of its API)."""
+        return self.url.startswith("/")
+
+
+@dataclass(frozen=True)
+class InlinePart:
+    """A part of a task's stdin that the driver holds itself, as ``base64``."""
+
+    base64: str
+
+    @property
+    def bytes(self) -> builtins.bytes:
+        """The part's bytes."""
+        return base64.b64decode(self.base64, validate=True)
+
+
+#: A part of a task's stdin in a :class:`ReplayBundle` (schema ``ReplayInputPart``, an
+#: untagged union): the bytes themselves, or where to fetch them.
+ReplayInputPart = Union[InlinePart, ReplaySource]
+
+
+@dataclass(frozen=True)
+class ReplayBundle:
+    """``GET /v1/jobs/{id}/tasks/{index}/replay``: what one attempt of a task ran with
+    and how it ended, for running it again (``flint replay JOB TASK`` does, locally, in
+    the executors' sandbox).
+
+    ``attempt`` is the attempt replayed (the one asked for, else the task's latest);
+    ``name`` is the guest's ``argv[0]`` (the job's name), ``task_count`` its
+    ``FLINT_TASK_COUNT``. ``module``, ``files`` (by the name the guest reads them at
+    under ``/files``) and the parts of ``input`` (the task's stdin, joined in order) say
+    where to get the bytes and their SHA-256; ``input_sha256`` is the whole stdin's
+    where the attempt recorded it (a deterministic job). ``args`` are the job's then the
+    task's, ``env`` the job's under the task's (without the ``FLINT_*`` ones, which the
+    sandbox sets); ``deterministic`` and ``seed`` the job's. ``memory_mb``,
+    ``timeout_ms``, ``max_output_bytes`` and ``fuel`` are the budget the attempt ran
+    with. ``outcome`` is how it ended (``succeeded``, a failure kind, ``lost``; ``None``
+    while it runs); ``error``, ``log_sha256`` and ``result_sha256`` are recorded only
+    for the attempt that decided the task (its last), ``result_sha256`` only when it
+    succeeded.
+    """
+
+    job: str
+    task: int
+    attempt: int
+    module: ReplaySource
+    task_count: int = 0
+    name: str = ""
+    files: Dict[str, ReplaySource] = field(default_factory=dict)
+    input: List[ReplayInputPart] = field(default_factory=list)
+    input_sha256: Optional[str] = None
+    args: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    deterministic: bool = False
+    seed: Optional[int] = None
+    memory_mb: int = 0
+    timeout_ms: int = 0
+    max_output_bytes: int = 0
+    fuel: Optional[int] = None
+    outcome: Optional[str] = None
+    error: Optional[ErrorBody] = None
+    log_sha256: Optional[str] = None
+    result_sha256: Optional[str] = None
+
+
 #: Each model and the ``components.schemas`` entry of the OpenAPI document it mirrors.
 SCHEMAS: Dict[type, str] = {
     ErrorBody: "ErrorBody",
@@ -437,6 +537,7 @@ SCHEMAS: Dict[type, str] = {
     ResultInfo: "ResultInfo",
     Pins: "PinsView",
     TaskAttempt: "TaskAttemptView",
+    MemoSource: "MemoSource",
     TaskView: "TaskView",
     TaskEvent: "TaskEvent",
     LaggedEvent: "LaggedEvent",
@@ -449,6 +550,8 @@ SCHEMAS: Dict[type, str] = {
     TimelineAttempt: "AttemptView",
     ClusterHistory: "ClusterHistory",
     ClusterSample: "ClusterSample",
+    ReplayBundle: "ReplayBundle",
+    ReplaySource: "ReplaySource",
 }
 
 #: Models whose schema is found from a route instead of by name: (path, the JSON
@@ -480,13 +583,37 @@ def _convert(value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin is Union:
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(value, inner[0]) if len(inner) == 1 else value
+        return _convert(value, inner[0]) if len(inner) == 1 else _variant(value, inner)
     if origin in (list, List):
         (item,) = typing.get_args(hint) or (Any,)
         return [_convert(v, item) for v in value] if isinstance(value, list) else value
+    if origin in (dict, Dict):
+        _, item = typing.get_args(hint) or (Any, Any)
+        return {k: _convert(v, item) for k, v in value.items()} if isinstance(value, Mapping) else value
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return from_json(hint, value) if isinstance(value, Mapping) else value
     return value
+
+
+def _required(cls: type) -> "frozenset[str]":
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+
+
+def _variant(value: Any, options: List[Any]) -> Any:
+    """A value of an untagged union (serde's ``untagged``): for an object, the first
+    model whose fields without a default it has, as serde tries each variant in turn."""
+    models = [o for o in options if dataclasses.is_dataclass(o) and isinstance(o, type)]
+    if not models or not isinstance(value, Mapping):
+        return value
+    for model in models:
+        if _required(model) <= value.keys():
+            return from_json(model, value)
+    names = " or ".join(m.__name__ for m in models)
+    raise ValueError(f"expected {names}, got an object of {sorted(value)}")
 
 
 def from_json(cls: Type[T], data: Mapping[str, Any]) -> T:
