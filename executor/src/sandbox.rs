@@ -168,6 +168,18 @@ pub struct RunReport {
     pub pins: Option<Box<flint_protocol::Pins>>,
 }
 
+/// Lets a p1 guest exit with any code: wasmtime-wasi traps on an exit status of 126 or
+/// more (POSIX shells reserve them), but a guest's exit code is its own to choose.
+fn any_exit_code(linker: &mut Linker<ModuleCtx>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "proc_exit",
+        |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
+    )?;
+    Ok(())
+}
+
 impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
         let engine = engine(sandbox)?;
@@ -178,14 +190,7 @@ impl Sandbox {
             &mut ctx.wasi
         })?;
         for linker in [&mut modules, &mut waiting_modules] {
-            // wasmtime-wasi traps on an exit status of 126 or more (POSIX shells reserve
-            // them); a guest's exit code is its own to choose, so any one is an exit.
-            linker.allow_shadowing(true);
-            linker.func_wrap(
-                "wasi_snapshot_preview1",
-                "proc_exit",
-                |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
-            )?;
+            any_exit_code(linker)?;
         }
         let deterministic_modules = deterministic_linker(&engine)?;
         let mut components = wasmtime::component::Linker::new(&engine);

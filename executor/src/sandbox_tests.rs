@@ -24,6 +24,16 @@ fn compile(sandbox: &Sandbox, wat: &str) -> Compiled {
 }
 
 fn run(sandbox: &Sandbox, compiled: &Compiled, timeout: Duration, kill: Arc<Kill>) -> RunReport {
+    run_with_seed(sandbox, compiled, timeout, kill, None)
+}
+
+fn run_with_seed(
+    sandbox: &Sandbox,
+    compiled: &Compiled,
+    timeout: Duration,
+    kill: Arc<Kill>,
+    seed: Option<[u8; 32]>,
+) -> RunReport {
     sandbox.run(
         compiled,
         TaskRun {
@@ -42,7 +52,7 @@ fn run(sandbox: &Sandbox, compiled: &Compiled, timeout: Duration, kill: Arc<Kill
             max_log_bytes: 1 << 20,
             kill,
             fuel: None,
-            seed: None,
+            seed,
             files_dir: None,
             result_target: None,
         },
@@ -343,53 +353,17 @@ fn fuel_is_counted_where_metered_and_the_same_for_the_same_work() {
     assert!(large - small >= 100_000, "{small} then {large}");
 }
 
-/// A p1 command that writes 40 bytes: the realtime and monotonic clocks, 16 random bytes,
-/// then the monotonic clock again after sleeping 3 s in `poll_oneoff`.
-const CLOCKS_AND_RANDOM: &str = r#"(module
-  (import "wasi_snapshot_preview1" "clock_time_get"
-    (func $clock (param i32 i64 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "poll_oneoff"
-    (func $poll (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "fd_write"
-    (func $write (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (func (export "_start")
-    (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 1024)))
-    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1032)))
-    (drop (call $random (i32.const 1040) (i32.const 16)))
-    (i32.store8 (i32.const 8) (i32.const 0))
-    (i32.store (i32.const 16) (i32.const 1))
-    (i64.store (i32.const 24) (i64.const 3000000000))
-    (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
-    (drop (call $clock (i32.const 1) (i64.const 1) (i32.const 1056)))
-    (i32.store (i32.const 200) (i32.const 1024))
-    (i32.store (i32.const 204) (i32.const 40))
-    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#;
+/// The probe of deterministic mode: 40 bytes of clocks, random bytes and the monotonic
+/// clock after a 2 s sleep in `poll_oneoff` (shared with tests/determinism.rs).
+const CLOCKS_AND_RANDOM: &str = include_str!("../../tests/wat/clocks_and_random.wat");
 
 fn run_seeded(sandbox: &Sandbox, compiled: &Compiled, seed: Option<[u8; 32]>) -> Vec<u8> {
-    let report = sandbox.run(
+    let report = run_with_seed(
+        sandbox,
         compiled,
-        TaskRun {
-            args: &["test"],
-            env: &[],
-            task: TaskEnv {
-                job: "job",
-                index: 0,
-                count: 1,
-                attempt: 1,
-            },
-            stdin: Vec::new(),
-            memory_bytes: 64 << 20,
-            timeout: Duration::from_secs(30),
-            max_output_bytes: 1 << 20,
-            max_log_bytes: 1 << 20,
-            kill: Kill::new(),
-            fuel: None,
-            seed,
-            files_dir: None,
-            result_target: None,
-        },
+        Duration::from_secs(30),
+        Kill::new(),
+        seed,
     );
     match report.outcome {
         Ok(TaskResult::Inline(bytes)) => bytes,
@@ -404,8 +378,8 @@ fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in
     let began = Instant::now();
     let first = run_seeded(&sandbox, &compiled, Some([1; 32]));
     assert!(
-        began.elapsed() < Duration::from_millis(2_500),
-        "a virtual 3 s sleep waited {:?}",
+        began.elapsed() < Duration::from_millis(1_500),
+        "a virtual 2 s sleep waited {:?}",
         began.elapsed()
     );
     let u64_at =
@@ -418,7 +392,7 @@ fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in
     assert_eq!(u64_at(&first, 8), 0, "the monotonic clock at 0");
     assert_eq!(
         u64_at(&first, 32),
-        3_000_000_000,
+        2_000_000_000,
         "moved by exactly the sleep"
     );
     assert_eq!(run_seeded(&sandbox, &compiled, Some([1; 32])), first);

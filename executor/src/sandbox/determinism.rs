@@ -170,12 +170,7 @@ pub fn apply(wasi: &mut WasiCtxBuilder, seed: [u8; 32], clock: &VirtualClock) {
 pub fn deterministic_linker(engine: &Engine) -> wasmtime::Result<Linker<ModuleCtx>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
-    linker.allow_shadowing(true);
-    linker.func_wrap(
-        "wasi_snapshot_preview1",
-        "proc_exit",
-        |code: i32| -> wasmtime::Result<()> { Err(wasmtime_wasi::I32Exit(code).into()) },
-    )?;
+    super::any_exit_code(&mut linker)?;
     linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
     Ok(linker)
 }
