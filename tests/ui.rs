@@ -311,8 +311,11 @@ fn the_web_ui_shows_a_job_finish_its_tasks_and_the_executors() {
             "{cpu:?}"
         );
     }
-    let title = browser.text("#tasks-title").unwrap_or_default();
-    assert!(title.contains("peak memory"), "{title}");
+    let used = browser.text("#tasks-usage").unwrap_or_default();
+    assert!(
+        used.starts_with("these tasks used: cpu ") && used.contains("peak memory"),
+        "{used}"
+    );
     let log_href = browser.eval(
         "return document.querySelector(\"tr[data-task='2'] td[data-col='log'] a\").getAttribute('href');",
     );
