@@ -32,11 +32,7 @@ pub fn job_view(job: &Job) -> JobView {
             kind: kind.clone(),
             message: message.clone(),
         }),
-        usage: job
-            .attempts
-            .iter()
-            .any(|a| a.usage.is_some())
-            .then_some(job.usage),
+        usage: job.usage,
         seed: job.def.options.determinism.map(|d| d.seed),
     }
 }

@@ -294,11 +294,7 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
             .map_or(0, |d| d.as_millis() as u64),
         options,
     };
-    let job = NewJob { def, tasks };
-    if job.def.options.memoize {
-        options::check_memoizable(&job)?;
-    }
-    Ok(job)
+    Ok(NewJob { def, tasks })
 }
 
 /// The job's module: an uploaded one by id, or a URL the executors fetch through their

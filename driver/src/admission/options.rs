@@ -7,7 +7,7 @@ use flint_protocol::records::{Escalation, JobOptions};
 use flint_protocol::{Determinism, Resources};
 
 use super::Rejection;
-use crate::scheduler::{NewJob, escalation, memo};
+use crate::scheduler::escalation;
 
 /// What a spec asks for beyond its resources (already checked: `resources`): its
 /// `deterministic`, `seed` and `memoize`, `accounting` and `retry`.
@@ -102,22 +102,4 @@ pub(super) fn escalation(
 /// client reads exactly), from the random part of a v7 UUID.
 fn draw_seed() -> u64 {
     (uuid::Uuid::now_v7().as_u128() as u64) & ((1 << 53) - 1)
-}
-
-/// Whether every task of a `"memoize": true` job has a key: everything it runs named by
-/// digest (a module, file or input by URL needs its `sha256`).
-pub(super) fn check_memoizable(job: &NewJob) -> Result<(), Rejection> {
-    let count = job.tasks.len() as u32;
-    for (index, task) in job.tasks.iter().enumerate() {
-        memo::key(
-            &job.def,
-            index as u32,
-            count,
-            &task.input,
-            &task.args,
-            &task.env,
-        )
-        .map_err(|why| Rejection::new("invalid_spec", format!("memoize: {why}")))?;
-    }
-    Ok(())
 }

@@ -265,7 +265,7 @@ impl ClusterState {
                 attempt_executors: Vec::new(),
                 attempt_executor_at: FastMap::default(),
                 rebuilt: Vec::new(),
-                usage: Usage::default(),
+                usage: None,
                 budgets: FastMap::default(),
                 pins: FastMap::default(),
             },

@@ -215,8 +215,8 @@ pub struct Job {
     /// from its task's times, ahead of the spans. Set once, when the job is read back
     /// (see [`Job::note_rebuilt`]); a task that ends later has a span.
     pub(crate) rebuilt: Vec<u32>,
-    /// What its attempts used, summed as they end (see [`Usage::add`]).
-    pub usage: Usage,
+    /// What its attempts used, summed as they end; none until one has reported.
+    pub usage: Option<Usage>,
     /// Escalated budgets by task: a map, as escalation is rare and tasks pay per field.
     pub(crate) budgets: FastMap<u32, Resources>,
     /// What each attempt of a deterministic job ran, by its span's index.
@@ -368,7 +368,7 @@ impl Job {
         }
         if let Some((_, _, usage)) = reported {
             span.usage = Some(usage);
-            self.usage.add(&usage);
+            self.usage.get_or_insert_with(Usage::default).add(&usage);
         }
         span.outcome = Some(outcome);
     }

@@ -165,7 +165,8 @@ impl Driver {
     /// Gives each task of a `"memoize": true` job that an earlier task computed the
     /// earlier result (inline results only: a block belongs to its job). An entry whose
     /// job is gone, or whose task no longer holds that result, is passed over and the
-    /// task runs.
+    /// task runs. A task with no key (a module, file or input by URL without its
+    /// `sha256`) refuses the job, naming it.
     fn take_memoized(&self, job: &mut NewJob) -> Result<(), Rejection> {
         let storage = |e: StoreError| Rejection::new(admission::STORAGE, e.to_string());
         // A task that ended a moment ago is told (its job may even have ended) before its
@@ -180,10 +181,8 @@ impl Driver {
         let count = job.tasks.len() as u32;
         for index in 0..count {
             let task = &job.tasks[index as usize];
-            let Ok(key) = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
-            else {
-                continue;
-            };
+            let key = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
+                .map_err(|why| Rejection::new("invalid_spec", format!("memoize: {why}")))?;
             let Some((from, at)) = self.store.memo(&key).map_err(storage)? else {
                 continue;
             };

@@ -108,7 +108,7 @@ fn restore_attempts(job: &mut Job, records: Vec<AttemptRecord>) {
             usage: r.usage,
         });
         if let Some(usage) = &r.usage {
-            job.usage.add(usage);
+            job.usage.get_or_insert_with(Default::default).add(usage);
         }
         if let Some(pins) = r.pins {
             job.pins.insert(job.attempts.len() as u32 - 1, pins);
