@@ -54,6 +54,11 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<i32> {
     let module = fetch(&client, "the module", &bundle.module).await?;
     let files = tempfile::tempdir().context("making a directory for the job's files")?;
     for (name, source) in &bundle.files {
+        // The driver checked names at submission; a bundle from elsewhere must not write
+        // outside the directory either.
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
+            bail!("the bundle names a file {name:?}, which is not a plain file name");
+        }
         let bytes = fetch(&client, &format!("file {name}"), source).await?;
         std::fs::write(files.path().join(name), bytes)
             .with_context(|| format!("writing file {name}"))?;

@@ -408,3 +408,71 @@ fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in
     assert_ne!(host[..8], first[..8]);
     assert_ne!(run_seeded(&sandbox, &compiled, None)[16..32], host[16..32]);
 }
+
+/// A deterministic guest's `poll_oneoff` with hostile arguments: subscriptions past the
+/// end of memory, none at all, an event buffer past the end. It answers with an errno
+/// (EFAULT 21, EINVAL 28), as WASI's does; nothing traps, nothing reads out of bounds.
+#[test]
+fn a_seeded_guests_poll_oneoff_refuses_bad_pointers_and_counts_with_an_errno() {
+    let sandbox = sandbox();
+    let compiled = compile(
+        &sandbox,
+        r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    ;; subscriptions that run past the end of the one page
+    (i32.store8 (i32.const 1000) (call $poll (i32.const 65530) (i32.const 0) (i32.const 1) (i32.const 128)))
+    ;; none at all
+    (i32.store8 (i32.const 1001) (call $poll (i32.const 0) (i32.const 64) (i32.const 0) (i32.const 128)))
+    ;; a count so large that its bytes overflow 32 bits
+    (i32.store8 (i32.const 1002) (call $poll (i32.const 0) (i32.const 64) (i32.const -1) (i32.const 128)))
+    ;; events past the end
+    (i32.store8 (i32.const 1003) (call $poll (i32.const 0) (i32.const 65535) (i32.const 1) (i32.const 128)))
+    (i32.store (i32.const 200) (i32.const 1000))
+    (i32.store (i32.const 204) (i32.const 4))
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#,
+    );
+    assert_eq!(
+        run_seeded(&sandbox, &compiled, Some([3; 32])),
+        [21, 28, 21, 21]
+    );
+}
+
+/// A deterministic guest that sleeps forever: each sleep returns at once, so it spins,
+/// and its deadline stops it like any guest that computes.
+#[test]
+fn a_seeded_guest_sleeping_forever_ends_at_its_deadline() {
+    let sandbox = sandbox();
+    let compiled = compile(
+        &sandbox,
+        r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 1000000000))
+    (loop $again
+      (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
+      (br $again))))"#,
+    );
+    let began = Instant::now();
+    let report = run_with_seed(
+        &sandbox,
+        &compiled,
+        Duration::from_millis(200),
+        Kill::new(),
+        Some([4; 32]),
+    );
+    assert_eq!(failure(&report).kind, FailureKind::Timeout);
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+}
