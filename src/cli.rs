@@ -59,6 +59,9 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print a token's hash as a tenants file holds it (`sha256:<hex>`): the token is
+    /// read from standard input (one line), so it stays out of the shell's history.
+    HashToken,
     /// Start a local cluster and measure throughput and latency of no-op tasks.
     Bench(bench::BenchArgs),
     /// Compile a module for an executor's engine (run by executors, killed at their

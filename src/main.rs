@@ -86,6 +86,18 @@ fn main() {
             clap_complete::generate(shell, &mut Cli::command(), "flint", &mut std::io::stdout());
             return;
         }
+        Command::HashToken => {
+            let mut token = String::new();
+            if std::io::stdin().read_line(&mut token).is_err() || token.trim().is_empty() {
+                eprintln!("flint hash-token: give the token on standard input");
+                std::process::exit(2);
+            }
+            println!(
+                "{}",
+                flint_driver::tenants::hash_token(token.trim_end_matches(['\r', '\n']))
+            );
+            return;
+        }
         _ => {}
     }
     let quiet = !matches!(
@@ -127,7 +139,10 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
         Command::Executors(args) => jobs::executors(args).await,
         Command::Workers(args) => jobs::workers(args).await,
         Command::Bench(args) => bench::run(args).await.map(|()| 0),
-        Command::CompileModule(_) | Command::SimulateExecutors(_) | Command::Completions { .. } => {
+        Command::CompileModule(_)
+        | Command::SimulateExecutors(_)
+        | Command::Completions { .. }
+        | Command::HashToken => {
             unreachable!("handled before the runtime starts")
         }
     };

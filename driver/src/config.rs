@@ -59,6 +59,9 @@ pub struct DriverConfig {
     /// A file of object-store credentials pushed to executors, re-read when it
     /// changes (`--executor-credentials`).
     pub executor_credentials: Option<PathBuf>,
+    /// The tenants file (`--tenants`), read again when it changes; `None`: no tenants,
+    /// every caller with the token is the admin.
+    pub tenants: Option<PathBuf>,
 }
 
 /// The cluster managers the driver can ask for executors (`--cluster-manager`).
@@ -204,6 +207,7 @@ impl DriverConfig {
             app_id: "flint".into(),
             cluster_secret: None,
             executor_credentials: None,
+            tenants: None,
             api_token: None,
             edge: EdgeLimits::default(),
             heartbeat_interval: Duration::from_millis(defaults::HEARTBEAT_INTERVAL_MS),

@@ -154,6 +154,8 @@ mod tests {
             error: None,
             usage: None,
             seed: None,
+            tenant: None,
+            priority: 0,
         }))
     }
 

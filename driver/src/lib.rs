@@ -18,6 +18,7 @@
 //! | 2 | [`metrics`] | the counters fed as tasks end, and `/metrics` rendered from the state | 0-1 |
 //! | 2 | [`executor_logs`] | where the executors a cluster manager launched write their stderr | 0-1 |
 //! | 2 | [`history`] | the cluster sampled once a second (what `GET /v1/cluster/history` shows) | 0-1 |
+//! | 2 | [`tenants`] | who shares the driver: tenants' token hashes, weights and limits, read from `--tenants` as it changes; the `Caller` of a request | 0-1 |
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
 //! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
@@ -46,6 +47,7 @@ pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tenants;
 pub mod views;
 
 pub use config::DriverConfig;

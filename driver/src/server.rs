@@ -57,6 +57,16 @@ pub async fn run(
         .config
         .sweep_interval()
         .map(|every| tokio::spawn(retention_loop(driver.clone(), every)));
+    let tenants = match &driver.config.tenants {
+        Some(path) => {
+            driver.set_tenants(crate::tenants::Tenants::read(path)?);
+            let watched = driver.clone();
+            Some(crate::tenants::watch(path.clone(), move |t| {
+                watched.set_tenants(t)
+            }))
+        }
+        None => None,
+    };
     let credentials = match &driver.config.executor_credentials {
         Some(path) => Some(crate::credentials::watch(&driver, path.clone())?),
         None => None,
@@ -105,6 +115,9 @@ pub async fn run(
     }
     if let Some(credentials) = credentials {
         credentials.abort();
+    }
+    if let Some(tenants) = tenants {
+        tenants.abort();
     }
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;

@@ -34,6 +34,8 @@ pub fn job_view(job: &Job) -> JobView {
         }),
         usage: job.usage,
         seed: job.def.options.determinism.map(|d| d.seed),
+        tenant: job.def.owner.tenant.clone(),
+        priority: job.def.owner.priority,
     }
 }
 
@@ -53,6 +55,8 @@ pub fn summary_view(id: &JobId, summary: &JobSummaryRecord) -> JobView {
         }),
         usage: None,
         seed: None,
+        tenant: None,
+        priority: 0,
     }
 }
 

@@ -21,6 +21,7 @@ const RANKS: &[(&str, u8)] = &[
     ("metrics", 2),
     ("executor_logs", 2),
     ("history", 2),
+    ("tenants", 2),
     ("service", 3),
     ("http", 4),
     ("cluster", 4),

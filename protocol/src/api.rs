@@ -57,3 +57,25 @@ pub struct Uploaded {
     pub id: Digest,
     pub size: u64,
 }
+
+/// `GET /v1/tenants/{name}/usage`: what a tenant holds now and what its attempts used.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TenantUsage {
+    pub tenant: String,
+    /// Queued and running jobs.
+    pub live_jobs: u64,
+    pub pending_tasks: u64,
+    pub running_tasks: u64,
+    /// Cores its running tasks hold.
+    pub running_cores: u64,
+    /// Bytes of the modules and files it uploaded (shared uploads are the admin's).
+    pub storage_bytes: u64,
+    /// Its attempts since the driver started: how many reported their end, how many
+    /// succeeded, and their CPU time, guest run time and result bytes, summed.
+    pub attempts: u64,
+    pub tasks_succeeded: u64,
+    pub cpu_seconds: f64,
+    pub wall_seconds: f64,
+    pub output_bytes: u64,
+}

@@ -31,6 +31,25 @@ pub struct JobDef {
     /// joined in whenever a job is read.
     #[serde(skip)]
     pub options: JobOptions,
+    /// Whose job it is and its priority among that tenant's jobs. Not in this record's
+    /// encoding either: stored beside it in `job_owners.v1` (a job without a row there
+    /// is the admin's, at priority 0, as every job before tenants was).
+    #[serde(skip)]
+    pub owner: Owner,
+}
+
+/// A job's tenant (`None`: the admin, `--token`) and priority (higher goes first among
+/// that tenant's jobs; capped by the tenant's `max_priority`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub tenant: Option<String>,
+    pub priority: i32,
+}
+
+impl Owner {
+    pub fn is_default(&self) -> bool {
+        *self == Owner::default()
+    }
 }
 
 impl JobDef {

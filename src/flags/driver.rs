@@ -44,6 +44,12 @@ pub struct DriverArgs {
     /// --cluster-secret, when a listener is beyond loopback.
     #[arg(long, env = "FLINT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Tenants sharing the driver, each with its tokens (as SHA-256 hashes: `flint
+    /// hash-token`), weight, priority cap and limits: TOML, or YAML for a .yaml/.yml
+    /// name (see the README's "Tenants"). Read again when it changes. A tenant sees
+    /// only its own jobs and uploads; the --token is the admin's, who sees all.
+    #[arg(long, env = "FLINT_TENANTS")]
+    pub tenants: Option<PathBuf>,
     /// Listen beyond loopback without a token or cluster secret: anyone who can reach
     /// the ports can run code on the executors and read every result.
     #[arg(long, env = "FLINT_INSECURE")]
@@ -227,6 +233,7 @@ impl DriverArgs {
         config.cluster_secret = self.cluster_secret.clone();
         config.executor_credentials = self.executor_credentials.clone();
         config.api_token = self.token.clone();
+        config.tenants = self.tenants.clone();
         config.edge = flint_driver::config::EdgeLimits {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             body_idle_timeout: Duration::from_millis(self.body_idle_timeout_ms),
@@ -270,17 +277,21 @@ impl DriverArgs {
                 anyhow::bail!("{flag} is empty");
             }
         }
-        if self.token.is_some() && self.cluster_secret.is_none() {
+        if (self.token.is_some() || self.tenants.is_some()) && self.cluster_secret.is_none() {
             anyhow::bail!(
-                "--token needs a --cluster-secret too (FLINT_CLUSTER_SECRET): executors download modules and files with it"
+                "--token and --tenants need a --cluster-secret too (FLINT_CLUSTER_SECRET): executors download modules and files with it"
             );
+        }
+        if let Some(path) = &self.tenants {
+            // A bad file stops the start here, not at the first request.
+            flint_driver::tenants::Tenants::read(path)?;
         }
         let exposed = [self.listen, self.executor_listen]
             .into_iter()
             .find(|addr| !addr.ip().is_loopback());
         if let Some(addr) = exposed
             && !self.insecure
-            && (self.token.is_none() || self.cluster_secret.is_none())
+            && ((self.token.is_none() && self.tenants.is_none()) || self.cluster_secret.is_none())
         {
             anyhow::bail!(
                 "refusing to listen on {addr} (beyond loopback) without auth: give --token and --cluster-secret \

@@ -15,6 +15,8 @@ use flint_protocol::{
 };
 use serde::Deserialize;
 
+use flint_protocol::records::Owner;
+
 use crate::scheduler::{Job, JobDef, NewJob, NewTask};
 use crate::store::blobs::ModuleInfo;
 
@@ -293,6 +295,11 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         options,
+        owner: Owner {
+            // The service sets the tenant; the priority is checked against its cap there.
+            tenant: None,
+            priority: spec.priority.unwrap_or(0),
+        },
     };
     Ok(NewJob { def, tasks })
 }

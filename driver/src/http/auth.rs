@@ -14,15 +14,18 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
+use crate::tenants::{Caller, Registry};
 
 /// The secrets a driver checks; `None` leaves that door open.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Credentials {
-    /// Bearer token for every API route but the open ones.
+    /// Bearer token for every API route but the open ones: the admin's.
     pub api_token: Option<String>,
     /// Executors' secret: in their hello, and as a bearer token on module and file
     /// downloads.
     pub cluster_secret: Option<String>,
+    /// Tenants' tokens (`--tenants`), when the driver has them.
+    pub tenants: Option<std::sync::Arc<Registry>>,
 }
 
 /// Routes anyone may call: liveness, the API's own description, the web UI's static
@@ -59,29 +62,39 @@ pub(crate) fn executors_read(method: &Method, path: &str) -> bool {
 }
 
 impl Credentials {
-    /// Whether a request to `path` with these headers may go on.
-    pub fn check(&self, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(token) = &self.api_token else {
-            return Ok(());
-        };
+    /// Who is calling, if a request to `path` with these headers may go on at all.
+    pub fn check(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        if self.api_token.is_none() && self.tenants.is_none() {
+            return Ok(Caller::Admin);
+        }
         // `/` only redirects a browser's GET to the UI; anything else there is asked
         // for the token like the rest of the API.
         if is_open(path) && (path != "/" || *method == Method::GET) {
-            return Ok(());
+            return Ok(Caller::Admin);
         }
         let Some(given) = bearer(headers) else {
             return Err(ApiError::unauthorized(
                 "this driver needs a bearer token: send `Authorization: Bearer <token>` (the CLI reads --token or FLINT_TOKEN)",
             ));
         };
-        if same_secret(token, given) {
-            return Ok(());
+        if let Some(token) = &self.api_token
+            && same_secret(token, given)
+        {
+            return Ok(Caller::Admin);
+        }
+        if let Some(tenant) = self.tenants.as_ref().and_then(|t| t.get().identify(given)) {
+            return Ok(Caller::Tenant(tenant));
         }
         if let Some(secret) = &self.cluster_secret
             && executors_read(method, path)
             && same_secret(secret, given)
         {
-            return Ok(());
+            return Ok(Caller::Executor);
         }
         Err(ApiError::unauthorized("wrong bearer token"))
     }
@@ -93,16 +106,31 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// The middleware in front of every route.
-pub async fn require(
-    State(credentials): State<std::sync::Arc<Credentials>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match credentials.check(request.method(), request.uri().path(), request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
+/// What the middleware in front of every route holds.
+#[derive(Clone)]
+pub struct Guard {
+    pub credentials: std::sync::Arc<Credentials>,
+    pub driver: std::sync::Arc<crate::service::Driver>,
+}
+
+/// The middleware in front of every route: who is calling (put in the request for the
+/// handlers), and whether that caller may reach what the path names at all.
+pub async fn require(State(guard): State<Guard>, mut request: Request, next: Next) -> Response {
+    let caller =
+        match guard
+            .credentials
+            .check(request.method(), request.uri().path(), request.headers())
+        {
+            Ok(caller) => caller,
+            Err(e) => return e.into_response(),
+        };
+    if let Err(e) =
+        super::tenancy::gate(&guard.driver, &caller, request.method(), request.uri()).await
+    {
+        return e.into_response();
     }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 /// Compares two secrets in time that depends only on their lengths (`subtle`), so a
@@ -130,6 +158,7 @@ mod tests {
         let credentials = Credentials {
             api_token: Some("tok".into()),
             cluster_secret: Some("sec".into()),
+            tenants: None,
         };
         let get = Method::GET;
         let none = HeaderMap::new();

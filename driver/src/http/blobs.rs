@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{ErrorResponse, ResultInfo, Uploaded};
@@ -15,48 +16,71 @@ use super::error::{ApiError, ApiResult};
 use crate::admission::parse_module_id;
 use crate::service::Driver;
 use crate::store::blobs::ModuleStore;
+use crate::tenants::Caller;
 
 /// Uploads a wasm module: validated, stored by SHA-256; uploading it again is a no-op.
-#[utoipa::path(put, path = "/v1/modules", tag = "modules",
+#[utoipa::path(put, path = "/v1/modules", tag = "modules", params(ShareQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the module's bytes (a wasm module or component)"),
     responses(
         (status = 201, description = "stored", body = Uploaded),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 403, description = "`admin_only`: a tenant asked for `?shared=true`", body = ErrorResponse),
         (status = 413, description = "larger than the module limit", body = ErrorResponse),
         (status = 422, description = "not a valid wasm module (`invalid_module`)", body = ErrorResponse),
         (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
     ))]
 pub(super) async fn put_module(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
+    share: Result<Query<ShareQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let Query(share) = share.map_err(ApiError::query)?;
     let upload = Upload {
         what: "module",
         limit: defaults::MAX_MODULE_BYTES,
         store: |d| &d.modules,
+        files: false,
     };
-    put_blob(driver, &headers, body, upload).await
+    put_blob(driver, &headers, body, upload, (caller, share.shared)).await
+}
+
+/// Who else may use an upload.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ShareQuery {
+    /// Every tenant may name it in its jobs and read it (the admin's to give; a
+    /// tenant's upload is its own).
+    #[serde(default)]
+    shared: bool,
 }
 
 /// Uploads a file jobs can name in `files`; stored by SHA-256, idempotent.
-#[utoipa::path(put, path = "/v1/files", tag = "files",
+#[utoipa::path(put, path = "/v1/files", tag = "files", params(ShareQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the file's bytes"),
     responses(
         (status = 201, description = "stored", body = Uploaded),
+        (status = 400, description = "a bad query", body = ErrorResponse),
+        (status = 403, description = "`admin_only`: a tenant asked for `?shared=true`", body = ErrorResponse),
         (status = 413, description = "larger than the file limit", body = ErrorResponse),
         (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
     ))]
 pub(super) async fn put_file(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
+    share: Result<Query<ShareQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    let Query(share) = share.map_err(ApiError::query)?;
     let upload = Upload {
         what: "file",
         limit: defaults::MAX_FILE_BYTES,
         store: |d| &d.files,
+        files: true,
     };
-    put_blob(driver, &headers, body, upload).await
+    put_blob(driver, &headers, body, upload, (caller, share.shared)).await
 }
 
 /// What an upload route stores, and its size limit.
@@ -64,6 +88,7 @@ pub(super) struct Upload {
     what: &'static str,
     limit: usize,
     store: fn(&Driver) -> &ModuleStore,
+    files: bool,
 }
 
 async fn put_blob(
@@ -71,6 +96,7 @@ async fn put_blob(
     headers: &HeaderMap,
     body: Body,
     upload: Upload,
+    (caller, shared): (Caller, bool),
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
     // Stop reading an upload as soon as it cannot fit under the quota; the store checks
     // again when it writes, against uploads running beside this one.
@@ -96,9 +122,18 @@ async fn put_blob(
     )
     .await?;
     let store = upload.store;
-    let stored = tokio::task::spawn_blocking(move || store(&driver).put(&body))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let files = upload.files;
+    let stored = tokio::task::spawn_blocking(move || {
+        let (id, info) = store(&driver).put(&body)?;
+        // Stored, then owned: a crash between the two leaves bytes no tenant sees (the
+        // uploader's retry owns them), never a tenant's bytes another sees.
+        driver
+            .record_upload(&caller, &id, files, shared)
+            .map_err(ApiError::from)?;
+        Ok::<_, ApiError>((id, info))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     let (id, info) = stored?;
     Ok((
         StatusCode::CREATED,

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{ErrorBody, ErrorResponse};
 
 use crate::admission::{INVALID_JSON, Rejection, STORAGE};
+use crate::service::tenancy::QUOTA_EXCEEDED;
 use crate::service::{DeleteError, SubmitError};
 use crate::store::StoreError;
 use crate::store::blobs::ModuleError;
@@ -77,6 +78,7 @@ impl From<Rejection> for ApiError {
         let status = match r.kind {
             INVALID_JSON => StatusCode::BAD_REQUEST,
             STORAGE => StatusCode::INTERNAL_SERVER_ERROR,
+            QUOTA_EXCEEDED => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, r.kind, r.message)

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{
@@ -20,7 +20,8 @@ use super::edge;
 use super::error::{ApiError, ApiResult};
 use crate::scheduler::Task;
 use crate::service::{Driver, IdempotencyKey, ListError, Submitted};
-use crate::store::JobFilter;
+use crate::store::{JobFilter, OwnerFilter};
+use crate::tenants::{ADMIN, Caller};
 use crate::views::{TIMELINE_PAGE, task_views, timeline_view};
 
 /// The header that makes a submission safe to retry.
@@ -60,11 +61,13 @@ pub(super) struct WaitQuery {
         (status = 202, description = "accepted (and, with `wait`, maybe ended)", body = JobView),
         (status = 400, description = "not JSON (`invalid_json`), a bad query, or a bad `Idempotency-Key` (`bad_idempotency_key`: empty, over 255 bytes, a byte outside 0x21-0x7e, or given twice)", body = ErrorResponse),
         (status = 413, description = "larger than the job spec limit", body = ErrorResponse),
+        (status = 429, description = "`quota_exceeded`: past one of the tenant's limits (`max_jobs`, `max_pending_tasks`, `max_storage_bytes`, `max_task_memory_mb`, `max_task_timeout_ms`, `max_priority`); the message names the limit, what the tenant holds and what the job would add. Nothing was stored", body = ErrorResponse),
         (status = 422, description = "an invalid spec: `invalid_spec`, `unknown_module`, `invalid_module_id`, `unknown_file`, `no_tasks`, `too_many_tasks`, `unschedulable`; for `result` and `results` inputs `unknown_result`, `result_not_ready`, `no_result`, `input_too_large`, `too_many_input_parts`; or `idempotency_conflict`: the `Idempotency-Key` belongs to a job submitted with another spec (the message names it)", body = ErrorResponse),
         (status = 507, description = "`storage_full`: the data dir holds its quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds) or the driver's disk is full; the job is not accepted (a repeat under an `Idempotency-Key` is still answered)", body = ErrorResponse),
     ))]
 pub(super) async fn submit_job(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<WaitQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
@@ -80,7 +83,7 @@ pub(super) async fn submit_job(
         "job spec",
     )
     .await?;
-    let (status, id) = match driver.submit_spec(body, key).await? {
+    let (status, id) = match driver.submit_spec(body, key, &caller).await? {
         Submitted::Accepted(id) => {
             tracing::info!(job = %id, "job accepted");
             (StatusCode::ACCEPTED, id)
@@ -222,6 +225,9 @@ pub(super) struct JobsQuery {
     /// Only jobs created before this time (RFC 3339).
     #[param(format = DateTime)]
     created_before: Option<String>,
+    /// Only this tenant's jobs (`admin`: the admin's own); the admin's to ask, a tenant
+    /// lists only its own whatever it gives.
+    tenant: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -255,6 +261,7 @@ fn page_limit(limit: Option<u64>, default: usize) -> ApiResult<usize> {
     ))]
 pub(super) async fn list_jobs(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<JobsQuery>, QueryRejection>,
 ) -> ApiResult<axum::Json<List<JobView>>> {
     let Query(query) = query.map_err(ApiError::query)?;
@@ -272,6 +279,13 @@ pub(super) async fn list_jobs(
             .as_deref()
             .map(|t| unix_ms("created_before", t))
             .transpose()?,
+        // A tenant lists its own jobs only; the admin anyone's, or one tenant's.
+        owner: match (caller.tenant(), query.tenant) {
+            (Some(t), _) => Some(OwnerFilter(Some(t.name.to_string()))),
+            (None, Some(name)) if name == ADMIN => Some(OwnerFilter(None)),
+            (None, Some(name)) => Some(OwnerFilter(Some(name))),
+            (None, None) => None,
+        },
     };
     let after = query.after;
     let listed =

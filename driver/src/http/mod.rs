@@ -26,6 +26,7 @@ pub mod openapi;
 mod replay;
 mod results;
 mod status;
+mod tenancy;
 pub mod ui;
 
 pub use error::ApiError;
@@ -60,12 +61,21 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(status::decommission_executor))
         .routes(routes!(status::kill_worker_executors))
         .routes(routes!(status::get_executor_log))
+        .routes(routes!(tenancy::tenant_usage))
         .split_for_parts();
     let openapi = openapi::finish(openapi);
-    let credentials = Arc::new(Credentials {
-        api_token: driver.config.api_token.clone(),
-        cluster_secret: driver.config.cluster_secret.clone(),
-    });
+    let guard = auth::Guard {
+        credentials: Arc::new(Credentials {
+            api_token: driver.config.api_token.clone(),
+            cluster_secret: driver.config.cluster_secret.clone(),
+            tenants: driver
+                .config
+                .tenants
+                .is_some()
+                .then(|| driver.tenants.clone()),
+        }),
+        driver: driver.clone(),
+    };
     let limit = RequestLimit::new(driver.config.edge.max_concurrent_requests);
     routes
         .route(
@@ -88,7 +98,7 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .route("/", get(|| async { Redirect::to("/ui") }))
         .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
         .with_state(driver)
-        .layer(from_fn_with_state(credentials, auth::require))
+        .layer(from_fn_with_state(guard, auth::require))
         .layer(from_fn_with_state(limit, edge::limit_concurrency))
 }
 

@@ -32,6 +32,7 @@ mod offers;
 pub mod policy;
 pub mod speculation;
 mod status;
+pub mod tenancy;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -64,6 +65,20 @@ pub struct ClusterState {
     /// (`/metrics`), and how many those were.
     pub usage: Usage,
     pub attempts_measured: u64,
+    /// The same by tenant (`None`: the admin's jobs), since the driver started.
+    pub tenant_spent: FastMap<Option<String>, Spent>,
+    /// Tenants' weights and core limits, as the tenants file last said.
+    pub shares: tenancy::Shares,
+}
+
+/// What one tenant's attempts used since the driver started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spent {
+    pub attempts: u64,
+    pub succeeded: u64,
+    pub cpu_us: u64,
+    pub wall_us: u64,
+    pub output_bytes: u64,
 }
 
 impl ClusterState {
@@ -91,6 +106,8 @@ impl ClusterState {
             launch_to_status: latency::LatencyHistogram::default(),
             usage: Usage::default(),
             attempts_measured: 0,
+            tenant_spent: FastMap::default(),
+            shares: tenancy::Shares::default(),
         }
     }
 

@@ -29,6 +29,66 @@ impl ClusterState {
         (fits as u32).clamp(c.launch_ahead, c.launch_ahead_max.max(c.launch_ahead))
     }
 
+    /// What each queued job asks of these offers, in the queue's order.
+    fn demands(&self, ids: &[ExecutorId], offers: &[Offer], now: Instant) -> Vec<Demand> {
+        let position = |id: &ExecutorId| ids.iter().position(|e| e == id);
+        self.queue
+            .iter()
+            .map(|job_id| {
+                let job = &self.jobs[job_id];
+                let constrained = job
+                    .constrained
+                    .iter()
+                    .map(|&i| {
+                        let task = &job.tasks[i as usize];
+                        ids.iter()
+                            .enumerate()
+                            .filter(|(_, e)| {
+                                excluded_for_task(&self.config.exclusion, &task.failed_on, e)
+                            })
+                            .map(|(k, _)| k)
+                            .collect()
+                    })
+                    .chain(job.speculative.iter().map(|&i| {
+                        let task = TaskId {
+                            job: job_id.clone(),
+                            index: i,
+                        };
+                        ids.iter()
+                            .filter(|e| self.executors[*e].running.contains_key(&task))
+                            .filter_map(position)
+                            .collect()
+                    }))
+                    .collect();
+                let warm: Vec<bool> = ids
+                    .iter()
+                    .zip(offers)
+                    .map(|(id, o)| {
+                        o.usable
+                            && self.executors[id]
+                                .modules
+                                .contains(&job.def.module.locality_key())
+                    })
+                    .collect();
+                let waited = job.locality_wait_since.is_some_and(|since| {
+                    now.saturating_duration_since(since) >= self.config.locality_wait
+                });
+                let cold_allowed = self.config.locality_wait.is_zero() || waited;
+                let warm_elsewhere =
+                    !cold_allowed && !warm.contains(&true) && self.warm_without_room(job, ids);
+                Demand {
+                    cores: job.def.resources.cores,
+                    count: job.pending.len(),
+                    constrained,
+                    needs_fuel: job.def.needs_fuel(),
+                    cold_allowed: cold_allowed || (!warm.contains(&true) && !warm_elsewhere),
+                    warm_elsewhere,
+                    warm,
+                }
+            })
+            .collect()
+    }
+
     /// How long an attempt may have been out (queued, then running) on an executor before
     /// nothing more is queued behind it there: twice the queue budget, plus four times
     /// the run time of the slowest queued job when that is known. An attempt queued
@@ -130,64 +190,7 @@ impl ClusterState {
         if offers.iter().all(|o| o.free_cores == 0 && o.ahead == 0) {
             return actions;
         }
-        let position = |id: &ExecutorId| ids.iter().position(|e| e == id);
-        let demands: Vec<Demand> = self
-            .queue
-            .iter()
-            .map(|job_id| {
-                let job = &self.jobs[job_id];
-                let constrained = job
-                    .constrained
-                    .iter()
-                    .map(|&i| {
-                        let task = &job.tasks[i as usize];
-                        ids.iter()
-                            .enumerate()
-                            .filter(|(_, e)| {
-                                excluded_for_task(&self.config.exclusion, &task.failed_on, e)
-                            })
-                            .map(|(k, _)| k)
-                            .collect()
-                    })
-                    .chain(job.speculative.iter().map(|&i| {
-                        let task = TaskId {
-                            job: job_id.clone(),
-                            index: i,
-                        };
-                        ids.iter()
-                            .filter(|e| self.executors[*e].running.contains_key(&task))
-                            .filter_map(position)
-                            .collect()
-                    }))
-                    .collect();
-                let warm: Vec<bool> = ids
-                    .iter()
-                    .zip(&offers)
-                    .map(|(id, o)| {
-                        o.usable
-                            && self.executors[id]
-                                .modules
-                                .contains(&job.def.module.locality_key())
-                    })
-                    .collect();
-                let waited = job.locality_wait_since.is_some_and(|since| {
-                    now.saturating_duration_since(since) >= self.config.locality_wait
-                });
-                let cold_allowed = self.config.locality_wait.is_zero() || waited;
-                let warm_elsewhere =
-                    !cold_allowed && !warm.contains(&true) && self.warm_without_room(job, &ids);
-                Demand {
-                    cores: job.def.resources.cores,
-                    count: job.pending.len(),
-                    constrained,
-                    needs_fuel: job.def.needs_fuel(),
-                    cold_allowed: cold_allowed || (!warm.contains(&true) && !warm_elsewhere),
-                    warm_elsewhere,
-                    warm,
-                }
-            })
-            .collect();
-        let plan = policy::place(&offers, &demands);
+        let plan = self.place_shared(&offers, |s| s.demands(&ids, &offers, now));
         for (d, waiting) in plan.waiting_for_locality.iter().enumerate() {
             let job = self
                 .jobs

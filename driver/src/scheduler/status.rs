@@ -91,6 +91,18 @@ impl ClusterState {
         let usage = status.end.usage;
         self.usage.add(&usage);
         self.attempts_measured += 1;
+        let spent = match self.tenant_spent.get_mut(&job.def.owner.tenant) {
+            Some(spent) => spent,
+            None => self
+                .tenant_spent
+                .entry(job.def.owner.tenant.clone())
+                .or_default(),
+        };
+        spent.attempts += 1;
+        spent.succeeded += u64::from(matches!(outcome, Outcome::Succeeded));
+        spent.cpu_us += usage.cpu_us;
+        spent.wall_us += usage.wall_us;
+        spent.output_bytes += usage.output_bytes;
         let reported = (status.end.started_at_us, status.end.finished_at_us, usage);
         job.close_span(running.span, outcome, Some(reported), now);
         let mut status = status;

@@ -211,7 +211,12 @@ impl Driver {
                     match driver.store.blob_refs(&digest, files) {
                         // Unless uploaded again or named by a job admitted since.
                         Ok(0) => match store.delete_unused(&digest, cutoff) {
-                            Ok(true) => deleted += 1,
+                            Ok(true) => {
+                                deleted += 1;
+                                if let Err(e) = driver.forget_upload(&digest, files) {
+                                    tracing::error!(error = %e, "retention: forgetting an upload's owners");
+                                }
+                            }
                             Ok(false) => {}
                             Err(e) => tracing::error!(error = %e, "retention: deleting an upload"),
                         },

@@ -77,6 +77,22 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key in a tenant's own space: `<tenant> <key>`. A space is in no key a client
+    /// gives, so no tenant's key (nor the admin's) can be another's.
+    pub fn scoped(self, tenant: &str) -> Self {
+        IdempotencyKey(format!("{tenant} {}", self.0))
+    }
+
+    /// A stored key, scoped or not, if it follows the rule.
+    fn restored(key: &str) -> Result<Self, BadKey> {
+        match key.split_once(' ') {
+            Some((tenant, key)) if !tenant.is_empty() => {
+                Self::parse(key.as_bytes()).map(|k| k.scoped(tenant))
+            }
+            _ => Self::parse(key.as_bytes()),
+        }
+    }
 }
 
 impl FromStr for IdempotencyKey {
@@ -235,7 +251,7 @@ impl IdempotencyKeys {
         for StoredKey { key, spec, job } in stored {
             // Every stored key was checked when it was given; one that no longer passes
             // would mean a rule got stricter, and its job is still found by id.
-            match IdempotencyKey::parse(key.as_bytes()) {
+            match IdempotencyKey::restored(&key) {
                 Ok(key) => {
                     let claim = Claim { spec, job };
                     slots.insert(key, Arc::new(tokio::sync::Mutex::new(Some(claim))));
@@ -310,13 +326,14 @@ impl Driver {
         self: &Arc<Self>,
         body: Bytes,
         key: IdempotencyKey,
+        caller: crate::tenants::Caller,
     ) -> Result<Submitted, SubmitError> {
         let spec = spec_digest(&body)?;
         let driver = self.clone();
         // A task of its own: run to the end even if the request is dropped mid-commit.
         let submission = tokio::spawn(async move {
             let slot = driver.idempotency.slot(&key);
-            let outcome = driver.claim(&slot, &key, spec, &body).await;
+            let outcome = driver.claim(&slot, &key, spec, &body, &caller).await;
             driver.idempotency.release(&key, slot);
             outcome
         });
@@ -334,6 +351,7 @@ impl Driver {
         key: &IdempotencyKey,
         spec: Digest,
         body: &[u8],
+        caller: &crate::tenants::Caller,
     ) -> Result<Submitted, SubmitError> {
         let mut claim = slot.lock().await;
         if let Some(Claim { spec: given, job }) = &*claim {
@@ -347,9 +365,10 @@ impl Driver {
         }
         // A repeat is answered at the quota too; only a new job is refused.
         self.usage.check_not_full()?;
-        let job = self.admit(body)?;
+        let job = self.admit(body, caller)?;
         let id = job.def.id.clone();
-        self.submit_keyed(job, Some((key.as_str().to_owned(), spec)))
+        let tenant = caller.tenant().cloned();
+        self.submit_keyed(job, Some((key.as_str().to_owned(), spec)), tenant)
             .await?;
         *claim = Some(Claim {
             spec,

@@ -79,7 +79,13 @@ impl Driver {
             let mut live: Vec<(u64, &JobId)> = s
                 .jobs
                 .values()
-                .filter(|j| filter.admits(&crate::store::durable::job_summary(j)))
+                .filter(|j| {
+                    filter
+                        .owner
+                        .as_ref()
+                        .is_none_or(|o| o.admits(j.def.owner.tenant.as_deref()))
+                        && filter.admits(&crate::store::durable::job_summary(j))
+                })
                 .map(|j| (j.def.created_at_ms, &j.def.id))
                 .filter(|(ms, id)| before.is_none_or(|b| (*ms, id.0.as_str()) < b))
                 .collect();

@@ -36,6 +36,7 @@ mod executors;
 pub mod idempotency;
 mod listing;
 mod submission;
+pub mod tenancy;
 pub mod workers;
 
 pub use deletion::DeleteError;
@@ -111,6 +112,10 @@ pub struct Driver {
     credentials: std::sync::Mutex<Option<flint_protocol::messages::Credentials>>,
     /// The cluster once a second, for `GET /v1/cluster/history`.
     pub history: crate::history::History,
+    /// The tenants in force (`--tenants`); none on a driver without them.
+    pub tenants: Arc<crate::tenants::Registry>,
+    /// Who uploaded each module and file.
+    upload_owners: tenancy::UploadOwners,
 }
 
 impl Driver {
@@ -131,6 +136,7 @@ impl Driver {
             keys,
         } = store.load()?;
         let finished = store.totals()?;
+        let upload_owners = tenancy::UploadOwners::restore(store.upload_owners()?);
         let restored = stored.len();
         let http_base = advertised_base(config.advertise_url.as_deref(), http_addr, host_name);
         for job in &mut stored {
@@ -175,6 +181,8 @@ impl Driver {
             workers: Default::default(),
             commands: Default::default(),
             credentials: Default::default(),
+            tenants: Default::default(),
+            upload_owners,
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {

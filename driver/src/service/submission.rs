@@ -11,12 +11,14 @@ use flint_protocol::api::TaskState;
 use flint_protocol::{Digest, JobId, TaskResult};
 
 use super::idempotency::IdempotencyKey;
+use super::tenancy;
 use super::{Deferred, Driver};
 use crate::admission::{self, Rejection};
 use crate::scheduler::{NewJob, memo};
 use crate::store::StoreError;
 use crate::store::durable;
 use crate::store::usage::OverQuota;
+use crate::tenants::{Caller, Tenant};
 
 /// What a submission came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +64,12 @@ impl Driver {
     /// nothing outside (a guest's only effect is its result); one that already ended
     /// stays as it ended, in memory only.
     pub async fn submit(self: &Arc<Self>, job: NewJob) -> Result<(), StoreError> {
-        self.submit_keyed(job, None).await
+        self.submit_keyed(job, None, None)
+            .await
+            .map_err(|e| match e {
+                SubmitError::Storage(e) => e,
+                other => StoreError::Db(other.to_string()),
+            })
     }
 
     /// Submits the job spec in `body`: admitted and stored ([`Self::submit`]), or with an
@@ -71,14 +78,23 @@ impl Driver {
         self: &Arc<Self>,
         body: bytes::Bytes,
         key: Option<IdempotencyKey>,
+        caller: &Caller,
     ) -> Result<Submitted, SubmitError> {
         match key {
-            Some(key) => self.submit_once(body, key).await,
+            // A tenant's keys are its own: the same key from two tenants is two keys.
+            Some(key) => {
+                let key = match caller.tenant() {
+                    Some(t) => key.scoped(&t.name),
+                    None => key,
+                };
+                self.submit_once(body, key, caller.clone()).await
+            }
             None => {
                 self.usage.check_not_full()?;
-                let job = self.admit(&body)?;
+                let job = self.admit(&body, caller)?;
                 let id = job.def.id.clone();
-                self.submit(job).await?;
+                self.submit_keyed(job, None, caller.tenant().cloned())
+                    .await?;
                 Ok(Submitted::Accepted(id))
             }
         }
@@ -90,17 +106,25 @@ impl Driver {
         self: &Arc<Self>,
         job: NewJob,
         key: Option<(String, Digest)>,
-    ) -> Result<(), StoreError> {
+        tenant: Option<Arc<Tenant>>,
+    ) -> Result<(), SubmitError> {
         let record = durable::job_record(&job);
         let id = job.def.id.clone();
+        // A tenant's live jobs and tasks are counted where the job joins them, under the
+        // state's lock: two submissions at once cannot both pass the last free place.
+        self.apply_inner(|inner| {
+            if let Some(tenant) = &tenant
+                && let Err(over) = tenancy::check_live_quotas(&inner.state, tenant, &job)
+            {
+                return (Err(over), Vec::new());
+            }
+            inner.storing.insert(id.clone());
+            (Ok(()), inner.state.submit_job(job))
+        })?;
         let driver = self.clone();
         let commit = tokio::task::spawn_blocking(move || {
             let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
             driver.store.put_job(&record, key)
-        });
-        self.apply_inner(|inner| {
-            inner.storing.insert(id.clone());
-            ((), inner.state.submit_job(job))
         });
         let stored = match commit.await {
             Ok(stored) => stored,
@@ -140,7 +164,7 @@ impl Driver {
                 ((), actions.unwrap_or_default())
             });
         }
-        stored
+        Ok(stored?)
     }
 
     /// The timestamp to fetch `url` under ([`crate::admission::UrlTimestamps::timestamp`]).
@@ -150,12 +174,19 @@ impl Driver {
 
     /// A job spec's JSON checked and turned into a job: see [`admission`]. Also refuses
     /// a job no executor registered now could run.
-    pub fn admit(&self, body: &[u8]) -> Result<NewJob, Rejection> {
-        let job = admission::accept(self, admission::parse_job_spec(body)?)?;
+    pub fn admit(&self, body: &[u8], caller: &Caller) -> Result<NewJob, Rejection> {
+        let catalog = tenancy::TenantCatalog {
+            driver: self,
+            caller,
+        };
+        let mut job = admission::accept(&catalog, admission::parse_job_spec(body)?)?;
         let (max_cores, any_fuel) =
             self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
         admission::check_schedulable(&job, max_cores, any_fuel)?;
-        let mut job = job;
+        if let Some(tenant) = caller.tenant() {
+            job.def.owner.tenant = Some(tenant.name.to_string());
+            self.check_quotas(tenant, &job)?;
+        }
         if job.def.options.memoize {
             self.take_memoized(&mut job)?;
         }
@@ -186,8 +217,13 @@ impl Driver {
             let Some((from, at)) = self.store.memo(&key).map_err(storage)? else {
                 continue;
             };
+            let tenant = &job.def.owner.tenant;
             let result = self
                 .job(&from, |j| {
+                    // Another tenant's results are not this one's to see, even the same.
+                    if j.def.owner.tenant != *tenant {
+                        return None;
+                    }
                     let t = j.tasks.get(at as usize)?;
                     (t.state == TaskState::Succeeded).then(|| t.result.clone())?
                 })

@@ -7,6 +7,7 @@ use flint_protocol::api::JobState;
 
 use super::*;
 use crate::admission;
+use crate::tenants::Caller;
 
 /// A driver on a fresh data dir, listening nowhere.
 pub(crate) fn driver() -> (tempfile::TempDir, Arc<Driver>) {
@@ -143,7 +144,7 @@ async fn one_key_makes_one_job_however_many_submit_it_at_once() {
     let submissions: Vec<_> = (0..20)
         .map(|_| {
             let (driver, spec) = (driver.clone(), spec.clone());
-            tokio::spawn(async move { driver.submit_spec(spec, keyed("k")).await })
+            tokio::spawn(async move { driver.submit_spec(spec, keyed("k"), &Caller::Admin).await })
         })
         .collect();
     let mut outcomes = Vec::new();
@@ -177,7 +178,7 @@ async fn one_key_makes_one_job_however_many_submit_it_at_once() {
     let other = bytes::Bytes::from(format!(
         r#"{{"module": "{module}", "inputs": [{{"text": "b"}}]}}"#
     ));
-    match driver.submit_spec(other, keyed("k")).await {
+    match driver.submit_spec(other, keyed("k"), &Caller::Admin).await {
         Err(SubmitError::Conflict { key, job }) => assert_eq!((key.as_str(), job), ("k", id)),
         other => panic!("{other:?}"),
     }
@@ -193,20 +194,23 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
 
     // Refused by admission: the key is free, and forgotten.
     let unknown = bytes::Bytes::from_static(br#"{"module": "sha256:0000000000000000000000000000000000000000000000000000000000000000", "inputs": [{"text": "a"}]}"#);
-    let refused = driver.submit_spec(unknown, keyed("k")).await.unwrap_err();
+    let refused = driver
+        .submit_spec(unknown, keyed("k"), &Caller::Admin)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&refused, SubmitError::Rejected(r) if r.kind == "unknown_module"),
         "{refused:?}"
     );
     let not_json = driver
-        .submit_spec(bytes::Bytes::from_static(b"{"), keyed("k"))
+        .submit_spec(bytes::Bytes::from_static(b"{"), keyed("k"), &Caller::Admin)
         .await;
     assert!(matches!(not_json, Err(SubmitError::Rejected(r)) if r.kind == admission::INVALID_JSON));
 
     // Not stored: the job is killed where it stands, and the key is free again.
     driver.store.refuse_jobs.store(true, Ordering::Relaxed);
     let lost = driver
-        .submit_spec(spec.clone(), keyed("k"))
+        .submit_spec(spec.clone(), keyed("k"), &Caller::Admin)
         .await
         .unwrap_err();
     assert!(matches!(lost, SubmitError::Storage(_)), "{lost:?}");
@@ -217,12 +221,18 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
         "unclaimed keys are forgotten"
     );
 
-    let Submitted::Accepted(id) = driver.submit_spec(spec.clone(), keyed("k")).await.unwrap()
+    let Submitted::Accepted(id) = driver
+        .submit_spec(spec.clone(), keyed("k"), &Caller::Admin)
+        .await
+        .unwrap()
     else {
         panic!("the retry makes the job");
     };
     assert_eq!(
-        driver.submit_spec(spec, keyed("k")).await.unwrap(),
+        driver
+            .submit_spec(spec, keyed("k"), &Caller::Admin)
+            .await
+            .unwrap(),
         Submitted::Repeated(id)
     );
     assert_eq!(driver.idempotency.in_use(), 1);

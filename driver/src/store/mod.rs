@@ -11,5 +11,6 @@ mod jobs;
 pub mod usage;
 
 pub use jobs::{
-    Deleted, JobFilter, JobPage, JobStore, StoreError, Stored, StoredJob, StoredKey, Totals,
+    Deleted, JobFilter, JobPage, JobStore, OwnerFilter, SHARED, StoreError, Stored, StoredJob,
+    StoredKey, Totals, blob_key,
 };

@@ -141,6 +141,17 @@ pub struct JobView {
     /// for other jobs, and in job listings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// The tenant that submitted it; none for the admin's jobs (`--token`, or a driver
+    /// without tenants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Its priority among its tenant's jobs (0 unless given).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+}
+
+fn is_zero(p: &i32) -> bool {
+    *p == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

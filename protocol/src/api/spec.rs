@@ -79,6 +79,11 @@ pub struct JobSpec {
     /// [`RetrySpec`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
+    /// Among its tenant's jobs, higher goes first (0 by default; at most the tenant's
+    /// `max_priority`, a negative one waits behind the rest). Between tenants, cores are
+    /// shared by weight whatever the priorities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 /// How much a job's attempts are counted.

@@ -34,6 +34,7 @@ pub(crate) fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
             max_failures: 3,
             max_result_bytes: u64::MAX,
             options: Default::default(),
+            owner: Default::default(),
             created_at_ms: 0,
         },
         tasks: (0..tasks)
@@ -153,6 +154,7 @@ fn finish(
 
 mod failures;
 mod placement;
+mod tenants;
 
 #[test]
 fn a_duplicate_live_id_is_refused_and_a_lost_one_comes_back_newer() {

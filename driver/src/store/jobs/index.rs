@@ -7,10 +7,10 @@ use std::ops::Bound;
 
 use flint_protocol::JobId;
 use flint_protocol::api::JobState;
-use flint_protocol::records::JobSummaryRecord;
+use flint_protocol::records::{JobSummaryRecord, Owner};
 use redb::ReadableDatabase;
 
-use super::schema::{BY_CREATED, BY_NAME, BY_STATE, SUMMARIES, state_code};
+use super::schema::{BY_CREATED, BY_NAME, BY_STATE, JOB_OWNERS, SUMMARIES, state_code};
 use super::{JobStore, StoreError, db_error};
 
 /// What a listing asks for. Times are Unix milliseconds; `created_after` is inclusive,
@@ -21,6 +21,18 @@ pub struct JobFilter {
     pub name: Option<String>,
     pub created_after: Option<u64>,
     pub created_before: Option<u64>,
+    /// Whose jobs: everyone's when `None`.
+    pub owner: Option<OwnerFilter>,
+}
+
+/// A listing of one owner's jobs: a tenant's (by name), or the admin's (`None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerFilter(pub Option<String>);
+
+impl OwnerFilter {
+    pub fn admits(&self, tenant: Option<&str>) -> bool {
+        self.0.as_deref() == tenant
+    }
 }
 
 impl JobFilter {
@@ -59,6 +71,12 @@ impl JobStore {
     ) -> Result<JobPage, StoreError> {
         let txn = self.db.get()?.begin_read().map_err(db_error)?;
         let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
+        // A tenant's listing reads each candidate's owner: it costs what the other
+        // tenants' jobs in the index range cost too (an index by owner would not).
+        let owners = match &filter.owner {
+            Some(_) => Some(txn.open_table(JOB_OWNERS).map_err(db_error)?),
+            None => None,
+        };
         let low = filter.created_after.unwrap_or(0);
         // The upper bound: the cursor or `created_before`, whichever comes first.
         let high: Bound<(u64, &str)> = match (before, filter.created_before) {
@@ -80,6 +98,16 @@ impl JobStore {
             let summary: JobSummaryRecord = postcard::from_bytes(bytes.value())?;
             if !filter.admits(&summary) {
                 return Ok(true);
+            }
+            if let (Some(want), Some(owners)) = (&filter.owner, &owners) {
+                let owner: Option<Owner> = owners
+                    .get(id)
+                    .map_err(db_error)?
+                    .map(|v| postcard::from_bytes(v.value()))
+                    .transpose()?;
+                if !want.admits(owner.and_then(|o| o.tenant).as_deref()) {
+                    return Ok(true);
+                }
             }
             if page.items.len() == limit {
                 page.more = true;

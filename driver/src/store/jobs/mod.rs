@@ -30,19 +30,21 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 mod handle;
 mod index;
 mod migrate;
+mod owners;
 mod read;
 mod rows;
 mod schema;
 mod writer;
 
-pub use index::{JobFilter, JobPage};
+pub use index::{JobFilter, JobPage, OwnerFilter};
+pub use owners::SHARED;
 use read::read_job;
 use rows::{delete_job, insert_job};
 use schema::LAYOUT;
+pub use schema::blob_key;
 use schema::{
     ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOBS, MEMO, META, NEXT_SEQUENCE, SUMMARIES, blob_key, create_tables,
-    state_code,
+    JOB_ATTEMPTS_V1, JOBS, MEMO, META, NEXT_SEQUENCE, SUMMARIES, create_tables, state_code,
 };
 
 #[derive(Debug, thiserror::Error)]

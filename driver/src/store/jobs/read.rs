@@ -8,7 +8,7 @@ use flint_protocol::records::{JobRecord, JobSummaryRecord, TaskEndRecord};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::rows::queued_summary;
-use super::schema::{JOB_ENDS, JOB_OPTIONS, JOBS, TASK_ENDS};
+use super::schema::{JOB_ENDS, JOB_OPTIONS, JOB_OWNERS, JOBS, TASK_ENDS};
 use super::{StoreError, StoredJob, db_error};
 
 /// A job's record, task ends (the latest end of each task) and end, as committed.
@@ -33,6 +33,14 @@ pub(super) fn read_job(
     };
     if let Some(bytes) = options {
         stored.job.def.options = postcard::from_bytes(&bytes)?;
+    }
+    let owner = match txn.open_table(JOB_OWNERS) {
+        Ok(table) => table.get(id).map_err(db_error)?.map(|v| v.value().to_vec()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(db_error(e)),
+    };
+    if let Some(bytes) = owner {
+        stored.job.def.owner = postcard::from_bytes(&bytes)?;
     }
     Ok(Some(stored))
 }

@@ -10,8 +10,8 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
     BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOBS, MEMO, MEMO_BY_JOB, SUMMARIES,
-    TASK_ENDS, blob_key, state_code,
+    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOB_OWNERS, JOBS, MEMO, MEMO_BY_JOB,
+    SUMMARIES, TASK_ENDS, blob_key, state_code,
 };
 use super::{Deleted, StoreError, db_error};
 
@@ -62,6 +62,13 @@ pub(super) fn insert_job(
         txn.open_table(JOB_OPTIONS)
             .map_err(db_error)?
             .insert(id, options.as_slice())
+            .map_err(db_error)?;
+    }
+    if !job.def.owner.is_default() {
+        let owner = postcard::to_stdvec(&job.def.owner)?;
+        txn.open_table(JOB_OWNERS)
+            .map_err(db_error)?
+            .insert(id, owner.as_slice())
             .map_err(db_error)?;
     }
     if let Some((key, spec)) = key {
@@ -222,7 +229,7 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
         .map_err(db_error)?
         .remove(id)
         .map_err(db_error)?;
-    for table in [JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_OPTIONS] {
+    for table in [JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_OPTIONS, JOB_OWNERS] {
         txn.open_table(table)
             .map_err(db_error)?
             .remove(id)

@@ -40,6 +40,16 @@ pub(super) const JOB_ATTEMPTS_V1: TableDefinition<&str, &[u8]> =
 /// is, deleted with it. Added in layout 5 without a new layout: a job without a value
 /// here has the defaults.
 pub(super) const JOB_OPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_options.v1");
+/// Job -> its [`Owner`](flint_protocol::records::Owner) (tenant and priority), for a
+/// job a tenant submitted or that has a priority: written with the job, read whenever it
+/// is, deleted with it. Added in layout 5 without a new layout: a job without a value
+/// here is the admin's, at priority 0.
+pub(super) const JOB_OWNERS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_owners.v1");
+/// (`m:<hex>` or `f:<hex>`, tenant) -> (): the tenants that uploaded a module or file
+/// (`*` for one the admin shared with every tenant). A tenant sees the uploads it has a
+/// row for and the shared ones; the admin sees all.
+pub(super) const UPLOAD_OWNERS: TableDefinition<(&str, &str), ()> =
+    TableDefinition::new("upload_owners.v1");
 /// Memoized results: a task's memo key (SHA-256, see `scheduler::memo`) -> the first job
 /// and task that succeeded with it and kept its result inline. Added in layout 5 without
 /// a new layout; deleted with that job (through `MEMO_BY_JOB`).
@@ -83,7 +93,7 @@ pub(super) fn state_code(state: JobState) -> u8 {
         .expect("every state is in ALL") as u8
 }
 
-pub(super) fn blob_key(digest: &Digest, files: bool) -> String {
+pub fn blob_key(digest: &Digest, files: bool) -> String {
     format!("{}:{}", if files { 'f' } else { 'm' }, digest.hex())
 }
 
@@ -97,6 +107,8 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(TASK_ENDS).map_err(db_error)?;
     txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
     txn.open_table(JOB_OPTIONS).map_err(db_error)?;
+    txn.open_table(JOB_OWNERS).map_err(db_error)?;
+    txn.open_table(UPLOAD_OWNERS).map_err(db_error)?;
     txn.open_table(MEMO).map_err(db_error)?;
     txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(db_error)?;

@@ -279,6 +279,10 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
     let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
     let mut gone = record_at("gone", "n", 1);
     gone.def.options.exact_accounting = true;
+    gone.def.owner = flint_protocol::records::Owner {
+        tenant: Some("team".into()),
+        priority: 3,
+    };
     let spec = Digest::of(b"spec");
     store.put_job(&gone, Some(("key-1", &spec))).unwrap();
     store.put_job(&record_at("kept", "n", 2), None).unwrap();
@@ -307,7 +311,7 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
         let name = table.name().to_owned();
         let found = match name.as_str() {
             "jobs.v3" | "job_ends.v3" | "job_summaries.v1" | "job_attempts.v1"
-            | "job_attempts.v2" | "job_options.v1" => txn
+            | "job_attempts.v2" | "job_options.v1" | "job_owners.v1" => txn
                 .open_table(TableDefinition::<&str, &[u8]>::new(&name))
                 .unwrap()
                 .get("gone")
@@ -363,7 +367,7 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
                 .unwrap()
                 .next()
                 .is_some(),
-            "blob_refs.v1" | "meta" => false,
+            "blob_refs.v1" | "upload_owners.v1" | "meta" => false,
             other => panic!("a table this test does not know: {other}; teach it to look there"),
         };
         assert!(!found, "{name} still names the deleted job");
@@ -813,4 +817,77 @@ fn a_memo_entry_is_the_first_stored_computation_and_goes_with_its_job() {
     );
     store.delete_job(&JobId("second".into())).unwrap().unwrap();
     assert_eq!(store.memo(&orphan).unwrap(), None);
+}
+
+#[test]
+fn a_jobs_owner_comes_back_with_it_and_listings_by_owner_see_only_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let owned = |id: &str, created: u64, tenant: Option<&str>| {
+        let mut r = record_at(id, "n", created);
+        r.def.owner = flint_protocol::records::Owner {
+            tenant: tenant.map(str::to_owned),
+            priority: 0,
+        };
+        r
+    };
+    store.put_job(&owned("a1", 1, Some("a")), None).unwrap();
+    store.put_job(&owned("b1", 2, Some("b")), None).unwrap();
+    store.put_job(&owned("admin1", 3, None), None).unwrap();
+    store.put_job(&owned("a2", 4, Some("a")), None).unwrap();
+    let store = reopen(store, &path);
+    let a1 = store.job(&JobId("a1".into())).unwrap().unwrap();
+    assert_eq!(a1.job.def.owner.tenant.as_deref(), Some("a"));
+    let ids =
+        |page: &JobPage| -> Vec<String> { page.items.iter().map(|(id, _)| id.0.clone()).collect() };
+    let list = |owner: Option<OwnerFilter>| {
+        let filter = JobFilter {
+            owner,
+            ..JobFilter::default()
+        };
+        ids(&store.list(&filter, None, 100).unwrap())
+    };
+    assert_eq!(list(Some(OwnerFilter(Some("a".into())))), ["a2", "a1"]);
+    assert_eq!(list(Some(OwnerFilter(Some("b".into())))), ["b1"]);
+    assert_eq!(list(Some(OwnerFilter(None))), ["admin1"]);
+    assert_eq!(
+        list(Some(OwnerFilter(Some("c".into())))),
+        Vec::<String>::new()
+    );
+    assert_eq!(list(None).len(), 4);
+    // A page of one tenant's jobs says whether there is more of that tenant's only.
+    let filter = JobFilter {
+        owner: Some(OwnerFilter(Some("b".into()))),
+        ..JobFilter::default()
+    };
+    assert!(!store.list(&filter, None, 1).unwrap().more);
+}
+
+#[test]
+fn upload_owners_are_kept_across_a_reopen_and_forgotten_with_the_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let m = Digest::of(b"module");
+    store.add_upload_owner(&m, false, "a").unwrap();
+    store.add_upload_owner(&m, false, "b").unwrap();
+    store.add_upload_owner(&m, true, SHARED).unwrap();
+    let store = reopen(store, &path);
+    let mut rows = store.upload_owners().unwrap();
+    rows.sort();
+    let key = |files| blob_key(&m, files);
+    assert_eq!(
+        rows,
+        [
+            (key(true), SHARED.to_owned()),
+            (key(false), "a".to_owned()),
+            (key(false), "b".to_owned()),
+        ]
+    );
+    store.remove_upload_owners(&m, false).unwrap();
+    assert_eq!(
+        store.upload_owners().unwrap(),
+        [(key(true), SHARED.to_owned())]
+    );
 }

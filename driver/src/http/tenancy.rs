@@ -1,0 +1,122 @@
+//! What a tenant may reach: its own jobs (and everything under them: tasks, results,
+//! logs, timelines, events, replays, blocks), the uploads it made and the shared ones,
+//! and its own usage. Checked once, in front of every route, by what the path names, so
+//! that no handler can forget it: another tenant's job answers exactly as a job that
+//! does not exist (404, no existence leak). Routes that act on the cluster itself
+//! (killing executors, their logs, `/metrics`) are the admin's (403).
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, State};
+use axum::http::{Method, StatusCode, Uri};
+use flint_protocol::api::{ErrorResponse, TenantUsage};
+use flint_protocol::{Digest, JobId};
+
+use super::error::{ApiError, ApiResult};
+use crate::service::Driver;
+use crate::tenants::{ADMIN, Caller};
+
+/// Refuses `caller` what it may not reach; a tenant only (the admin and executors pass).
+pub(super) async fn gate(
+    driver: &Arc<Driver>,
+    caller: &Caller,
+    method: &Method,
+    uri: &Uri,
+) -> Result<(), ApiError> {
+    let Some(tenant) = caller.tenant() else {
+        return Ok(());
+    };
+    let path = uri.path();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let admin_only = || {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin_only",
+            format!("{method} {path} is the admin's (the driver's --token), not a tenant's"),
+        )
+    };
+    match segments.as_slice() {
+        ["metrics"] => Err(admin_only()),
+        ["v1", "executors" | "workers", _, ..] => Err(admin_only()),
+        ["v1", "jobs", id, ..] | ["v1", "blocks", id, ..] => {
+            let id = JobId((*id).to_owned());
+            let lookup = {
+                let driver = driver.clone();
+                let id = id.clone();
+                tokio::task::spawn_blocking(move || driver.job_owner(&id))
+            };
+            let owner = lookup
+                .await
+                .map_err(|e| {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                })?
+                .map_err(ApiError::from)?;
+            match owner {
+                Some(owner) if caller.sees(owner.as_deref()) => Ok(()),
+                _ if segments[1] == "blocks" => Err(ApiError::not_found(
+                    "block",
+                    format!("no block {}", segments[2..].join("/")),
+                )),
+                _ => Err(ApiError::not_found("job", format!("no job {id}"))),
+            }
+        }
+        ["v1", kind @ ("modules" | "files"), id] if *method == Method::GET => {
+            let files = *kind == "files";
+            let what = if files { "file" } else { "module" };
+            let visible = id
+                .parse::<Digest>()
+                .is_ok_and(|d| driver.upload_visible(caller, &d, files));
+            match visible {
+                true => Ok(()),
+                false => Err(ApiError::not_found(what, format!("no {what} {id}"))),
+            }
+        }
+        ["v1", "modules" | "files"]
+            if uri
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p == "shared=true")) =>
+        {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "admin_only",
+                "only the admin shares an upload with every tenant (?shared=true)",
+            ))
+        }
+        ["v1", "tenants", name, ..] if *name != &*tenant.name => Err(tenant_not_found(name)),
+        _ => Ok(()),
+    }
+}
+
+fn tenant_not_found(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "tenant_not_found",
+        format!("no tenant {name}"),
+    )
+}
+
+/// What a tenant holds now (live jobs, pending and running tasks, the cores they hold,
+/// the bytes of its uploads) and what its attempts used since the driver started. A
+/// tenant sees its own only; the admin any tenant's, and its own as `admin`.
+#[utoipa::path(get, path = "/v1/tenants/{name}/usage", tag = "tenants",
+    params(("name" = String, Path, description = "a tenant's name, or `admin`")),
+    responses(
+        (status = 200, description = "the tenant's usage", body = TenantUsage),
+        (status = 404, description = "no such tenant (`tenant_not_found`), or another tenant's", body = ErrorResponse),
+    ))]
+pub(super) async fn tenant_usage(
+    State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<TenantUsage>> {
+    let known = name == ADMIN || driver.tenants.get().get(&name).is_some();
+    let allowed = match &caller {
+        Caller::Tenant(t) => *t.name == *name,
+        Caller::Admin => true,
+        Caller::Executor => false,
+    };
+    if !(known && allowed) {
+        return Err(tenant_not_found(&name));
+    }
+    Ok(axum::Json(driver.tenant_usage(&name)))
+}

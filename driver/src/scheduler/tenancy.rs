@@ -1,0 +1,309 @@
+//! Between tenants: the cluster's cores are shared by weight, a tenant's jobs go by
+//! priority then submission, and no tenant holds more than its `max_cores`.
+//!
+//! Each round, every tenant with work is given its fair share of the cores (weighted
+//! max-min, water-filling: a tenant that wants less than its weight's part gives the
+//! rest to the others, by weight). Placement then runs twice: first each tenant may take
+//! only what brings it up to its share, tenants furthest below their share first; then
+//! whatever is left goes to whoever still has work (work-conserving: an idle cluster is
+//! never held back for a tenant that may come), within `max_cores`. A tenant with a big
+//! backlog thus takes the cores others do not want, and gives them back as their tasks
+//! end. With a single tenant (or none) and no core limits this is the plain placement.
+
+use super::policy::{self, Demand, Offer, Placement, Plan};
+use super::*;
+
+/// A tenant's weight and core limit, as the tenants file says.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Share {
+    pub weight: f64,
+    pub max_cores: Option<u32>,
+}
+
+/// Every tenant's [`Share`]; a tenant not listed (the admin's jobs, or a tenant just
+/// removed from the file) has weight 1 and no core limit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shares(pub FastMap<String, Share>);
+
+impl Shares {
+    fn of(&self, tenant: Option<&str>) -> Share {
+        tenant
+            .and_then(|t| self.0.get(t))
+            .copied()
+            .unwrap_or(Share {
+                weight: 1.0,
+                max_cores: None,
+            })
+    }
+}
+
+/// Weighted max-min shares of `total` cores for tenants wanting `want` each: no tenant
+/// gets more than it wants, and what one does not want goes to the others by weight.
+pub fn fair_shares(total: f64, tenants: &[(f64, f64)]) -> Vec<f64> {
+    let mut share = vec![0.0; tenants.len()];
+    let mut open: Vec<usize> = (0..tenants.len()).filter(|&t| tenants[t].1 > 0.0).collect();
+    let mut left = total;
+    while !open.is_empty() && left > 1e-9 {
+        let weights: f64 = open.iter().map(|&t| tenants[t].0).sum();
+        let per_weight = left / weights;
+        // Tenants that want less than their weight's part are filled and leave.
+        let filled: Vec<usize> = open
+            .iter()
+            .copied()
+            .filter(|&t| tenants[t].1 - share[t] <= per_weight * tenants[t].0)
+            .collect();
+        if filled.is_empty() {
+            for &t in &open {
+                share[t] += per_weight * tenants[t].0;
+            }
+            break;
+        }
+        for &t in &filled {
+            left -= tenants[t].1 - share[t];
+            share[t] = tenants[t].1;
+        }
+        open.retain(|t| !filled.contains(t));
+    }
+    share
+}
+
+impl ClusterState {
+    /// Sets the tenants' weights and core limits (the tenants file changed).
+    pub fn set_shares(&mut self, shares: Shares) {
+        self.shares = shares;
+    }
+
+    /// Whether any of the queued jobs belongs to a tenant, has a priority or is bound
+    /// by a core limit: only then is there more to placement than the plain order.
+    fn shared(&self) -> bool {
+        let mut first: Option<Option<&str>> = None;
+        for job in self.queue.iter().filter_map(|id| self.jobs.get(id)) {
+            let tenant = job.def.owner.tenant.as_deref();
+            if job.def.owner.priority != 0 || self.shares.of(tenant).max_cores.is_some() {
+                return true;
+            }
+            match first {
+                None => first = Some(tenant),
+                Some(t) if t != tenant => return true,
+                Some(_) => {}
+            }
+        }
+        // Another tenant's running tasks count against the queued one's share too.
+        first.is_some_and(|queued| {
+            self.jobs
+                .values()
+                .any(|j| j.counts.running > 0 && j.def.owner.tenant.as_deref() != queued)
+        })
+    }
+
+    /// Cores each tenant's tasks hold now.
+    fn running_cores(&self) -> FastMap<Option<String>, u32> {
+        let mut running: FastMap<Option<String>, u32> = FastMap::default();
+        for job in self.jobs.values().filter(|j| j.counts.running > 0) {
+            *running.entry(job.def.owner.tenant.clone()).or_default() +=
+                job.counts.running * job.def.resources.cores;
+        }
+        running
+    }
+
+    /// Orders the queue by tenant (furthest below its weighted share first), then by
+    /// priority (highest first), then as the scheduling mode says; then places the
+    /// demands (in the queue's order) in the two passes described above.
+    pub(super) fn place_shared(
+        &mut self,
+        offers: &[Offer],
+        build: impl Fn(&Self) -> Vec<Demand>,
+    ) -> Plan {
+        if !self.shared() {
+            return policy::place(offers, &build(self));
+        }
+        let running = self.running_cores();
+        let total: u32 = self
+            .executors
+            .values()
+            .filter(|e| e.takes_tasks())
+            .map(|e| e.cores)
+            .sum();
+        // Every tenant with work or cores: (tenant, weight, wants, cap).
+        let mut tenants: Vec<(Option<String>, f64, f64, u32)> = Vec::new();
+        for job in self.jobs.values() {
+            let tenant = job.def.owner.tenant.as_deref();
+            let wants =
+                f64::from((job.counts.pending + job.counts.running) * job.def.resources.cores);
+            if wants == 0.0 {
+                continue;
+            }
+            match tenants.iter_mut().find(|t| t.0.as_deref() == tenant) {
+                Some(t) => t.2 += wants,
+                None => {
+                    let share = self.shares.of(tenant);
+                    let cap = share.max_cores.unwrap_or(u32::MAX);
+                    tenants.push((tenant.map(str::to_owned), share.weight, wants, cap));
+                }
+            }
+        }
+        let wants: Vec<(f64, f64)> = tenants
+            .iter()
+            .map(|t| (t.1, t.2.min(f64::from(t.3))))
+            .collect();
+        let fair = fair_shares(f64::from(total), &wants);
+        // (running / fair share): who is furthest below its share goes first.
+        let deficit = |tenant: Option<&str>| {
+            let at = tenants.iter().position(|t| t.0.as_deref() == tenant);
+            let held = f64::from(
+                running
+                    .get(&tenant.map(str::to_owned))
+                    .copied()
+                    .unwrap_or(0),
+            );
+            at.map_or(f64::MAX, |at| held / fair[at].max(1e-9))
+        };
+        let fair_mode = self.config.mode == SchedulingMode::Fair;
+        let jobs = &self.jobs;
+        self.queue.make_contiguous().sort_by_cached_key(|id| {
+            let job = &jobs[id];
+            let tenant = job.def.owner.tenant.as_deref();
+            let within = if fair_mode { job.counts.running } else { 0 };
+            (
+                // Finite and non-negative: its bits order as the number does.
+                deficit(tenant).to_bits(),
+                tenant.map(str::to_owned),
+                std::cmp::Reverse(job.def.owner.priority),
+                within,
+                job.key,
+            )
+        });
+        let demands = build(self);
+        let tenant_of: Vec<usize> = self
+            .queue
+            .iter()
+            .map(|id| {
+                let tenant = self.jobs[id].def.owner.tenant.as_deref();
+                tenants
+                    .iter()
+                    .position(|t| t.0.as_deref() == tenant)
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        let held = |t: usize| {
+            tenants
+                .get(t)
+                .map_or(0, |tn| running.get(&tn.0).copied().unwrap_or(0))
+        };
+        // Pass 1: up to each tenant's fair share.
+        let mut room: Vec<u32> = (0..tenants.len())
+            .map(|t| {
+                let to_share = (fair[t] - f64::from(held(t))).max(0.0).round() as u32;
+                to_share.min(tenants[t].3.saturating_sub(held(t)))
+            })
+            .collect();
+        let first: Vec<Demand> = demands
+            .iter()
+            .zip(&tenant_of)
+            .map(|(d, &t)| capped(d, room.get_mut(t)))
+            .collect();
+        let mut plan = policy::place(offers, &first);
+        // Pass 2: the rest, within core limits.
+        let mut taken = vec![0u32; tenants.len()];
+        for p in &plan.placements {
+            if let Some(t) = taken.get_mut(tenant_of[p.demand]) {
+                *t += demands[p.demand].cores;
+            }
+        }
+        let mut room: Vec<u32> = (0..tenants.len())
+            .map(|t| tenants[t].3.saturating_sub(held(t) + taken[t]))
+            .collect();
+        let left = remaining(offers, &demands, &plan.placements);
+        let second: Vec<Demand> = rest(&demands, &plan.placements, offers.len())
+            .iter()
+            .zip(&tenant_of)
+            .map(|(d, &t)| capped(d, room.get_mut(t)))
+            .collect();
+        let more = policy::place(&left, &second);
+        plan.placements.extend(more.placements);
+        plan.waiting_for_locality = more.waiting_for_locality;
+        plan
+    }
+}
+
+/// `demand` cut to the tasks that fit in `room` cores (taken from it); unbounded when
+/// the tenant is not known (`None`).
+fn capped(demand: &Demand, room: Option<&mut u32>) -> Demand {
+    let mut d = demand.clone();
+    let Some(room) = room else {
+        return d;
+    };
+    let fits = (*room / d.cores.max(1)) as usize;
+    let constrained = d.constrained.len().min(fits);
+    d.constrained.truncate(constrained);
+    d.count = d.count.min(fits - constrained);
+    *room -= (constrained + d.count) as u32 * d.cores;
+    d
+}
+
+/// The offers after `placements`: cores, or queue slots, taken as placement took them.
+fn remaining(offers: &[Offer], demands: &[Demand], placements: &[Placement]) -> Vec<Offer> {
+    let mut left = offers.to_vec();
+    for p in placements {
+        let cores = demands[p.demand].cores;
+        let o = &mut left[p.offer];
+        if o.free_cores >= cores {
+            o.free_cores -= cores;
+            if cores > 1 {
+                o.ahead = 0;
+            }
+        } else {
+            o.ahead = o.ahead.saturating_sub(1);
+        }
+    }
+    left
+}
+
+/// The demands after `placements`: fewer unconstrained tasks, and each constrained
+/// task placed barred from every offer (kept in its place, so that later placements'
+/// indices still name the same tasks).
+fn rest(demands: &[Demand], placements: &[Placement], offers: usize) -> Vec<Demand> {
+    let mut rest = demands.to_vec();
+    for p in placements {
+        let d = &mut rest[p.demand];
+        match p.constrained {
+            None => d.count -= 1,
+            Some(c) => d.constrained[c] = (0..offers).collect(),
+        }
+    }
+    rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_follow_weights_and_what_a_tenant_does_not_want_goes_to_the_others() {
+        let s = fair_shares(10.0, &[(1.0, 100.0), (1.0, 100.0)]);
+        assert_eq!(s, [5.0, 5.0]);
+        let s = fair_shares(12.0, &[(2.0, 100.0), (1.0, 100.0)]);
+        assert_eq!(s, [8.0, 4.0]);
+        // One wants 2: the other two split the remaining 8.
+        let s = fair_shares(10.0, &[(1.0, 2.0), (1.0, 100.0), (1.0, 100.0)]);
+        assert_eq!(s, [2.0, 4.0, 4.0]);
+        // Nobody wants more than it asks for, even with cores to spare.
+        let s = fair_shares(10.0, &[(1.0, 1.0), (5.0, 3.0)]);
+        assert_eq!(s, [1.0, 3.0]);
+        assert_eq!(fair_shares(4.0, &[(1.0, 0.0)]), [0.0]);
+    }
+
+    #[test]
+    fn a_capped_demand_takes_only_its_room() {
+        let d = Demand {
+            cores: 2,
+            count: 10,
+            constrained: vec![vec![], vec![]],
+            ..Demand::default()
+        };
+        let mut room = 7;
+        let c = capped(&d, Some(&mut room));
+        assert_eq!((c.constrained.len(), c.count, room), (2, 1, 1));
+        assert_eq!(capped(&d, None).count, 10);
+    }
+}

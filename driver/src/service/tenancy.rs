@@ -1,0 +1,321 @@
+//! What tenancy asks of the service: whose a job or an upload is, what a tenant may
+//! name in a job (admission looks through [`TenantCatalog`], which shows a tenant only
+//! its own uploads and jobs), its quotas at submission, and its usage.
+
+use std::collections::HashMap;
+
+use flint_protocol::api::{JobState, TenantUsage};
+use flint_protocol::{Digest, JobId};
+
+use super::Driver;
+use crate::admission::{Catalog, Rejection};
+use crate::scheduler::tenancy::{Share, Shares};
+use crate::scheduler::{ClusterState, Job, NewJob};
+use crate::store::blobs::ModuleInfo;
+use crate::store::{SHARED, StoreError, blob_key};
+use crate::tenants::{ADMIN, Caller, Tenant, Tenants};
+
+/// The kind of a submission refused by a tenant's limit (HTTP 429).
+pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+
+/// Who uploaded each module and file: blob key -> tenants (or [`SHARED`]).
+#[derive(Default)]
+pub struct UploadOwners {
+    owners: std::sync::Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl UploadOwners {
+    pub fn restore(rows: Vec<(String, String)>) -> Self {
+        let mut owners: HashMap<String, Vec<String>> = HashMap::new();
+        for (key, owner) in rows {
+            owners.entry(key).or_default().push(owner);
+        }
+        UploadOwners {
+            owners: std::sync::Mutex::new(owners),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
+        self.owners.lock().expect("upload owners lock poisoned")
+    }
+}
+
+impl Driver {
+    /// Puts a (new) version of the tenants in force: their tokens for the API, their
+    /// weights and core limits for the scheduler.
+    pub fn set_tenants(&self, tenants: Tenants) {
+        let shares = Shares(
+            tenants
+                .iter()
+                .map(|t| {
+                    let share = Share {
+                        weight: t.weight,
+                        max_cores: t.limits.max_cores,
+                    };
+                    (t.name.to_string(), share)
+                })
+                .collect(),
+        );
+        self.tenants.set(tenants);
+        self.apply(|s| {
+            s.set_shares(shares);
+            ((), s.make_offers())
+        });
+    }
+
+    /// The job's tenant (`Some(None)`: the admin's), `None` when there is no such job.
+    pub fn job_owner(&self, id: &JobId) -> Result<Option<Option<String>>, StoreError> {
+        self.job(id, |j| j.def.owner.tenant.clone())
+    }
+
+    /// Whether `caller` may see the upload: the admin and executors see all, a tenant
+    /// those it uploaded and the shared ones.
+    pub fn upload_visible(&self, caller: &Caller, digest: &Digest, files: bool) -> bool {
+        let Some(tenant) = caller.tenant() else {
+            return true;
+        };
+        self.upload_owners
+            .lock()
+            .get(&blob_key(digest, files))
+            .is_some_and(|o| o.iter().any(|o| o == SHARED || *o == *tenant.name))
+    }
+
+    /// Records who uploaded a blob: a tenant, or every tenant when the admin shares it.
+    /// The admin's own uploads need no row. Blocks for the commit.
+    pub fn record_upload(
+        &self,
+        caller: &Caller,
+        digest: &Digest,
+        files: bool,
+        shared: bool,
+    ) -> Result<(), StoreError> {
+        let owner = match (caller.tenant(), shared) {
+            (_, true) => SHARED.to_owned(),
+            (Some(t), false) => t.name.to_string(),
+            (None, false) => return Ok(()),
+        };
+        let key = blob_key(digest, files);
+        if self
+            .upload_owners
+            .lock()
+            .get(&key)
+            .is_some_and(|o| o.contains(&owner))
+        {
+            return Ok(());
+        }
+        self.store.add_upload_owner(digest, files, &owner)?;
+        self.upload_owners
+            .lock()
+            .entry(key)
+            .or_default()
+            .push(owner);
+        Ok(())
+    }
+
+    /// Forgets a deleted upload's owners.
+    pub(super) fn forget_upload(&self, digest: &Digest, files: bool) -> Result<(), StoreError> {
+        self.store.remove_upload_owners(digest, files)?;
+        self.upload_owners.lock().remove(&blob_key(digest, files));
+        Ok(())
+    }
+
+    /// Bytes of the uploads `tenant` owns (shared ones are the admin's).
+    fn upload_bytes(&self, tenant: &str) -> u64 {
+        let owned: Vec<String> = self
+            .upload_owners
+            .lock()
+            .iter()
+            .filter(|(_, o)| o.iter().any(|o| o == tenant))
+            .map(|(k, _)| k.clone())
+            .collect();
+        owned
+            .iter()
+            .filter_map(|key| {
+                let (kind, hex) = key.split_once(':')?;
+                let digest: Digest = format!("sha256:{hex}").parse().ok()?;
+                let store = if kind == "f" {
+                    &self.files
+                } else {
+                    &self.modules
+                };
+                store.get(&digest).map(|i| i.size)
+            })
+            .sum()
+    }
+
+    /// Refuses a job past one of its tenant's limits on what a job may be (its tasks'
+    /// memory and time, its priority) or on what the tenant stores, naming the limit.
+    /// Live jobs and tasks are counted where the job joins them ([`check_live_quotas`]);
+    /// `max_cores` is no refusal: past it tasks wait.
+    pub(super) fn check_quotas(&self, tenant: &Tenant, job: &NewJob) -> Result<(), Rejection> {
+        let limits = &tenant.limits;
+        let priority = job.def.owner.priority;
+        if priority > tenant.max_priority {
+            return Err(Rejection::new(
+                QUOTA_EXCEEDED,
+                format!(
+                    "tenant {:?}: max_priority is {}; the job asks for priority {priority}",
+                    &*tenant.name, tenant.max_priority
+                ),
+            ));
+        }
+        let r = &job.def.resources;
+        if let Some(max) = limits.max_task_memory_mb
+            && r.memory_mb > max
+        {
+            return Err(Rejection::new(
+                QUOTA_EXCEEDED,
+                format!(
+                    "tenant {:?}: max_task_memory_mb is {max}; the job asks for {} MiB a task",
+                    &*tenant.name, r.memory_mb
+                ),
+            ));
+        }
+        if let Some(max) = limits.max_task_timeout_ms
+            && r.timeout_ms > max
+        {
+            return Err(Rejection::new(
+                QUOTA_EXCEEDED,
+                format!(
+                    "tenant {:?}: max_task_timeout_ms is {max}; the job asks for {} ms a task",
+                    &*tenant.name, r.timeout_ms
+                ),
+            ));
+        }
+        if let Some(max) = limits.max_storage_bytes {
+            let held = self.upload_bytes(&tenant.name);
+            if held > max {
+                return Err(over(tenant, "max_storage_bytes", max, held, 0));
+            }
+        }
+        Ok(())
+    }
+
+    /// What a tenant (or [`ADMIN`]) has now and has used: its live jobs, tasks and
+    /// cores, its uploads, and its attempts' usage summed over the jobs the driver holds
+    /// in memory (live and recently finished) plus the finished ones stored, as counted
+    /// since the driver started.
+    pub fn tenant_usage(&self, name: &str) -> TenantUsage {
+        let tenant = (name != ADMIN).then_some(name);
+        let mut usage = self.read(|s| {
+            let mut u = TenantUsage {
+                tenant: name.to_owned(),
+                ..TenantUsage::default()
+            };
+            for job in s.jobs.values() {
+                if job.def.owner.tenant.as_deref() != tenant {
+                    continue;
+                }
+                if is_live(job) {
+                    let c = job.counts();
+                    u.live_jobs += 1;
+                    u.pending_tasks += u64::from(c.pending);
+                    u.running_tasks += u64::from(c.running);
+                    u.running_cores += u64::from(c.running) * u64::from(job.def.resources.cores);
+                }
+            }
+            u
+        });
+        usage.storage_bytes = tenant.map_or(0, |t| self.upload_bytes(t));
+        let spent = self
+            .read(|s| s.tenant_spent.get(&tenant.map(str::to_owned)).copied())
+            .unwrap_or_default();
+        usage.cpu_seconds = spent.cpu_us as f64 / 1e6;
+        usage.wall_seconds = spent.wall_us as f64 / 1e6;
+        usage.attempts = spent.attempts;
+        usage.tasks_succeeded = spent.succeeded;
+        usage.output_bytes = spent.output_bytes;
+        usage
+    }
+}
+
+fn over(tenant: &Tenant, limit: &str, max: u64, usage: u64, adding: u64) -> Rejection {
+    Rejection::new(
+        QUOTA_EXCEEDED,
+        format!(
+            "tenant {:?}: {limit} is {max}; it holds {usage} and this job would add {adding}",
+            &*tenant.name
+        ),
+    )
+}
+
+/// Refuses a job that would take its tenant past `max_jobs` live jobs or
+/// `max_pending_tasks` tasks not yet ended, counted in `state` (under its lock, where
+/// the job joins it).
+pub(super) fn check_live_quotas(
+    state: &ClusterState,
+    tenant: &Tenant,
+    job: &NewJob,
+) -> Result<(), Rejection> {
+    let limits = &tenant.limits;
+    if limits.max_jobs.is_none() && limits.max_pending_tasks.is_none() {
+        return Ok(());
+    }
+    let (jobs, tasks) = state
+        .jobs
+        .values()
+        .filter(|j| is_live(j) && j.def.owner.tenant.as_deref() == Some(&*tenant.name))
+        .fold((0u64, 0u64), |(jobs, tasks), j| {
+            let c = j.counts;
+            (jobs + 1, tasks + u64::from(c.pending + c.running))
+        });
+    if let Some(max) = limits.max_jobs
+        && jobs + 1 > max
+    {
+        return Err(over(tenant, "max_jobs", max, jobs, 1));
+    }
+    let adding = job.tasks.iter().filter(|t| t.memoized.is_none()).count() as u64;
+    if let Some(max) = limits.max_pending_tasks
+        && tasks + adding > max
+    {
+        return Err(over(tenant, "max_pending_tasks", max, tasks, adding));
+    }
+    Ok(())
+}
+
+fn is_live(job: &Job) -> bool {
+    matches!(job.state, JobState::Queued | JobState::Running)
+}
+
+/// The driver's catalog as one caller sees it: a tenant finds only its own uploads
+/// (and shared ones) and jobs; anything else is as if it did not exist.
+pub struct TenantCatalog<'a> {
+    pub driver: &'a Driver,
+    pub caller: &'a Caller,
+}
+
+impl Catalog for TenantCatalog<'_> {
+    fn module(&self, digest: &Digest) -> Option<ModuleInfo> {
+        if !self.driver.upload_visible(self.caller, digest, false) {
+            return None;
+        }
+        Catalog::module(self.driver, digest)
+    }
+
+    fn file(&self, digest: &Digest) -> Option<ModuleInfo> {
+        if !self.driver.upload_visible(self.caller, digest, true) {
+            return None;
+        }
+        Catalog::file(self.driver, digest)
+    }
+
+    fn http_base(&self) -> &str {
+        Catalog::http_base(self.driver)
+    }
+
+    fn block_url(&self, id: &str) -> String {
+        Catalog::block_url(self.driver, id)
+    }
+
+    fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
+        Catalog::url_timestamp(self.driver, url, given)
+    }
+
+    fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, Rejection> {
+        let caller = self.caller;
+        Catalog::job(self.driver, id, |j| {
+            caller.sees(j.def.owner.tenant.as_deref()).then(|| f(j))
+        })
+        .map(Option::flatten)
+    }
+}
