@@ -343,6 +343,7 @@ fn the_openapi_document_lists_every_route_and_the_limits() {
             "/v1/jobs/{id}/timeline",
             "/v1/modules",
             "/v1/modules/{id}",
+            "/v1/tenants/{name}/usage",
             "/v1/workers",
             "/v1/workers/{id}/kill",
         ]

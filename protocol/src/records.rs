@@ -183,6 +183,9 @@ pub enum AttemptOutcome {
     Failed(FailureKind),
     /// Its executor was lost, or withdrew it (stopping): the task ran again.
     Lost,
+    /// Killed to give its cores to a tenant below its share: the task ran again, and
+    /// no failure was counted.
+    Preempted,
 }
 
 impl AttemptOutcome {
@@ -192,6 +195,7 @@ impl AttemptOutcome {
             AttemptOutcome::Succeeded => "succeeded",
             AttemptOutcome::Failed(kind) => kind.as_str(),
             AttemptOutcome::Lost => "lost",
+            AttemptOutcome::Preempted => "preempted",
         }
     }
 }

@@ -101,6 +101,13 @@ pub struct DriverArgs {
     /// weights), so that jobs running side by side share the cluster.
     #[arg(long, env = "FLINT_SCHEDULING_MODE", value_enum, default_value_t = SchedulingModeArg::Fifo)]
     pub scheduling_mode: SchedulingModeArg,
+    /// With tenants: a tenant held below its fair share of the cores, with tasks
+    /// waiting, for this long gets cores back by force: the youngest attempts of the
+    /// tenant furthest over its share are killed (never taking it below its own share)
+    /// and run again later, as `preempted` (no failure counted). Off when not given.
+    #[arg(long, env = "FLINT_PREEMPTION_TIMEOUT_MS",
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub preemption_timeout_ms: Option<u64>,
     /// Copy slow tasks: once --speculation-quantile of a job's tasks have succeeded, a
     /// task running longer than --speculation-multiplier times their median run time
     /// (and at least 100 ms) gets a second attempt on another executor; the first to
@@ -249,6 +256,7 @@ impl DriverArgs {
             SchedulingModeArg::Fifo => flint_driver::scheduler::SchedulingMode::Fifo,
             SchedulingModeArg::Fair => flint_driver::scheduler::SchedulingMode::Fair,
         };
+        config.scheduling.preemption = self.preemption_timeout_ms.map(Duration::from_millis);
         config.scheduling.launch_ahead = self.launch_ahead;
         config.scheduling.launch_ahead_max = self.launch_ahead_max;
         config.scheduling.queue_budget = Duration::from_micros(self.queue_budget_us);

@@ -294,11 +294,16 @@ impl DevCluster {
 
     /// Stops this `flint dev` (SIGTERM) and starts another on the same data dir, with
     /// `executors` executors of `cores` cores.
-    pub fn restart(mut self, executors: u32, cores: u32) -> DevCluster {
+    pub fn restart(self, executors: u32, cores: u32) -> DevCluster {
+        self.restart_with(executors, cores, &[])
+    }
+
+    /// [`Self::restart`], with more `flint dev` arguments.
+    pub fn restart_with(mut self, executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
         self.stop();
         let DevCluster { data_dir, .. } = self;
         let (executors_arg, cores_arg) = (executors.to_string(), cores.to_string());
-        let args = [
+        let mut args = vec![
             "--listen",
             "127.0.0.1:0",
             "--executor-listen",
@@ -308,6 +313,7 @@ impl DevCluster {
             "--cores",
             &cores_arg,
         ];
+        args.extend(dev_args);
         let cluster = Self::spawn_in("dev", &args, &[], data_dir);
         cluster.wait_for_alive_executors(executors as usize);
         cluster

@@ -60,7 +60,8 @@ pub(super) async fn gate(
                 _ => Err(ApiError::not_found("job", format!("no job {id}"))),
             }
         }
-        ["v1", kind @ ("modules" | "files"), id] if *method == Method::GET => {
+        // Any method: a HEAD (which axum answers from the GET route) would tell a size.
+        ["v1", kind @ ("modules" | "files"), id, ..] => {
             let files = *kind == "files";
             let what = if files { "file" } else { "module" };
             let visible = id

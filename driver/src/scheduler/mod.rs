@@ -30,6 +30,7 @@ pub mod memo;
 mod model;
 mod offers;
 pub mod policy;
+mod preemption;
 pub mod speculation;
 mod status;
 pub mod tenancy;
@@ -69,6 +70,9 @@ pub struct ClusterState {
     pub tenant_spent: FastMap<Option<String>, Spent>,
     /// Tenants' weights and core limits, as the tenants file last said.
     pub shares: tenancy::Shares,
+    /// Since when each tenant below its share with work waiting has been so (see
+    /// [`preemption`]).
+    starving: FastMap<Option<String>, Instant>,
 }
 
 /// What one tenant's attempts used since the driver started.
@@ -108,6 +112,7 @@ impl ClusterState {
             attempts_measured: 0,
             tenant_spent: FastMap::default(),
             shares: tenancy::Shares::default(),
+            starving: FastMap::default(),
         }
     }
 

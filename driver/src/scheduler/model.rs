@@ -73,6 +73,9 @@ pub struct SchedulingConfig {
     pub queue_budget: Duration,
     /// Which job's tasks go first when cores free up (Spark's `spark.scheduler.mode`).
     pub mode: SchedulingMode,
+    /// How long a tenant below its share of the cores waits before the youngest
+    /// attempts of the tenant most over its share are killed for it; `None` never kills.
+    pub preemption: Option<Duration>,
 }
 
 /// The order in which jobs with pending tasks are offered cores.
@@ -97,6 +100,7 @@ impl Default for SchedulingConfig {
             launch_ahead_max: flint_protocol::defaults::LAUNCH_AHEAD_MAX,
             queue_budget: Duration::from_micros(flint_protocol::defaults::QUEUE_BUDGET_US),
             mode: SchedulingMode::Fifo,
+            preemption: None,
         }
     }
 }
@@ -111,6 +115,9 @@ pub struct RunningAttempt {
     /// Its job's cores per task, so that placement can see a multi-core task here
     /// without a job lookup per running attempt.
     pub cores: u32,
+    /// Killed to give its cores to another tenant: its end puts the task back as
+    /// `preempted`, not as a failure.
+    pub preempted: bool,
 }
 
 /// The driver makes the ids (jobs, tasks) that key these maps, so no client can pick

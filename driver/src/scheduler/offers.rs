@@ -19,14 +19,18 @@ impl ClusterState {
     /// `launch_ahead` while the queued jobs' run times are unknown, then as many as
     /// `queue_budget` of run time per core, between `launch_ahead` and
     /// `launch_ahead_max`. Short tasks are bound by the round trip to the driver, not the
-    /// guest, and only a deep queue hides it.
-    fn queue_depth(&self, cores: u32, slowest_us: Option<f64>) -> u32 {
+    /// guest, and only a deep queue hides it. While tenants share the cluster (`shared`)
+    /// nothing beyond the budget queues, not even `launch_ahead`: a task queued on an
+    /// executor runs before whatever another tenant is owed, so long tasks (and tasks
+    /// of unknown length) queue none.
+    fn queue_depth(&self, cores: u32, slowest_us: Option<f64>, shared: bool) -> u32 {
         let c = &self.config;
+        let least = if shared { 0 } else { c.launch_ahead };
         let (Some(slowest), false) = (slowest_us, c.launch_ahead == 0) else {
-            return c.launch_ahead;
+            return least;
         };
         let fits = c.queue_budget.as_micros() as f64 * f64::from(cores) / slowest.max(1.0);
-        (fits as u32).clamp(c.launch_ahead, c.launch_ahead_max.max(c.launch_ahead))
+        (fits as u32).clamp(least, c.launch_ahead_max.max(least))
     }
 
     /// What each queued job asks of these offers, in the queue's order.
@@ -126,6 +130,7 @@ impl ClusterState {
             // Jobs no executor may run change only with failures and with executors
             // coming and going, which all make full rounds.
             self.fail_excluded_jobs(wall, &mut actions);
+            self.preempt(&mut actions);
         }
         self.queue
             .retain(|id| self.jobs.get(id).is_some_and(Job::has_work));
@@ -134,10 +139,11 @@ impl ClusterState {
         }
         let slowest = self.slowest_queued_run_time();
         let straggler = self.straggler_age(slowest);
+        let shared = self.shared();
         let has_room = |e: &ExecutorData| {
             e.takes_tasks()
                 && !e.health.is_excluded(now)
-                && (e.free_cores > 0 || self.queue_depth(e.cores, slowest) > e.queued_ahead)
+                && (e.free_cores > 0 || self.queue_depth(e.cores, slowest, shared) > e.queued_ahead)
         };
         let ids: Vec<ExecutorId> = match only {
             Some(id) => self
@@ -181,7 +187,7 @@ impl ClusterState {
                     ahead: if no_queue {
                         0
                     } else {
-                        self.queue_depth(e.cores, slowest)
+                        self.queue_depth(e.cores, slowest, shared)
                             .saturating_sub(e.queued_ahead)
                     },
                 }
@@ -257,6 +263,7 @@ impl ClusterState {
                     since: now,
                     span,
                     cores: job.def.resources.cores,
+                    preempted: false,
                 },
             );
             if executor.defined.insert(job.key) {

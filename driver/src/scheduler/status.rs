@@ -84,7 +84,10 @@ impl ClusterState {
                 if f.kind == FailureKind::Killed
                     && !job.tasks[status.task.index as usize].state.is_final() =>
             {
-                Outcome::Lost
+                match running.preempted {
+                    true => Outcome::Preempted,
+                    false => Outcome::Lost,
+                }
             }
             Err(f) => Outcome::Failed(f.kind),
         };
@@ -167,12 +170,20 @@ impl ClusterState {
             if !copy_running {
                 job.requeue(status.task.index, true);
                 put_back = true;
-                let why = ErrorBody {
-                    kind: "executor_stopped".into(),
-                    message: format!(
-                        "executor {executor_id} stopped the attempt ({}); the task runs again",
-                        failure.message
-                    ),
+                let why = match running.preempted {
+                    true => ErrorBody {
+                        kind: "preempted".into(),
+                        message: format!(
+                            "preempted on executor {executor_id}: its cores went to a tenant below its share; the task runs again"
+                        ),
+                    },
+                    false => ErrorBody {
+                        kind: "executor_stopped".into(),
+                        message: format!(
+                            "executor {executor_id} stopped the attempt ({}); the task runs again",
+                            failure.message
+                        ),
+                    },
                 };
                 actions.push(requeued(job, status.task.index, why));
                 if !self.queue.contains(&status.task.job) {

@@ -26,7 +26,7 @@ pub struct Share {
 pub struct Shares(pub FastMap<String, Share>);
 
 impl Shares {
-    fn of(&self, tenant: Option<&str>) -> Share {
+    pub(super) fn of(&self, tenant: Option<&str>) -> Share {
         tenant
             .and_then(|t| self.0.get(t))
             .copied()
@@ -75,7 +75,7 @@ impl ClusterState {
 
     /// Whether any of the queued jobs belongs to a tenant, has a priority or is bound
     /// by a core limit: only then is there more to placement than the plain order.
-    fn shared(&self) -> bool {
+    pub(super) fn shared(&self) -> bool {
         let mut first: Option<Option<&str>> = None;
         for job in self.queue.iter().filter_map(|id| self.jobs.get(id)) {
             let tenant = job.def.owner.tenant.as_deref();

@@ -156,3 +156,117 @@ fn within_a_tenant_the_higher_priority_job_goes_first_whenever_it_was_submitted(
         "then the low one again: {running:?}"
     );
 }
+
+fn kills(actions: &[Action]) -> Vec<(ExecutorId, String, u32, u32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Kill {
+                executor,
+                task,
+                attempt,
+                ..
+            } => Some((executor.clone(), task.job.0.clone(), task.index, *attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_tenant_below_its_share_past_the_timeout_gets_the_youngest_attempts_of_the_one_over_it() {
+    let (mut state, _) = cluster(4, 2);
+    state.config.locality_wait = Duration::ZERO;
+    state.config.preemption = Some(Duration::from_millis(100));
+    let t0 = state.now();
+    let mut running = Vec::new();
+    // A's attempts start a millisecond apart: the last ones are the youngest.
+    for i in 0..8 {
+        state.set_clock(t0 + Duration::from_millis(i), SystemTime::now());
+        let placed = launched(&state.submit_job(tenant_job(&format!("a-{i}"), 1, Some("a"), 0)));
+        running.extend(placed);
+    }
+    assert_eq!(running.len(), 8);
+    launched(&state.submit_job(tenant_job("b-1", 4, Some("b"), 0)));
+    state.set_clock(t0 + Duration::from_millis(60), SystemTime::now());
+    assert!(
+        kills(&state.make_offers()).is_empty(),
+        "b has not waited long"
+    );
+    state.set_clock(t0 + Duration::from_millis(200), SystemTime::now());
+    let killed = kills(&state.make_offers());
+    let mut jobs: Vec<&str> = killed.iter().map(|k| k.1.as_str()).collect();
+    jobs.sort();
+    assert_eq!(
+        jobs,
+        ["a-4", "a-5", "a-6", "a-7"],
+        "A's four youngest, down to its share"
+    );
+    assert!(
+        kills(&state.make_offers()).is_empty(),
+        "what is being preempted is not preempted twice"
+    );
+    // The executors report the kills; B takes the cores, A's tasks wait, unfailed.
+    let mut b_launched = Vec::new();
+    for (executor, job, index, attempt) in &killed {
+        let generation = generation_of(&state, executor);
+        let failure = TaskFailure::new(FailureKind::Killed, "killed by the driver");
+        let mut ended = status(job, *index, *attempt, Err(failure));
+        ended.generation = generation;
+        b_launched.extend(launched(&state.status_update(
+            executor,
+            generation,
+            ended,
+            SystemTime::UNIX_EPOCH,
+        )));
+    }
+    assert_eq!(held(&b_launched, "b"), 4, "{b_launched:?}");
+    let a7 = &state.jobs[&JobId("a-7".into())];
+    assert_eq!(a7.tasks[0].state, TaskState::Pending);
+    assert_eq!(a7.tasks[0].host_failures, 0, "a preemption is no failure");
+    let outcome = a7.attempts.last().unwrap().outcome;
+    assert_eq!(outcome, Some(Outcome::Preempted));
+    // A at its share (4 of 8) is not preempted further however long B waits.
+    launched(&state.submit_job(tenant_job("b-2", 4, Some("b"), 0)));
+    state.set_clock(t0 + Duration::from_secs(5), SystemTime::now());
+    assert!(kills(&state.make_offers()).is_empty());
+}
+
+#[test]
+fn without_a_preemption_timeout_nothing_is_ever_killed_for_a_share() {
+    let (mut state, _) = cluster(1, 2);
+    state.config.locality_wait = Duration::ZERO;
+    let t0 = state.now();
+    launched(&state.submit_job(tenant_job("a-1", 2, Some("a"), 0)));
+    launched(&state.submit_job(tenant_job("b-1", 2, Some("b"), 0)));
+    state.set_clock(t0 + Duration::from_secs(3600), SystemTime::now());
+    assert!(kills(&state.make_offers()).is_empty());
+}
+
+#[test]
+fn preemption_takes_back_queued_attempts_first_and_long_tasks_queue_none_while_shared() {
+    let config = SchedulingConfig {
+        locality_wait: Duration::ZERO,
+        preemption: Some(Duration::from_millis(100)),
+        ..SchedulingConfig::default()
+    };
+    let mut state = ClusterState::new(0, config, Instant::now(), SystemTime::now());
+    state
+        .register_executor(exec(1), "h".into(), 2, 1, false)
+        .unwrap();
+    let t0 = state.now();
+    // Alone, B's tasks of unknown length queue `launch_ahead` deep beyond its 2 cores.
+    let mut running = launched(&state.submit_job(tenant_job("b-1", 100, Some("b"), 0)));
+    // Queued only once the executor is warm (it has the module): the next round.
+    running.extend(launched(&state.make_offers()));
+    let ahead = SchedulingConfig::default().launch_ahead as usize;
+    assert_eq!(running.len(), 2 + ahead);
+    launched(&state.submit_job(tenant_job("a-1", 1, Some("a"), 0)));
+    state.set_clock(t0 + Duration::from_millis(200), SystemTime::now());
+    let killed = kills(&state.make_offers());
+    // The queued ones (the youngest two launched), then one running, for A's one core.
+    let mut indices: Vec<u32> = killed.iter().map(|k| k.2).collect();
+    indices.sort();
+    let mut expected: Vec<u32> = (1..2 + ahead as u32).collect();
+    expected.sort();
+    assert_eq!(indices, expected, "{killed:?}");
+}

@@ -1,0 +1,187 @@
+//! Preemption: a tenant held below its fair share of the cores for longer than the
+//! preemption timeout gets cores back by force. The youngest attempts (the least work
+//! lost) of the tenant furthest over its share are killed, never taking that tenant
+//! below its own share; their tasks go back to pending as `preempted`, which counts as
+//! no failure. A killed attempt's cores come back with its end (the executor interrupts
+//! the guest at once), and the tenant below its share takes them in the next round's
+//! first pass.
+
+use super::tenancy::fair_shares;
+use super::*;
+
+/// What one tenant has in this round: (weight, cores held, cores pending, core cap).
+struct Standing {
+    tenant: Option<String>,
+    weight: f64,
+    held: u32,
+    pending: u32,
+    cap: u32,
+}
+
+impl ClusterState {
+    /// Kills what must be killed for tenants that waited below their share for longer
+    /// than the timeout; a full round of offers calls it first.
+    pub(super) fn preempt(&mut self, actions: &mut Vec<Action>) {
+        let Some(timeout) = self.config.preemption else {
+            return;
+        };
+        let now = self.now;
+        let standings = self.standings();
+        if standings.len() < 2 {
+            self.starving.clear();
+            return;
+        }
+        let total: u32 = (self.executors.values())
+            .filter(|e| e.takes_tasks())
+            .map(|e| e.cores)
+            .sum();
+        let wants: Vec<(f64, f64)> = (standings.iter())
+            .map(|s| (s.weight, f64::from((s.held + s.pending).min(s.cap))))
+            .collect();
+        let fair = fair_shares(f64::from(total), &wants);
+        // Who is below its share with work waiting, and for how long.
+        let mut need = 0u32;
+        for (s, fair) in standings.iter().zip(&fair) {
+            let short = (fair.floor() as u32).saturating_sub(s.held).min(s.pending);
+            if short == 0 {
+                self.starving.remove(&s.tenant);
+                continue;
+            }
+            let since = *self.starving.entry(s.tenant.clone()).or_insert(now);
+            if now.saturating_duration_since(since) >= timeout {
+                need += short;
+            }
+        }
+        // Cores free now go to those tenants without killing anything.
+        let free: u32 = (self.executors.values())
+            .filter(|e| e.takes_tasks() && !e.health.is_excluded(now))
+            .map(|e| e.free_cores)
+            .sum();
+        let mut need = need.saturating_sub(free);
+        if need == 0 {
+            return;
+        }
+        // Tenants at or over their share, furthest over first, and how many cores each
+        // may give without going below it.
+        let mut over: Vec<(f64, Option<String>, u32)> = (standings.iter().zip(&fair))
+            .filter(|(s, fair)| {
+                f64::from(s.held) >= **fair && !self.starving.contains_key(&s.tenant)
+            })
+            .map(|(s, fair)| {
+                let spare = s.held - (fair.ceil() as u32).min(s.held);
+                (f64::from(s.held) / fair.max(1e-9), s.tenant.clone(), spare)
+            })
+            .collect();
+        over.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let queued = self.queued_attempts();
+        for (_, tenant, mut spare) in over {
+            if need == 0 {
+                break;
+            }
+            let mine = |task: &TaskId| {
+                self.jobs.get(&task.job).map(|j| &j.def.owner.tenant) == Some(&tenant)
+            };
+            // Its attempts queued on executors first (they would take the cores it
+            // gives back; no work is lost), then its running ones, youngest first.
+            let mut victims: Vec<(bool, (Instant, u32), ExecutorId, TaskId, u32, u32)> = Vec::new();
+            for (id, e) in &self.executors {
+                for (task, r) in e.running.iter().filter(|(t, r)| !r.preempted && mine(t)) {
+                    let is_queued = queued.contains(&(id.clone(), task.clone()));
+                    let age = (r.since, r.span);
+                    victims.push((is_queued, age, id.clone(), task.clone(), r.attempt, r.cores));
+                }
+            }
+            victims.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+            for (is_queued, _, executor, task, attempt, cores) in victims {
+                if !is_queued {
+                    if need == 0 || cores > spare {
+                        break;
+                    }
+                    spare -= cores;
+                    need = need.saturating_sub(cores);
+                }
+                if let Some(r) = self
+                    .executors
+                    .get_mut(&executor)
+                    .and_then(|e| e.running.get_mut(&task))
+                {
+                    r.preempted = true;
+                }
+                tracing::info!(%task, %executor, queued = is_queued, tenant = tenant.as_deref().unwrap_or("admin"), "preempting an attempt for a tenant below its share");
+                actions.push(Action::Kill {
+                    executor,
+                    task,
+                    attempt,
+                    reason: "preempted: its cores go to a tenant below its share",
+                });
+            }
+        }
+        // Those that waited have been served: their wait starts again from here.
+        for since in self.starving.values_mut() {
+            if now.saturating_duration_since(*since) >= timeout {
+                *since = now;
+            }
+        }
+    }
+
+    /// The attempts waiting in executors' queues rather than on a core: on each
+    /// executor, the `queued_ahead` youngest (its task threads take its queue in launch
+    /// order).
+    fn queued_attempts(&self) -> std::collections::HashSet<(ExecutorId, TaskId)> {
+        let mut queued = std::collections::HashSet::new();
+        for (id, e) in self.executors.iter().filter(|(_, e)| e.queued_ahead > 0) {
+            // Launched in one round, attempts share a time: their spans (in launch
+            // order within a job) break the tie.
+            let mut attempts: Vec<((Instant, u32), &TaskId)> = e
+                .running
+                .iter()
+                .map(|(t, r)| ((r.since, r.span), t))
+                .collect();
+            attempts.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            let youngest = attempts.into_iter().take(e.queued_ahead as usize);
+            queued.extend(youngest.map(|(_, t)| (id.clone(), t.clone())));
+        }
+        queued
+    }
+
+    /// Every tenant with cores held or tasks pending: cores of attempts being preempted
+    /// are counted as given back already, and attempts in executors' queues hold none.
+    fn standings(&self) -> Vec<Standing> {
+        let mut out: Vec<Standing> = Vec::new();
+        let at =
+            |out: &mut Vec<Standing>, tenant: &Option<String>, shares: &tenancy::Shares| match out
+                .iter()
+                .position(|s| s.tenant == *tenant)
+            {
+                Some(at) => at,
+                None => {
+                    let share = shares.of(tenant.as_deref());
+                    out.push(Standing {
+                        tenant: tenant.clone(),
+                        weight: share.weight,
+                        held: 0,
+                        pending: 0,
+                        cap: share.max_cores.unwrap_or(u32::MAX),
+                    });
+                    out.len() - 1
+                }
+            };
+        for job in self.jobs.values().filter(|j| j.counts.pending > 0) {
+            let i = at(&mut out, &job.def.owner.tenant, &self.shares);
+            out[i].pending += job.counts.pending * job.def.resources.cores;
+        }
+        let queued = self.queued_attempts();
+        for (id, e) in &self.executors {
+            let holding = |(task, r): &(&TaskId, &RunningAttempt)| {
+                !r.preempted && !queued.contains(&(id.clone(), (*task).clone()))
+            };
+            for (task, r) in e.running.iter().filter(holding) {
+                if let Some(job) = self.jobs.get(&task.job) {
+                    let i = at(&mut out, &job.def.owner.tenant, &self.shares);
+                    out[i].held += r.cores;
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,539 @@
+//! Tenants on one real `flint dev`: what another tenant can see and touch (nothing, on
+//! any route of the OpenAPI document), quotas, fair shares and preemption.
+
+mod common;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token";
+const A: &str = "token-of-a";
+const B: &str = "token-of-b";
+
+/// `flint hash-token`, the way an operator makes a tenants file.
+fn hash(token: &str) -> String {
+    let mut child = Command::new(FLINT)
+        .arg("hash-token")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(line.starts_with("sha256:") && line.len() == 71, "{line}");
+    line
+}
+
+/// A tenants file with tenants `a` and `b` (b's limits as given, in TOML).
+fn write_tenants(path: &Path, b_limits: &str) {
+    let text = format!(
+        "[[tenant]]\nname = \"a\"\ntokens = [\"{}\"]\n\n\
+         [[tenant]]\nname = \"b\"\ntokens = [\"{}\"]\nmax_priority = 1\n[tenant.limits]\n{b_limits}\n",
+        hash(A),
+        hash(B)
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+struct Shared {
+    cluster: DevCluster,
+    a: Api,
+    b: Api,
+    _dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+fn start(executors: u32, cores: u32, b_limits: &str, more: &[&str]) -> Shared {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    write_tenants(&file, b_limits);
+    let mut args = vec![
+        "--token",
+        ADMIN,
+        "--cluster-secret",
+        "secret",
+        "--tenants",
+        file.to_str().unwrap(),
+    ];
+    args.extend(more);
+    let cluster = DevCluster::start_with(executors, cores, &args);
+    let a = Api::new(cluster.http.clone(), Some(A.into()));
+    let b = Api::new(cluster.http.clone(), Some(B.into()));
+    Shared {
+        cluster,
+        a,
+        b,
+        _dir: dir,
+        file,
+    }
+}
+
+/// Sends `method path` as `api` with `body`: (status, JSON body or null).
+fn call(api: &Api, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+    let mut request = api.client.request(method.clone(), api.url(path));
+    if method == reqwest::Method::POST {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    } else if method == reqwest::Method::PUT {
+        request = request.body(b"not wasm, and not A's bytes".to_vec());
+    }
+    // An event stream answers at once with its head; its body never ends.
+    let response = request.timeout(Duration::from_secs(5)).send().unwrap();
+    let status = response.status().as_u16();
+    if response
+        .headers()
+        .get("content-type")
+        .is_some_and(|t| t.to_str().unwrap_or("").starts_with("text/event-stream"))
+    {
+        return (status, Value::Null);
+    }
+    let bytes = response.bytes().unwrap_or_default();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, json)
+}
+
+#[test]
+fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
+    let s = start(1, 2, "", &["--inline-result-bytes", "1000"]);
+    // A's objects: a module, a file, a deterministic job with a block result, logs and a
+    // timeline.
+    let module = s.a.upload(&guests().testkit);
+    let file = s.a.upload_file(b"a's private file".to_vec());
+    let mut spec_a = spec(&module, &["print", "5000"], &["", ""]);
+    spec_a["deterministic"] = json!(true);
+    spec_a["files"] = json!({"private.txt": file});
+    let job = s.a.run_job(spec_a);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["tenant"], "a", "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    let block_dir = s.cluster.data_dir.path().join("blocks").join(&id);
+    let block = std::fs::read_dir(&block_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", block_dir.display()))
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    let executor = s.cluster.executors()[0]["id"].as_str().unwrap().to_owned();
+    let none_module = format!("sha256:{}", "0".repeat(64));
+    let none_job = "job-0190000000007000800000000000000";
+
+    // Every route of the OpenAPI document, and the block routes beside it, as B: once
+    // naming A's objects and once naming objects that do not exist. The answers must
+    // be the same (no existence leak), never a success that names A's objects, and A's
+    // own GETs of the same paths succeed (the ids are right).
+    let doc: Value = reqwest::blocking::get(s.cluster.url("/v1/openapi.json"))
+        .unwrap()
+        .json()
+        .unwrap();
+    let mut routes: Vec<(String, String)> = Vec::new();
+    for (template, methods) in doc["paths"].as_object().unwrap() {
+        for method in methods.as_object().unwrap().keys() {
+            routes.push((method.clone(), template.clone()));
+            // A HEAD is answered by the GET route: it must tell nothing either.
+            if method == "get" {
+                routes.push(("head".into(), template.clone()));
+            }
+        }
+    }
+    routes.push(("get".into(), "/v1/blocks/{job}/{name}".into()));
+    routes.push(("put".into(), "/v1/blocks/{job}/{name}".into()));
+    assert!(routes.len() > 25, "{routes:?}");
+    let fill = |template: &str, real: bool| {
+        let (job, module, file, block, tenant) = match real {
+            true => (
+                id.as_str(),
+                module.as_str(),
+                file.as_str(),
+                block.as_str(),
+                "a",
+            ),
+            false => (
+                none_job,
+                none_module.as_str(),
+                none_module.as_str(),
+                "0-1-1",
+                "zz",
+            ),
+        };
+        let object = if template.starts_with("/v1/modules/") {
+            module
+        } else if template.starts_with("/v1/files/") {
+            file
+        } else if template.starts_with("/v1/executors/") || template.starts_with("/v1/workers/") {
+            executor.as_str()
+        } else {
+            job
+        };
+        template
+            .replace("{id}", object)
+            .replace("{job}", job)
+            .replace(
+                "{name}",
+                if template.starts_with("/v1/tenants/") {
+                    tenant
+                } else {
+                    block
+                },
+            )
+            .replace("{index}", "0")
+    };
+    let body = |real: bool| {
+        let m = if real {
+            module.as_str()
+        } else {
+            none_module.as_str()
+        };
+        json!({"module": m, "inputs": [{"text": ""}]})
+    };
+    let leaks = |v: &Value| {
+        let text = v.to_string();
+        [id.as_str(), module.as_str(), file.as_str()]
+            .iter()
+            .any(|secret| text.contains(secret))
+    };
+    let mut checked = Vec::new();
+    for (method, template) in &routes {
+        let (got, seen) = call(&s.b, method, &fill(template, true), &body(true));
+        let (none, unseen) = call(&s.b, method, &fill(template, false), &body(false));
+        let what = format!("B: {} {template}", method.to_uppercase());
+        assert_eq!(got, none, "{what}: {seen} against {unseen}");
+        assert_eq!(
+            seen["error"]["kind"], unseen["error"]["kind"],
+            "{what}: {seen}"
+        );
+        if (200..300).contains(&got) {
+            assert!(
+                !template.contains('{'),
+                "{what} succeeded on A's object: {seen}"
+            );
+            assert!(!leaks(&seen), "{what} shows A's objects: {seen}");
+        }
+        if template.contains('{') && method == "get" && !template.contains("/v1/tenants/") {
+            let expected = match template.as_str() {
+                t if t.starts_with("/v1/executors/") || t.starts_with("/v1/workers/") => 403,
+                _ => 404,
+            };
+            assert_eq!(got, expected, "{what}: {seen}");
+        }
+        checked.push(format!("{} {template} -> {got}", method.to_uppercase()));
+    }
+    eprintln!("B's answers: {checked:#?}");
+    // A reaches every one of its own objects (the walk named the right ids).
+    for (method, template) in routes.iter().filter(|(m, t)| m == "get" && t.contains('{')) {
+        if template.starts_with("/v1/executors/") || template.starts_with("/v1/workers/") {
+            continue;
+        }
+        let (status, view) = call(&s.a, method, &fill(template, true), &Value::Null);
+        assert!(
+            (200..300).contains(&status),
+            "A: GET {template}: {status} {view}"
+        );
+    }
+    // Naming A's objects in B's job is as naming nothing.
+    let named = |extra: Value| {
+        let mut spec = json!({"module": s.b.upload(&guests().testkit), "inputs": [{"text": ""}]});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        s.b.post_raw("/v1/jobs", spec.to_string())
+    };
+    let (status, refused) = named(json!({"files": {"f": file}}));
+    assert_eq!(
+        (status, refused["error"]["kind"].as_str()),
+        (422, Some("unknown_file"))
+    );
+    let (status, refused) = named(json!({"inputs": [{"result": {"job": id, "task": 0}}]}));
+    assert_eq!(
+        (status, refused["error"]["kind"].as_str()),
+        (422, Some("unknown_result"))
+    );
+    // B's listing holds none of A's jobs; the admin's holds A's, and filters by tenant.
+    assert_eq!(s.b.get("/v1/jobs").1["items"], json!([]));
+    let listed = s.cluster.get("/v1/jobs?tenant=a").1;
+    assert_eq!(listed["items"][0]["id"], id.as_str(), "{listed}");
+    assert_eq!(s.cluster.get("/v1/jobs?tenant=b").1["items"], json!([]));
+    // Nothing B did changed A's job.
+    let (status, after) = s.a.get(&format!("/v1/jobs/{id}"));
+    assert_eq!((status, &after["state"]), (200, &json!("succeeded")));
+    assert_eq!(s.a.result(&after, 1).len(), 5000);
+    // A shared upload (the admin's to share) is every tenant's to use.
+    let (status, _) = call(&s.a, "put", "/v1/modules?shared=true", &Value::Null);
+    assert_eq!(status, 403);
+    let shared = s
+        .cluster
+        .client
+        .put(s.cluster.url("/v1/files?shared=true"))
+        .body(b"for everyone".to_vec())
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        s.b.get_bytes(&format!("/v1/files/{shared}")).1,
+        b"for everyone"
+    );
+    assert_eq!(s.a.get_bytes(&format!("/v1/files/{shared}")).0, 200);
+}
+
+#[test]
+fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
+    let limits = "max_jobs = 2\nmax_pending_tasks = 10\nmax_task_memory_mb = 64\nmax_task_timeout_ms = 60000";
+    let s = start(1, 1, limits, &[]);
+    let module = s.b.upload(&guests().testkit);
+    let submit = |patch: Value, inputs: usize| {
+        let mut spec = spec(&module, &["sleep", "60000"], &vec![""; inputs]);
+        spec["resources"] = json!({"memory_mb": 64, "timeout_ms": 60000});
+        for (k, v) in patch.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        s.b.post_raw("/v1/jobs", spec.to_string())
+    };
+    let refused = |(status, body): (u16, Value), limit: &str| {
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(body["error"]["kind"], "quota_exceeded", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(limit), "{message}");
+        message.to_owned()
+    };
+    refused(
+        submit(json!({"resources": {"memory_mb": 128}}), 1),
+        "max_task_memory_mb is 64",
+    );
+    refused(
+        submit(
+            json!({"resources": {"memory_mb": 64, "timeout_ms": 60001}}),
+            1,
+        ),
+        "max_task_timeout_ms is 60000",
+    );
+    refused(submit(json!({"priority": 2}), 1), "max_priority is 1");
+    refused(submit(json!({}), 11), "max_pending_tasks is 10");
+    let (status, first) = submit(json!({"priority": 1}), 6);
+    assert_eq!(status, 202, "{first}");
+    let message = refused(submit(json!({}), 5), "max_pending_tasks is 10");
+    assert!(
+        message.contains("holds 6") && message.contains("add 5"),
+        "{message}"
+    );
+    let (status, second) = submit(json!({}), 4);
+    assert_eq!(status, 202, "{second}");
+    let message = refused(submit(json!({}), 1), "max_jobs is 2");
+    assert!(message.contains("holds 2"), "{message}");
+    // A is not bound by B's limits.
+    let a_module = s.a.upload(&guests().testkit);
+    let (status, _) = s.a.post_raw(
+        "/v1/jobs",
+        spec(&a_module, &["noop"], &vec![""; 20]).to_string(),
+    );
+    assert_eq!(status, 202);
+    // Across a restart: both of B's jobs are still there, still B's, still counted.
+    let file = s.file.to_str().unwrap().to_owned();
+    let cluster = s.cluster.restart_with(
+        1,
+        1,
+        &[
+            "--token",
+            ADMIN,
+            "--cluster-secret",
+            "secret",
+            "--tenants",
+            &file,
+        ],
+    );
+    let b = Api::new(cluster.http.clone(), Some(B.into()));
+    let a = Api::new(cluster.http.clone(), Some(A.into()));
+    for job in [&first, &second] {
+        let id = job["id"].as_str().unwrap();
+        let (status, view) = b.get(&format!("/v1/jobs/{id}"));
+        assert_eq!((status, &view["tenant"]), (200, &json!("b")), "{view}");
+        assert_eq!(a.get(&format!("/v1/jobs/{id}")).0, 404);
+    }
+    let (status, body) = b.post_raw(
+        "/v1/jobs",
+        json!({"module": module, "inputs": [{"text": ""}], "resources": {"memory_mb": 64, "timeout_ms": 1000}})
+            .to_string(),
+    );
+    refused((status, body), "max_jobs is 2");
+    // Killing one makes room again; the usage route counts what B holds.
+    let id = first["id"].as_str().unwrap();
+    assert_eq!(b.post_raw(&format!("/v1/jobs/{id}/kill"), "").0, 202);
+    wait_until(Duration::from_secs(30), "the kill", || {
+        b.get(&format!("/v1/jobs/{id}")).1["state"] == "killed"
+    });
+    let usage = b.get("/v1/tenants/b/usage").1;
+    assert_eq!(usage["live_jobs"], 1, "{usage}");
+    assert_eq!(
+        usage["pending_tasks"].as_u64().unwrap() + usage["running_tasks"].as_u64().unwrap(),
+        4
+    );
+    assert_eq!(b.get("/v1/tenants/a/usage").0, 404);
+    assert_eq!(cluster.get("/v1/tenants/b/usage").0, 200);
+}
+
+#[test]
+fn keys_and_tokens_are_per_tenant_and_the_file_is_read_again_when_it_changes() {
+    let s = start(1, 1, "", &[]);
+    let module_a = s.a.upload(&guests().testkit);
+    let module_b = s.b.upload(&guests().testkit);
+    // The same Idempotency-Key from two tenants makes two jobs.
+    let keyed = |api: &Api, module: &str| {
+        let response = api
+            .client
+            .post(api.url("/v1/jobs"))
+            .header("Idempotency-Key", "same-key")
+            .header("content-type", "application/json")
+            .body(spec(module, &["noop"], &[""]).to_string())
+            .send()
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<Value>().unwrap(),
+        )
+    };
+    let (sa, ja) = keyed(&s.a, &module_a);
+    let (sb, jb) = keyed(&s.b, &module_b);
+    assert_eq!((sa, sb), (202, 202), "{ja} {jb}");
+    assert_ne!(ja["id"], jb["id"]);
+    assert_eq!(
+        keyed(&s.a, &module_a).1["id"],
+        ja["id"],
+        "A's repeat is A's job"
+    );
+    // A memoized result is its tenant's: B's identical job runs its own task, A's
+    // second takes A's first.
+    let memo = |api: &Api, module: &str| {
+        let mut job = spec(module, &["echo"], &["same input"]);
+        job["deterministic"] = json!(true);
+        job["seed"] = json!(7);
+        job["memoize"] = json!(true);
+        let done = api.run_job(job);
+        assert_eq!(done["state"], "succeeded", "{done}");
+        (done["id"].clone(), api.tasks(&done)[0].clone())
+    };
+    let (first, _) = memo(&s.a, &module_a);
+    let (_, b_task) = memo(&s.b, &module_b);
+    assert!(b_task.get("memoized_from").is_none(), "{b_task}");
+    let (_, a_task) = memo(&s.a, &module_a);
+    assert_eq!(a_task["memoized_from"]["job"], first, "{a_task}");
+    // A wrong token, and the hash itself, are no tokens.
+    let stranger = Api::new(s.cluster.http.clone(), Some("token-of-c".into()));
+    assert_eq!(stranger.get("/v1/jobs").0, 401);
+    let by_hash = Api::new(s.cluster.http.clone(), Some(hash(A)));
+    assert_eq!(by_hash.get("/v1/jobs").0, 401);
+    // c is added and b removed by rewriting the file: in force within the poll.
+    let text = format!(
+        "[[tenant]]\nname = \"a\"\ntokens = [\"{}\"]\n[[tenant]]\nname = \"c\"\ntokens = [\"{}\"]\n",
+        hash(A),
+        hash("token-of-c")
+    );
+    std::fs::write(&s.file, text).unwrap();
+    wait_until(Duration::from_secs(10), "c's token to work", || {
+        stranger.get("/v1/jobs").0 == 200
+    });
+    assert_eq!(s.b.get("/v1/jobs").0, 401, "b's token is gone");
+    // A broken file keeps what was in force.
+    std::fs::write(&s.file, "[[tenant]]\nname = 3\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(stranger.get("/v1/jobs").0, 200);
+    assert_eq!(s.a.get("/v1/jobs").0, 200);
+}
+
+/// (start, end) of every attempt of a job, with its outcome, from its timeline.
+fn spans(api: &Api, id: &str) -> Vec<(u64, Option<u64>, String)> {
+    let (status, page) = api.get(&format!("/v1/jobs/{id}/timeline"));
+    assert_eq!(status, 200, "{page}");
+    page["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["start_us"].as_u64().unwrap(),
+                a["outcome"].as_str().map(|_| a["end_us"].as_u64().unwrap()),
+                a["outcome"].as_str().unwrap_or("running").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// B fills both cores with a 2,000-task backlog of 3 s tasks (and, alone, queues two more
+/// on the executor); then A submits one short task. Returns (when A's task started, when
+/// B's first attempt that ran to its end ended, how many of B's attempts started before
+/// A's, B's outcomes).
+fn a_behind_bs_backlog(preemption: bool) -> (u64, Option<u64>, usize, Vec<String>) {
+    let more: &[&str] = if preemption {
+        &["--preemption-timeout-ms", "300"]
+    } else {
+        &[]
+    };
+    let s = start(1, 2, "", more);
+    let module_b = s.b.upload(&guests().testkit);
+    let (status, big) = s.b.post_raw(
+        "/v1/jobs",
+        spec(&module_b, &["sleep", "3000"], &vec![""; 2000]).to_string(),
+    );
+    assert_eq!(status, 202, "{big}");
+    let big = big["id"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(30), "B on both cores", || {
+        s.b.get(&format!("/v1/jobs/{big}")).1["counts"]["running"]
+            .as_u64()
+            .unwrap()
+            >= 2
+    });
+    let module_a = s.a.upload(&guests().testkit);
+    let small = s.a.run_job(spec(&module_a, &["sleep", "100"], &[""]));
+    assert_eq!(small["state"], "succeeded", "{small}");
+    let a_start = spans(&s.a, small["id"].as_str().unwrap())[0].0;
+    let b = spans(&s.b, &big);
+    let b_first_end = b
+        .iter()
+        .filter(|s| s.2 == "succeeded")
+        .filter_map(|s| s.1)
+        .min();
+    let before_a = b.iter().filter(|s| s.0 < a_start).count();
+    let outcomes = b.iter().map(|s| s.2.clone()).collect();
+    let view = s.b.get(&format!("/v1/jobs/{big}")).1;
+    assert_eq!(view["counts"]["failed"], 0, "{view}");
+    assert_eq!(s.b.post_raw(&format!("/v1/jobs/{big}/kill"), "").0, 202);
+    (a_start, b_first_end, before_a, outcomes)
+}
+
+#[test]
+fn with_preemption_a_tenants_task_does_not_wait_behind_anothers_backlog() {
+    let (a_start, b_first_end, _, outcomes) = a_behind_bs_backlog(true);
+    // A ran before any of B's 3 s tasks could end: one was preempted for it.
+    assert!(
+        b_first_end.is_none_or(|end| a_start < end),
+        "A started at {a_start}, after B's first end at {b_first_end:?}"
+    );
+    assert!(outcomes.iter().any(|o| o == "preempted"), "{outcomes:?}");
+}
+
+#[test]
+fn without_preemption_a_tenants_task_waits_only_for_what_was_on_the_cores_and_queued() {
+    let (a_start, b_first_end, before_a, outcomes) = a_behind_bs_backlog(false);
+    let first_end = b_first_end.expect("one of B's tasks ended first");
+    assert!(a_start >= first_end, "{a_start} < {first_end}");
+    // Not behind the 1,996 others: behind B's two running and the two it had queued on
+    // the executor while alone (while shared, 3 s tasks queue none), no more.
+    assert!(
+        before_a <= 4,
+        "{before_a} of B's attempts started first: {outcomes:?}"
+    );
+    assert!(!outcomes.iter().any(|o| o == "preempted"), "{outcomes:?}");
+}
