@@ -9,6 +9,10 @@
 use super::tenancy::fair_shares;
 use super::*;
 
+/// An attempt that may be preempted: (queued rather than running, its age as (launch
+/// time, span), where, which, its attempt number and cores).
+type Victim = (bool, (Instant, u32), ExecutorId, TaskId, u32, u32);
+
 /// What one tenant has in this round: (weight, cores held, cores pending, core cap).
 struct Standing {
     tenant: Option<String>,
@@ -83,7 +87,7 @@ impl ClusterState {
             };
             // Its attempts queued on executors first (they would take the cores it
             // gives back; no work is lost), then its running ones, youngest first.
-            let mut victims: Vec<(bool, (Instant, u32), ExecutorId, TaskId, u32, u32)> = Vec::new();
+            let mut victims: Vec<Victim> = Vec::new();
             for (id, e) in &self.executors {
                 for (task, r) in e.running.iter().filter(|(t, r)| !r.preempted && mine(t)) {
                     let is_queued = queued.contains(&(id.clone(), task.clone()));
@@ -137,7 +141,7 @@ impl ClusterState {
                 .iter()
                 .map(|(t, r)| ((r.since, r.span), t))
                 .collect();
-            attempts.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            attempts.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
             let youngest = attempts.into_iter().take(e.queued_ahead as usize);
             queued.extend(youngest.map(|(_, t)| (id.clone(), t.clone())));
         }
