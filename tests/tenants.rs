@@ -509,6 +509,21 @@ fn a_behind_bs_backlog(preemption: bool) -> (u64, Option<u64>, usize, Vec<String
     let outcomes = b.iter().map(|s| s.2.clone()).collect();
     let view = s.b.get(&format!("/v1/jobs/{big}")).1;
     assert_eq!(view["counts"]["failed"], 0, "{view}");
+    // The admin's /metrics says it per tenant.
+    let metrics = String::from_utf8(s.cluster.get_bytes("/metrics").1).unwrap();
+    let value = |line: &str| {
+        let found = metrics.lines().find_map(|l| l.strip_prefix(line));
+        found
+            .unwrap_or_else(|| panic!("no {line} in /metrics"))
+            .trim()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert!(value("flint_tenant_live_jobs{tenant=\"b\"}") >= 1.0);
+    assert!(value("flint_tenant_running_cores{tenant=\"b\"}") >= 1.0);
+    assert_eq!(value("flint_tenant_attempts_total{tenant=\"a\"}"), 1.0);
+    let preempted = value("flint_tenant_attempts_preempted_total{tenant=\"b\"}");
+    assert_eq!(preempted > 0.0, preemption, "{metrics}");
     assert_eq!(s.b.post_raw(&format!("/v1/jobs/{big}/kill"), "").0, 202);
     (a_start, b_first_end, before_a, outcomes)
 }

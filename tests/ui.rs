@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use common::origin::{Origin, Reply};
-use common::{DevCluster, Process, free_port, guests, spec, wait_until};
+use common::{Api, DevCluster, Process, free_port, guests, sha256_hex, spec, wait_until};
 use serde_json::{Value, json};
 
 /// A chromedriver process and one headless Chromium session; both end on drop.
@@ -849,4 +849,55 @@ fn the_web_ui_draws_a_20000_task_job_folding_bars_under_a_pixel_into_columns() {
         .as_u64()
         .unwrap();
     assert!(wide > 0, "no bar a pixel wide after zooming in");
+}
+
+#[test]
+fn the_admin_sees_each_jobs_tenant_and_filters_the_jobs_by_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    let entry = |name: &str, token: &str| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\ntokens = [\"sha256:{}\"]\n",
+            sha256_hex(token.as_bytes())
+        )
+    };
+    std::fs::write(&tenants, entry("a", "tok-a") + &entry("b", "tok-b")).unwrap();
+    let cluster = DevCluster::start_with(
+        1,
+        2,
+        &[
+            "--token",
+            TOKEN,
+            "--cluster-secret",
+            "s",
+            "--tenants",
+            tenants.to_str().unwrap(),
+        ],
+    );
+    let mut ids = Vec::new();
+    for token in ["tok-a", "tok-b"] {
+        let tenant = Api::new(cluster.http.clone(), Some(token.into()));
+        let module = tenant.upload(&guests().testkit);
+        let job = tenant.run_job(spec(&module, &["noop"], &[""]));
+        assert_eq!(job["state"], "succeeded", "{job}");
+        ids.push(job["id"].as_str().unwrap().to_owned());
+    }
+    let browser = Browser::start();
+    browser.goto(&cluster.url("/ui"));
+    sign_in(&browser, TOKEN);
+    let (a, b) = (&ids[0], &ids[1]);
+    browser.wait_for_text(&format!("tr[data-job='{a}'] td[data-col='tenant']"), "a");
+    browser.wait_for_text(&format!("tr[data-job='{b}'] td[data-col='tenant']"), "b");
+    browser.eval(
+        "const s = document.getElementById('tenant-filter'); s.value = 'b'; \
+         s.dispatchEvent(new Event('change')); return s.value;",
+    );
+    let rows = format!(
+        "return [...document.querySelectorAll('#jobs-body tr[data-job]')].map((r) => r.getAttribute('data-job')).join(',') === '{b}';"
+    );
+    browser.wait_for("only b's job", &rows);
+    assert_eq!(
+        browser.eval("return [...document.querySelectorAll('#tenant-filter option')].map((o) => o.value).join(',');"),
+        json!(",a,b")
+    );
 }

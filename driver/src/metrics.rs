@@ -19,6 +19,7 @@ use crate::scheduler::{ClusterState, Task};
 use crate::store::Totals;
 use crate::store::usage::DataDirUsage;
 
+mod tenants;
 mod usage;
 
 /// Upper bounds of the task duration buckets, in seconds.
@@ -308,6 +309,7 @@ pub fn render_state(
         );
     }
     usage::render(&mut out, state);
+    tenants::render(&mut out, state);
     out
 }
 

@@ -10,7 +10,7 @@ use flint_protocol::api::{
     TaskAttemptView, TaskState, TaskView, TimelineView,
 };
 use flint_protocol::exit::ProcessExit;
-use flint_protocol::records::JobSummaryRecord;
+use flint_protocol::records::{JobSummaryRecord, Owner};
 use flint_protocol::{ExecutorId, JobId};
 
 use crate::scheduler::exclusion::ExclusionConfig;
@@ -40,7 +40,7 @@ pub fn job_view(job: &Job) -> JobView {
 }
 
 /// A stored job as listed from its summary (a finished job, not read whole).
-pub fn summary_view(id: &JobId, summary: &JobSummaryRecord) -> JobView {
+pub fn summary_view(id: &JobId, summary: &JobSummaryRecord, owner: &Owner) -> JobView {
     JobView {
         id: id.clone(),
         name: summary.name.clone(),
@@ -55,8 +55,8 @@ pub fn summary_view(id: &JobId, summary: &JobSummaryRecord) -> JobView {
         }),
         usage: None,
         seed: None,
-        tenant: None,
-        priority: 0,
+        tenant: owner.tenant.clone(),
+        priority: owner.priority,
     }
 }
 

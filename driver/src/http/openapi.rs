@@ -42,7 +42,10 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
             HttpBuilder::new()
                 .scheme(HttpAuthScheme::Bearer)
                 .description(Some(
-                    "The driver's --token. Module and file downloads and task results \
+                    "The driver's --token (the admin), or a tenant's token from the \
+                     --tenants file: a tenant sees only its own jobs and uploads (another's \
+                     answer 404, as if absent) and gets 403 `admin_only` on the cluster's \
+                     own routes. Module and file downloads, blocks and task results \
                      (`GET /v1/jobs/{id}/tasks/{index}/result`) also take the cluster secret, \
                      for executors.",
                 ))
@@ -73,8 +76,23 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
             );
             add_error(operation, "400", "the body could not be read");
         }
-        let all = [&mut item.get, &mut item.put, &mut item.post];
+        let admin_only = path == "/metrics"
+            || path.starts_with("/v1/executors/{id}")
+            || path.starts_with("/v1/workers/{id}");
+        let all = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+        ];
         for operation in all.into_iter().flatten() {
+            if admin_only {
+                add_error(
+                    operation,
+                    "403",
+                    "`admin_only`: a tenant's token; this route is the admin's (--token)",
+                );
+            }
             add_error(operation, "401", "no bearer token, or a wrong one");
             add_error(
                 operation,

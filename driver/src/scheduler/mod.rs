@@ -79,6 +79,7 @@ pub struct ClusterState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Spent {
     pub attempts: u64,
+    pub preempted: u64,
     pub succeeded: u64,
     pub cpu_us: u64,
     pub wall_us: u64,

@@ -103,6 +103,7 @@ impl ClusterState {
         };
         spent.attempts += 1;
         spent.succeeded += u64::from(matches!(outcome, Outcome::Succeeded));
+        spent.preempted += u64::from(matches!(outcome, Outcome::Preempted));
         spent.cpu_us += usage.cpu_us;
         spent.wall_us += usage.wall_us;
         spent.output_bytes += usage.output_bytes;

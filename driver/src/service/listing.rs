@@ -51,11 +51,10 @@ impl Driver {
             _ => {
                 let page = self.store.list(filter, before, limit)?;
                 let items = self.read(|s| {
-                    page.items
-                        .iter()
-                        .map(|(id, summary)| match s.jobs.get(id) {
+                    (page.items.iter().zip(&page.owners))
+                        .map(|((id, summary), owner)| match s.jobs.get(id) {
                             Some(live) => job_view(live),
-                            None => summary_view(id, summary),
+                            None => summary_view(id, summary, owner),
                         })
                         .collect()
                 });

@@ -54,6 +54,8 @@ impl JobFilter {
 #[derive(Debug)]
 pub struct JobPage {
     pub items: Vec<(JobId, JobSummaryRecord)>,
+    /// Each item's owner, in the items' order.
+    pub owners: Vec<Owner>,
     pub more: bool,
 }
 
@@ -71,11 +73,13 @@ impl JobStore {
     ) -> Result<JobPage, StoreError> {
         let txn = self.db.get()?.begin_read().map_err(db_error)?;
         let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
-        // A tenant's listing reads each candidate's owner: it costs what the other
-        // tenants' jobs in the index range cost too (an index by owner would not).
-        let owners = match &filter.owner {
-            Some(_) => Some(txn.open_table(JOB_OWNERS).map_err(db_error)?),
-            None => None,
+        // Each candidate's owner is read (a point lookup): a tenant's listing costs what
+        // the other tenants' jobs in the index range cost too (an index by owner would
+        // not). A data dir from before the table has none: every job is the admin's.
+        let owners = match txn.open_table(JOB_OWNERS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(db_error(e)),
         };
         let low = filter.created_after.unwrap_or(0);
         // The upper bound: the cursor or `created_before`, whichever comes first.
@@ -87,6 +91,7 @@ impl JobStore {
         };
         let mut page = JobPage {
             items: Vec::new(),
+            owners: Vec::new(),
             more: false,
         };
         // Ids in index order, newest first; summaries read as they pass, until the page is
@@ -99,21 +104,26 @@ impl JobStore {
             if !filter.admits(&summary) {
                 return Ok(true);
             }
-            if let (Some(want), Some(owners)) = (&filter.owner, &owners) {
-                let owner: Option<Owner> = owners
+            let owner: Owner = match &owners {
+                Some(owners) => owners
                     .get(id)
                     .map_err(db_error)?
                     .map(|v| postcard::from_bytes(v.value()))
-                    .transpose()?;
-                if !want.admits(owner.and_then(|o| o.tenant).as_deref()) {
-                    return Ok(true);
-                }
+                    .transpose()?
+                    .unwrap_or_default(),
+                None => Owner::default(),
+            };
+            if let Some(want) = &filter.owner
+                && !want.admits(owner.tenant.as_deref())
+            {
+                return Ok(true);
             }
             if page.items.len() == limit {
                 page.more = true;
                 return Ok(false);
             }
             page.items.push((JobId(id.to_owned()), summary));
+            page.owners.push(owner);
             Ok(true)
         };
         if let Some(name) = &filter.name {
