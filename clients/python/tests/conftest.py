@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Sequence
 
 import httpx
 import pytest
@@ -64,9 +64,10 @@ class Driver:
                 self.process.wait()
 
 
-def start_driver(executors: int = 2, token: Optional[str] = None) -> Driver:
+def start_driver(executors: int = 2, token: Optional[str] = None, extra_args: Sequence[str] = ()) -> Driver:
     """Starts ``flint dev`` on free loopback ports and waits until its executors are
-    alive."""
+    alive. ``extra_args`` go on its command line after the ones every driver gets
+    (``["--tenants", path]``, say)."""
     flint = _flint_bin()
     if not flint.is_file():
         pytest.fail(f"no flint binary at {flint}: build it (cargo build --bin flint) or set FLINT_BIN", pytrace=False)
@@ -93,6 +94,7 @@ def start_driver(executors: int = 2, token: Optional[str] = None) -> Driver:
                 str(executors),
                 "--cores",
                 "1",
+                *extra_args,
             ],
             stdout=stdout,
             stderr=stderr,

@@ -109,6 +109,11 @@ def response(status: int, body: object, headers: Optional[dict] = None) -> httpx
         (500, "storage", flint_client.ServerError),
         (413, "body_too_large", flint_client.TooLarge),
         (400, "bad_query", flint_client.BadRequest),
+        (429, "quota_exceeded", flint_client.QuotaExceeded),
+        (429, "some_new_kind", flint_client.QuotaExceeded),
+        (403, "admin_only", flint_client.Forbidden),
+        (403, "some_new_kind", flint_client.Forbidden),
+        (404, "tenant_not_found", flint_client.NotFound),
     ],
 )
 def test_errors_map_by_kind_then_status(status: int, kind: str, cls: type) -> None:
@@ -290,6 +295,22 @@ def test_accounting_and_retry_go_into_the_spec_only_when_given() -> None:
     assert core.build_spec(module, inputs=[""], retry=nested)["retry"] == raw
     with pytest.raises(TypeError, match="retry is an Escalate or a dict"):
         core.build_spec(module, inputs=[""], retry=2.0)  # type: ignore[arg-type]
+
+
+def test_priority_goes_into_the_spec_only_when_given() -> None:
+    module = {"module": "sha256:00"}
+    assert "priority" not in core.build_spec(module, inputs=[""])
+    # 0 and negative priorities are the caller's to send: given is given.
+    assert core.build_spec(module, inputs=[""], priority=0)["priority"] == 0
+    assert core.build_spec(module, inputs=[""], priority=-2)["priority"] == -2
+
+
+def test_job_views_default_to_the_admins_and_priority_zero() -> None:
+    # The driver leaves tenant out for the admin's jobs and priority out when 0.
+    plain = from_json(flint_client.JobView, {"id": "job-1", "state": "queued"})
+    assert plain.tenant is None and plain.priority == 0
+    owned = from_json(flint_client.JobView, {"id": "job-2", "tenant": "a", "priority": 3})
+    assert owned.tenant == "a" and owned.priority == 3
 
 
 def usage_driver(bodies: List[dict]) -> httpx.MockTransport:

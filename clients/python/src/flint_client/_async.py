@@ -30,6 +30,7 @@ from .models import (
     ReplayBundle,
     ReplayInputPart,
     TaskView,
+    TenantUsage,
     Timeline,
     Usage,
     WorkerView,
@@ -169,6 +170,7 @@ class AsyncClient:
         deterministic: bool = False,
         seed: Optional[int] = None,
         memoize: bool = False,
+        priority: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "AsyncJob":
@@ -191,6 +193,7 @@ class AsyncClient:
                 deterministic=deterministic,
                 seed=seed,
                 memoize=memoize,
+                priority=priority,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -229,10 +232,11 @@ class AsyncClient:
         *,
         created_after: Union[str, datetime, None] = None,
         created_before: Union[str, datetime, None] = None,
+        tenant: Optional[str] = None,
         page_size: int = 100,
     ) -> AsyncIterator[JobView]:
-        """The jobs, newest first, page after page (see
-        :meth:`flint_client.Client.jobs`)."""
+        """The jobs, newest first, page after page, a tenant's own only on a driver
+        with tenants (see :meth:`flint_client.Client.jobs`)."""
         after: Optional[str] = None
         seen = 0
         while limit is None or seen < limit:
@@ -245,6 +249,7 @@ class AsyncClient:
                     name=name,
                     created_after=_rfc3339(created_after),
                     created_before=_rfc3339(created_before),
+                    tenant=tenant,
                 )
             )
             for view in items:
@@ -295,8 +300,16 @@ class AsyncClient:
         return await self._drive(core.get_openapi())
 
     async def metrics(self) -> str:
-        """The driver's Prometheus metrics, as text."""
+        """The driver's Prometheus metrics, as text (the admin's only: see
+        :meth:`flint_client.Client.metrics`)."""
         return await self._drive(core.get_metrics())
+
+    # --- tenants ----------------------------------------------------------------------
+
+    async def tenant_usage(self, name: str) -> TenantUsage:
+        """What tenant ``name`` holds now and what its attempts used (see
+        :meth:`flint_client.Client.tenant_usage`)."""
+        return await self._drive(core.get_tenant_usage(name))
 
 
 class AsyncJob:

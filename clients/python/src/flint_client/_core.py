@@ -42,6 +42,7 @@ from .models import (
     ReplayInputPart,
     TaskEvent,
     TaskView,
+    TenantUsage,
     Timeline,
     TimelineAttempt,
     UnknownEvent,
@@ -91,6 +92,7 @@ JOB_SPEC_FIELDS = (
     "seed",
     "memoize",
     "retry",
+    "priority",
 )
 #: The bulk results' media type.
 RESULTS_MEDIA_TYPE = "application/vnd.flint.results"
@@ -307,12 +309,14 @@ def build_spec(
     deterministic: bool = False,
     seed: Optional[int] = None,
     memoize: bool = False,
+    priority: Optional[int] = None,
 ) -> Dict[str, Any]:
     """A ``JobSpec`` document (files already resolved to their spec values).
 
-    ``deterministic`` and ``memoize`` go in only when true and ``seed`` only when
-    given; a seed or ``memoize`` without ``deterministic`` is sent as it is, for the
-    driver to refuse."""
+    ``deterministic`` and ``memoize`` go in only when true, ``seed`` and ``priority``
+    only when given; a seed or ``memoize`` without ``deterministic`` is sent as it is,
+    for the driver to refuse, and so is a priority over the tenant's cap (the client
+    does not know it)."""
     if (inputs is None) == (tasks is None):
         raise ValueError("give exactly one of inputs (one task per input) and tasks")
     spec: Dict[str, Any] = dict(module_fields)
@@ -350,6 +354,8 @@ def build_spec(
     encoded_retry = encode_retry(retry)
     if encoded_retry is not None:
         spec["retry"] = encoded_retry
+    if priority is not None:
+        spec["priority"] = priority
     return spec
 
 
@@ -370,6 +376,7 @@ def submit(
     deterministic: bool = False,
     seed: Optional[int] = None,
     memoize: bool = False,
+    priority: Optional[int] = None,
     idempotency_key: Optional[str] = None,
     wait: Optional[float] = None,
 ) -> Flow[JobView]:
@@ -396,6 +403,7 @@ def submit(
         deterministic=deterministic,
         seed=seed,
         memoize=memoize,
+        priority=priority,
     )
     request = Request("POST", "/v1/jobs", json=spec)
     if idempotency_key is not None:
@@ -485,6 +493,7 @@ def job_page(
     name: Optional[str] = None,
     created_after: Optional[str] = None,
     created_before: Optional[str] = None,
+    tenant: Optional[str] = None,
 ) -> Flow[Tuple[List[JobView], Optional[str]]]:
     """One page of ``GET /v1/jobs``: the jobs (newest first) and the ``next`` cursor."""
     params = {
@@ -496,6 +505,7 @@ def job_page(
             "name": name,
             "created_after": created_after,
             "created_before": created_before,
+            "tenant": tenant,
         }.items()
         if v is not None
     }
@@ -654,6 +664,12 @@ def get_cluster_history() -> Flow[ClusterHistory]:
     """``GET /v1/cluster/history``."""
     response = yield Request("GET", "/v1/cluster/history")
     return parse(ClusterHistory, response)
+
+
+def get_tenant_usage(name: str) -> Flow[TenantUsage]:
+    """``GET /v1/tenants/{name}/usage``."""
+    response = yield Request("GET", f"/v1/tenants/{quote(name, safe='')}/usage")
+    return parse(TenantUsage, response)
 
 
 def get_openapi() -> Flow[Dict[str, Any]]:

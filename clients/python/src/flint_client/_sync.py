@@ -24,6 +24,7 @@ from .models import (
     ReplayBundle,
     ReplayInputPart,
     TaskView,
+    TenantUsage,
     Timeline,
     Usage,
     WorkerView,
@@ -74,7 +75,9 @@ class Client:
     """A blocking client of a Flint driver.
 
     ``url`` defaults to ``FLINT_URL`` (else ``http://127.0.0.1:7070``), ``token`` to
-    ``FLINT_TOKEN`` (sent as ``Authorization: Bearer``). ``timeout`` bounds each
+    ``FLINT_TOKEN`` (sent as ``Authorization: Bearer``): the driver's own, the admin's,
+    or on a driver with tenants a tenant's, which sees only that tenant's jobs and
+    uploads (:meth:`tenant_usage` shows what it holds). ``timeout`` bounds each
     connect, read and write in seconds (``None``: no bound); requests that ask the
     driver to wait are given that long on top. An answer of 503 ``overloaded`` is
     retried up to ``retries`` times after the driver's ``Retry-After``.
@@ -206,6 +209,7 @@ class Client:
         deterministic: bool = False,
         seed: Optional[int] = None,
         memoize: bool = False,
+        priority: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "Job":
@@ -248,6 +252,13 @@ class Client:
         in :attr:`~flint_client.TaskView.memoized_from`. A module, file or input given
         by URL needs its ``sha256`` (a :class:`~flint_client.Url` with one), else the
         job is refused (:class:`~flint_client.InvalidSpec` naming it).
+
+        ``priority`` orders the job among its tenant's own jobs: higher goes first
+        (0 when not given; a negative one waits behind the rest). It does not reach
+        past the tenant: cores are shared between tenants by their weights whatever the
+        priorities, and one above the tenant's ``max_priority`` is refused
+        (:class:`~flint_client.QuotaExceeded`), as is a job past any of the tenant's
+        other limits.
         """
         view = self._drive(
             core.submit(
@@ -266,6 +277,7 @@ class Client:
                 deterministic=deterministic,
                 seed=seed,
                 memoize=memoize,
+                priority=priority,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -288,7 +300,7 @@ class Client:
         ``decode`` is ``"bytes"`` (default), ``"text"`` (UTF-8) or ``"json"``.
         ``options`` are :meth:`submit`'s (``args``, ``env``, ``files``, ``resources``,
         ``max_failures``, ``accounting``, ``retry``, ``deterministic``, ``seed``,
-        ``memoize``, ...).
+        ``memoize``, ``priority``, ...).
         A job that does not succeed raises :class:`~flint_client.JobFailed` naming the
         failed tasks (with ``raise_on_failure=False`` their results are ``None``
         instead). ``progress=True`` shows a bar following the job's events; ``timeout``
@@ -316,12 +328,17 @@ class Client:
         *,
         created_after: Union[str, datetime, None] = None,
         created_before: Union[str, datetime, None] = None,
+        tenant: Optional[str] = None,
         page_size: int = 100,
     ) -> Iterator[JobView]:
         """The jobs, newest first, following the pages' ``next`` cursors: only those in
         ``state`` (``queued``, ``running``, ``succeeded``, ``failed``, ``killed``), of
         ``name``, created at or after ``created_after`` and before ``created_before``
-        (datetimes or RFC 3339 strings); at most ``limit`` of them (``None``: all)."""
+        (datetimes or RFC 3339 strings); at most ``limit`` of them (``None``: all).
+
+        On a driver with tenants a tenant's token lists only that tenant's jobs,
+        whatever ``tenant`` says; the admin's lists everyone's, or with ``tenant`` only
+        that tenant's (``"admin"``: the admin's own)."""
         after: Optional[str] = None
         seen = 0
         while limit is None or seen < limit:
@@ -334,6 +351,7 @@ class Client:
                     name=name,
                     created_after=_rfc3339(created_after),
                     created_before=_rfc3339(created_before),
+                    tenant=tenant,
                 )
             )
             for view in items:
@@ -398,8 +416,22 @@ class Client:
         return self._drive(core.get_openapi())
 
     def metrics(self) -> str:
-        """The driver's Prometheus metrics, as text."""
+        """The driver's Prometheus metrics, as text. The admin's: a tenant's token gets
+        :class:`~flint_client.Forbidden` (they cover every tenant)."""
         return self._drive(core.get_metrics())
+
+    # --- tenants ----------------------------------------------------------------------
+
+    def tenant_usage(self, name: str) -> TenantUsage:
+        """What tenant ``name`` holds now (live jobs, their tasks and cores, its
+        uploads' bytes) and what its attempts used since the driver started: to see how
+        close it is to its limits before a :class:`~flint_client.QuotaExceeded`.
+
+        A tenant may read only its own; the admin any tenant's, and its own as
+        ``"admin"``. Any other name, or another tenant's, is
+        :class:`~flint_client.NotFound` (``tenant_not_found``): a tenant cannot tell
+        which other tenants exist."""
+        return self._drive(core.get_tenant_usage(name))
 
 
 class Job:

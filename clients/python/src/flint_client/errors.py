@@ -21,6 +21,7 @@ __all__ = [
     "FlintTimeoutError",
     "BadRequest",
     "Unauthorized",
+    "Forbidden",
     "NotFound",
     "Conflict",
     "InvalidSpec",
@@ -28,6 +29,7 @@ __all__ = [
     "TooLarge",
     "Overloaded",
     "StorageFull",
+    "QuotaExceeded",
     "ReplayUnavailable",
     "ServerError",
     "ProtocolError",
@@ -77,13 +79,23 @@ class BadRequest(FlintError):
 
 
 class Unauthorized(FlintError):
-    """401 ``unauthorized``: no bearer token, or a wrong one. Give the driver's token as
-    ``Client(token=...)`` or in ``FLINT_TOKEN``."""
+    """401 ``unauthorized``: no bearer token, or a wrong one. Give the driver's token (or,
+    on a driver with tenants, your tenant's) as ``Client(token=...)`` or in
+    ``FLINT_TOKEN``."""
+
+
+class Forbidden(FlintError):
+    """403 ``admin_only``: a tenant's token asked for what only the admin (the driver's
+    ``--token``) may do: read ``/metrics``, kill or decommission executors, read their
+    logs, kill a worker's executors, or share an upload with every tenant. The token is
+    right; asking again with it will not help."""
 
 
 class NotFound(FlintError):
     """404: no such job, task, attempt (``attempt_not_found``), module, file, executor,
-    worker, log or route."""
+    worker, log, tenant (``tenant_not_found``) or route. On a driver with tenants,
+    another tenant's job or upload is not found either: it answers exactly as one that
+    does not exist."""
 
 
 class Conflict(FlintError):
@@ -126,6 +138,16 @@ class Overloaded(FlintError):
 class StorageFull(FlintError):
     """507 ``storage_full``: the data dir is at its quota or the driver's disk is full;
     nothing was stored."""
+
+
+class QuotaExceeded(FlintError):
+    """429 ``quota_exceeded``: a submission that would take the tenant past one of its
+    limits (``max_jobs``, ``max_pending_tasks``, ``max_storage_bytes``,
+    ``max_task_memory_mb``, ``max_task_timeout_ms``, ``max_priority``). The message names
+    the limit, what the tenant holds and what the job would add; nothing was stored.
+    Not retried, unlike :class:`Overloaded`: a limit on what the tenant holds (live
+    jobs, pending tasks, storage) clears only as its own jobs end or its uploads go, and
+    one on the job itself (memory, timeout, priority) never does."""
 
 
 class ReplayUnavailable(FlintError):
@@ -207,6 +229,9 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "worker_not_found": NotFound,
     "no_log": NotFound,
     "attempt_not_found": NotFound,
+    "tenant_not_found": NotFound,
+    "admin_only": Forbidden,
+    "quota_exceeded": QuotaExceeded,
     "no_result": Conflict,
     "job_running": Conflict,
     "job_in_use": Conflict,
@@ -236,11 +261,13 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
 _BY_STATUS: Dict[int, Type[FlintError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     408: BadRequest,
     409: Conflict,
     413: TooLarge,
     422: InvalidSpec,
+    429: QuotaExceeded,
     503: Overloaded,
     507: StorageFull,
 }

@@ -43,6 +43,7 @@ __all__ = [
     "Timeline",
     "ClusterSample",
     "ClusterHistory",
+    "TenantUsage",
     "ReplaySource",
     "InlinePart",
     "ReplayInputPart",
@@ -121,6 +122,10 @@ class JobView:
     ``seed`` is a deterministic job's (``submit(deterministic=True)``): the one it was
     given, or the one the driver drew and recorded for it (submit again with
     ``seed=`` that to run it the same way); ``None`` for other jobs and in listings.
+
+    On a driver with tenants, ``tenant`` is the tenant that submitted the job (``None``
+    for the admin's, and on a driver without tenants) and ``priority`` its place among
+    that tenant's jobs (``submit(priority=...)``; 0, the default, when not given).
     """
 
     id: str
@@ -133,6 +138,8 @@ class JobView:
     error: Optional[ErrorBody] = None
     usage: Optional[Usage] = None
     seed: Optional[int] = None
+    tenant: Optional[str] = None
+    priority: int = 0
 
     @property
     def ended(self) -> bool:
@@ -173,7 +180,8 @@ class TaskAttempt:
     copies. ``memory_mb`` and ``timeout_ms`` are the limits it ran with: the job's, or
     more for a retry that escalated (``retry=Escalate(...)``); 0 for an attempt stored
     before budgets were kept. ``outcome`` is ``succeeded``, a failure kind
-    (``memory_limit``, ``timeout``, ``exit``, ...) or ``lost``, ``None`` while it runs;
+    (``memory_limit``, ``timeout``, ``exit``, ...), ``lost`` or ``preempted`` (neither
+    counts as a failure: the task ran again), ``None`` while it runs;
     ``usage`` is ``None`` while it runs and for an attempt that never reported (lost
     with its executor). ``pins`` are the digests of what it ran for a deterministic job
     (``submit(deterministic=True)``), ``None`` for other jobs.
@@ -387,8 +395,9 @@ class TimelineAttempt:
     copies. ``start_us`` and ``end_us`` are Unix microseconds (the executor's clock
     where it reported them, else the driver's); ``end_us`` and ``outcome`` are ``None``
     while it runs. ``outcome`` is ``succeeded``, a failure kind (``exit``, ``timeout``,
-    ``killed``, ``host_error``, ...) or ``lost`` (its executor was lost; the task ran
-    again).
+    ``killed``, ``host_error``, ...), ``lost`` (its executor was lost) or ``preempted``
+    (killed to give its cores to a tenant held below its fair share); after either the
+    task ran again, with no failure counted.
     """
 
     task: int
@@ -449,6 +458,34 @@ class ClusterHistory:
 
 
 @dataclass(frozen=True)
+class TenantUsage:
+    """``GET /v1/tenants/{name}/usage``: what a tenant holds now and what its attempts
+    used, to see how close it is to its limits (a :class:`~flint_client.QuotaExceeded`
+    names the one it hit) and what it spent.
+
+    Held now: ``live_jobs`` (queued or running), their ``pending_tasks`` and
+    ``running_tasks``, the ``running_cores`` those hold, and ``storage_bytes``, the bytes
+    of the modules and files it uploaded (uploads the admin shared are the admin's).
+    Used since the driver started (kept in its memory: a restart counts afresh):
+    ``attempts`` that reported their end, ``tasks_succeeded``, and their
+    ``cpu_seconds``, ``wall_seconds`` (guest run time) and ``output_bytes`` (results),
+    summed. The admin's own is under the name ``admin``.
+    """
+
+    tenant: str
+    live_jobs: int = 0
+    pending_tasks: int = 0
+    running_tasks: int = 0
+    running_cores: int = 0
+    storage_bytes: int = 0
+    attempts: int = 0
+    tasks_succeeded: int = 0
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    output_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class ReplaySource:
     """Where to get a module, a file or a part of a task's stdin, and what its bytes
     hash to (``sha256:<hex>``, ``None`` where the driver does not know).
@@ -499,8 +536,8 @@ class ReplayBundle:
     task's, ``env`` the job's under the task's (without the ``FLINT_*`` ones, which the
     sandbox sets); ``deterministic`` and ``seed`` the job's. ``memory_mb``,
     ``timeout_ms``, ``max_output_bytes`` and ``fuel`` are the budget the attempt ran
-    with. ``outcome`` is how it ended (``succeeded``, a failure kind, ``lost``; ``None``
-    while it runs); ``error``, ``log_sha256`` and ``result_sha256`` are recorded only
+    with. ``outcome`` is how it ended (``succeeded``, a failure kind, ``lost``,
+    ``preempted``; ``None`` while it runs); ``error``, ``log_sha256`` and ``result_sha256`` are recorded only
     for the attempt that decided the task (its last), ``result_sha256`` only when it
     succeeded.
     """
@@ -550,6 +587,7 @@ SCHEMAS: Dict[type, str] = {
     TimelineAttempt: "AttemptView",
     ClusterHistory: "ClusterHistory",
     ClusterSample: "ClusterSample",
+    TenantUsage: "TenantUsage",
     ReplayBundle: "ReplayBundle",
     ReplaySource: "ReplaySource",
 }
