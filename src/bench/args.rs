@@ -88,6 +88,13 @@ pub struct BenchArgs {
     pub simulated_tasks: u32,
     #[arg(long, default_value_t = 0)]
     pub simulated_task_us: u64,
+    /// With `--simulated-executors`: the scheduler's fairness between this many tenants
+    /// (weights 1, 2, 3, 1, 2, 3, ...; one job of `--simulated-tasks / N` tasks each, all
+    /// submitted at once): each tenant's share of the tasks run until the first job
+    /// ends, against its weight's share, and the tasks/s against one tenant's job of
+    /// `--simulated-tasks` on the same driver.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub tenants: u32,
     /// Processes the simulated executors are spread over (each one runtime thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub simulator_processes: u32,
@@ -120,6 +127,11 @@ impl BenchArgs {
     /// environment is not read (a `FLINT_TOKEN` meant for another driver would lock this
     /// one's client out); every flag the bench does not set keeps its default.
     pub fn dev_args(&self, data_dir: &Path) -> anyhow::Result<DevArgs> {
+        self.dev_args_with(data_dir, &[])
+    }
+
+    /// [`Self::dev_args`] and more `flint dev` flags (`--tenants`, ...).
+    pub fn dev_args_with(&self, data_dir: &Path, more: &[String]) -> anyhow::Result<DevArgs> {
         let block_store = match self.block_store.as_str() {
             "local" => {
                 let dir = data_dir.join("local-blocks");
@@ -154,6 +166,7 @@ impl BenchArgs {
             format!("--cores={}", self.cores),
         ])
         .chain(self.checked_driver_args()?)
+        .chain(more.iter().cloned())
         .collect();
         parse_dev_args(&argv)
     }

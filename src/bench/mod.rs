@@ -13,6 +13,7 @@ mod scale;
 mod scale_up;
 pub mod simulate;
 mod soak;
+mod tenants;
 
 use anyhow::{Context, bail};
 

@@ -37,6 +37,9 @@ struct Row {
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.tenants > 0 {
+        return super::tenants::run(args).await;
+    }
     if let [executors] = args.simulated_executors[..] {
         let row = one_size(args, executors)
             .await
@@ -130,6 +133,45 @@ fn argv_for(args: impl Iterator<Item = String>, executors: u32) -> Vec<String> {
     out
 }
 
+/// `flint simulate-executors` processes with `executors` executors between them, dialing
+/// `cluster`'s executor listener (with `secret`, when it wants one).
+pub(super) fn spawn_simulators(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    executors: u32,
+    secret: Option<&str>,
+) -> anyhow::Result<Vec<tokio::process::Child>> {
+    let exe = std::env::current_exe().context("locating the flint binary")?;
+    let processes = args.simulator_processes.min(executors);
+    let mut simulators = Vec::new();
+    let mut first_id = 0;
+    for p in 0..processes {
+        // Spread as evenly as whole executors allow.
+        let share = executors / processes + u32::from(p < executors % processes);
+        let mut command = tokio::process::Command::new(&exe);
+        command
+            .arg("simulate-executors")
+            .arg(format!("--driver={}", cluster.executors_addr))
+            .arg(format!("--executors={share}"))
+            .arg(format!("--cores={}", args.cores))
+            .arg(format!("--first-id={first_id}"))
+            .arg(format!("--task-us={}", args.simulated_task_us))
+            .env_remove("FLINT_CLUSTER_SECRET")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(secret) = secret {
+            command.arg(format!("--secret={secret}"));
+        }
+        simulators.push(
+            command
+                .spawn()
+                .context("starting flint simulate-executors")?,
+        );
+        first_id += share;
+    }
+    Ok(simulators)
+}
+
 async fn one_size(args: &BenchArgs, executors: u32) -> anyhow::Result<Row> {
     let data_dir = tempfile::tempdir()?;
     let cluster = Cluster::start(&args.dev_args(data_dir.path())?).await?;
@@ -157,29 +199,8 @@ async fn measure(
     // The driver's memory before any executor: what they add is divided among them.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_before = resident_bytes()?;
-    let exe = std::env::current_exe().context("locating the flint binary")?;
-    let processes = args.simulator_processes.min(executors);
-    let mut simulators = Vec::new();
     let started = Instant::now();
-    let mut first_id = 0;
-    for p in 0..processes {
-        // Spread as evenly as whole executors allow.
-        let share = executors / processes + u32::from(p < executors % processes);
-        let child = tokio::process::Command::new(&exe)
-            .arg("simulate-executors")
-            .arg(format!("--driver={}", cluster.executors_addr))
-            .arg(format!("--executors={share}"))
-            .arg(format!("--cores={}", args.cores))
-            .arg(format!("--first-id={first_id}"))
-            .arg(format!("--task-us={}", args.simulated_task_us))
-            .env_remove("FLINT_CLUSTER_SECRET")
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting flint simulate-executors")?;
-        simulators.push(child);
-        first_id += share;
-    }
+    let simulators = spawn_simulators(args, cluster, executors, None)?;
     wait_for_alive(cluster, executors as usize, Duration::from_secs(60)).await?;
     let registered_in = started.elapsed();
     let pids: Vec<u32> = simulators.iter().filter_map(|c| c.id()).collect();

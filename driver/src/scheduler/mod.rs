@@ -73,6 +73,8 @@ pub struct ClusterState {
     /// Since when each tenant below its share with work waiting has been so (see
     /// [`preemption`]).
     starving: FastMap<Option<String>, Instant>,
+    /// Each tenant with work: the cores it was given over its weight (see [`tenancy`]).
+    vtime: FastMap<Option<String>, f64>,
 }
 
 /// What one tenant's attempts used since the driver started.
@@ -114,6 +116,7 @@ impl ClusterState {
             tenant_spent: FastMap::default(),
             shares: tenancy::Shares::default(),
             starving: FastMap::default(),
+            vtime: FastMap::default(),
         }
     }
 

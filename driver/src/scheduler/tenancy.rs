@@ -147,6 +147,21 @@ impl ClusterState {
             .map(|t| (t.1, t.2.min(f64::from(t.3))))
             .collect();
         let fair = fair_shares(f64::from(total), &wants);
+        // Virtual time: what each tenant with work was given (cores launched over its
+        // weight). Held cores alone cannot tell tenants apart when tasks end faster than
+        // rounds come (all hold none): the one given least goes first then. A tenant
+        // that had no work starts from the least of the others', so that an idle spell
+        // is neither credit nor debt.
+        self.vtime
+            .retain(|t, _| tenants.iter().any(|(name, ..)| name == t));
+        let floor = self.vtime.values().copied().fold(f64::INFINITY, f64::min);
+        for (name, ..) in &tenants {
+            if !self.vtime.contains_key(name) {
+                let start = if floor.is_finite() { floor } else { 0.0 };
+                self.vtime.insert(name.clone(), start);
+            }
+        }
+        let vtime = &self.vtime;
         // (running / fair share): who is furthest below its share goes first.
         let deficit = |tenant: Option<&str>| {
             let at = tenants.iter().position(|t| t.0.as_deref() == tenant);
@@ -165,8 +180,13 @@ impl ClusterState {
             let tenant = job.def.owner.tenant.as_deref();
             let within = if fair_mode { job.counts.running } else { 0 };
             (
-                // Finite and non-negative: its bits order as the number does.
+                // Finite and non-negative: their bits order as the numbers do.
                 deficit(tenant).to_bits(),
+                vtime
+                    .get(&tenant.map(str::to_owned))
+                    .copied()
+                    .unwrap_or(0.0)
+                    .to_bits(),
                 tenant.map(str::to_owned),
                 std::cmp::Reverse(job.def.owner.priority),
                 within,
@@ -190,10 +210,11 @@ impl ClusterState {
                 .get(t)
                 .map_or(0, |tn| running.get(&tn.0).copied().unwrap_or(0))
         };
-        // Pass 1: up to each tenant's fair share.
+        // Pass 1: up to each tenant's fair share, in whole cores (the fractions go to
+        // pass 2, by who is furthest below its share, then who was given least).
         let mut room: Vec<u32> = (0..tenants.len())
             .map(|t| {
-                let to_share = (fair[t] - f64::from(held(t))).max(0.0).round() as u32;
+                let to_share = (fair[t] - f64::from(held(t))).max(0.0).floor() as u32;
                 to_share.min(tenants[t].3.saturating_sub(held(t)))
             })
             .collect();
@@ -222,6 +243,12 @@ impl ClusterState {
         let more = policy::place(&left, &second);
         plan.placements.extend(more.placements);
         plan.waiting_for_locality = more.waiting_for_locality;
+        for p in &plan.placements {
+            if let Some(t) = tenants.get(tenant_of[p.demand]) {
+                let given = f64::from(demands[p.demand].cores) / t.1;
+                *self.vtime.entry(t.0.clone()).or_default() += given;
+            }
+        }
         plan
     }
 }

@@ -270,3 +270,31 @@ fn preemption_takes_back_queued_attempts_first_and_long_tasks_queue_none_while_s
     expected.sort();
     assert_eq!(indices, expected, "{killed:?}");
 }
+
+#[test]
+fn when_every_task_ends_before_the_next_round_what_each_tenant_was_given_decides() {
+    // One core: every round finds both tenants holding nothing, so held cores cannot
+    // tell them apart; the cores each was given, over its weight, do.
+    let (mut state, _) = cluster(1, 1);
+    state.config.locality_wait = Duration::ZERO;
+    state.set_shares(shares(&[("a", 2.0, None), ("b", 1.0, None)]));
+    let mut running = launched(&state.submit_job(tenant_job("a-1", 1000, Some("a"), 0)));
+    running.extend(launched(&state.submit_job(tenant_job(
+        "b-1",
+        1000,
+        Some("b"),
+        0,
+    ))));
+    let mut given = (0, 0);
+    for _ in 0..300 {
+        let done = running.remove(0);
+        for next in end(&mut state, &done) {
+            match next.1.starts_with('a') {
+                true => given.0 += 1,
+                false => given.1 += 1,
+            }
+            running.push(next);
+        }
+    }
+    assert_eq!(given, (200, 100), "2:1 by weight");
+}
