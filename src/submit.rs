@@ -71,6 +71,10 @@ pub struct SubmitArgs {
     /// Wall-clock limit of each attempt, in milliseconds.
     #[arg(long)]
     timeout_ms: Option<u64>,
+    /// Among your tenant's jobs, higher goes first (default 0; at most the tenant's
+    /// max_priority, else 429 quota_exceeded).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
     /// Wait for the job to end and print each task's result, in task order.
     #[arg(long)]
     wait: bool,
@@ -210,6 +214,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
             timeout_ms: args.timeout_ms,
             ..ResourcesSpec::default()
         },
+        priority: args.priority,
         ..JobSpec::default()
     };
     let job = client

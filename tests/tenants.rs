@@ -292,9 +292,32 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
 
 #[test]
 fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
-    let limits = "max_jobs = 2\nmax_pending_tasks = 10\nmax_task_memory_mb = 64\nmax_task_timeout_ms = 60000";
+    let testkit = std::fs::metadata(&guests().testkit).unwrap().len();
+    let limits = format!(
+        "max_jobs = 2\nmax_pending_tasks = 10\nmax_task_memory_mb = 64\nmax_task_timeout_ms = 60000\nmax_storage_bytes = {}",
+        testkit + 1000
+    );
+    let limits = limits.as_str();
     let s = start(1, 1, limits, &[]);
     let module = s.b.upload(&guests().testkit);
+    // Storage: the module fits, a file that would pass the limit does not; the same
+    // module again costs nothing.
+    let (status, body) = s.b.put_file_bytes(vec![b'x'; 1001]);
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_storage_bytes"),
+        "{body}"
+    );
+    assert_eq!(s.b.put_file_bytes(vec![b'x'; 1000]).0, 201);
+    assert_eq!(s.b.upload(&guests().testkit), module);
+    assert_eq!(
+        s.a.put_file_bytes(vec![b'y'; 5000]).0,
+        201,
+        "A has no such limit"
+    );
     let submit = |patch: Value, inputs: usize| {
         let mut spec = spec(&module, &["sleep", "60000"], &vec![""; inputs]);
         spec["resources"] = json!({"memory_mb": 64, "timeout_ms": 60000});
@@ -322,6 +345,25 @@ fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
         "max_task_timeout_ms is 60000",
     );
     refused(submit(json!({"priority": 2}), 1), "max_priority is 1");
+    // The CLI says the same, with the tenant's token.
+    let out = s.b.cli(&[
+        "submit",
+        &module,
+        "--input-text",
+        "x",
+        "--memory-mb",
+        "64",
+        "--priority",
+        "2",
+        "--token",
+        B,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("quota_exceeded") && stderr.contains("max_priority is 1"),
+        "{stderr}"
+    );
     refused(submit(json!({}), 11), "max_pending_tasks is 10");
     let (status, first) = submit(json!({"priority": 1}), 6);
     assert_eq!(status, 202, "{first}");

@@ -33,6 +33,23 @@ fn weight(i: u32) -> f64 {
     f64::from(i % 3 + 1)
 }
 
+/// The tenants file: `held`, each with `max_cores = 0`.
+fn tenants_file(n: u32, held: bool) -> String {
+    let mut text = String::new();
+    for i in 0..n {
+        text += &format!(
+            "[[tenant]]\nname = \"t{i}\"\ntokens = [\"{}\"]\nweight = {:.1}\n",
+            flint_driver::tenants::hash_token(&token(i)),
+            weight(i)
+        );
+        if held {
+            text += "[tenant.limits]\nmax_cores = 0\n";
+        }
+        text += "\n";
+    }
+    text
+}
+
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.tenants;
     println!(
@@ -58,15 +75,9 @@ async fn one_size(args: &BenchArgs, executors: u32) -> anyhow::Result<()> {
     let n = args.tenants;
     let data_dir = tempfile::tempdir()?;
     let file = data_dir.path().join("tenants.toml");
-    let mut text = String::new();
-    for i in 0..n {
-        text += &format!(
-            "[[tenant]]\nname = \"t{i}\"\ntokens = [\"{}\"]\nweight = {:.1}\n\n",
-            flint_driver::tenants::hash_token(&token(i)),
-            weight(i)
-        );
-    }
-    std::fs::write(&file, text)?;
+    // Every tenant starts held (`max_cores = 0`): its job waits until all are in and
+    // the executors have registered, then all are let go at once.
+    std::fs::write(&file, tenants_file(n, true))?;
     let more = [
         format!("--tenants={}", file.display()),
         format!("--token={ADMIN}"),
@@ -102,8 +113,10 @@ async fn measure(
         inputs: Some(vec![InputSpec::Text(String::new()); tasks]),
         ..JobSpec::default()
     };
-    // Every tenant's job is in before any executor is: submitting one takes longer
-    // than running a small one, and a job that ran alone would measure nothing.
+    let simulators = spawn_simulators(args, cluster, executors, Some(SECRET))?;
+    wait_for_alive(cluster, executors as usize, Duration::from_secs(60)).await?;
+    // Every tenant's job is in before any runs: submitting one takes longer than
+    // running a small one, and a job that ran alone would measure nothing.
     let tasks = args.simulated_tasks as usize;
     let each = (tasks / n as usize).max(1);
     let mut modules = Vec::new();
@@ -137,12 +150,13 @@ async fn measure(
     };
     let mut endings = cluster.driver.job_endings();
     endings.borrow_and_update();
-    let simulators = spawn_simulators(args, cluster, executors, Some(SECRET))?;
-    wait_for_alive(cluster, executors as usize, Duration::from_secs(60)).await?;
-    // From the moment the last executor registered to the first job's end, every
-    // tenant has a backlog.
+    // From the moment they are let go to the first job's end, every tenant has a
+    // backlog.
     let before = spent(cluster);
     let t0 = Instant::now();
+    let free = flint_driver::tenants::Tenants::parse(&tenants_file(n, false), false)
+        .map_err(anyhow::Error::msg)?;
+    cluster.driver.set_tenants(free);
     tokio::time::timeout(Duration::from_secs(600), endings.changed())
         .await
         .context("no tenant's job ended within 600 s")??;

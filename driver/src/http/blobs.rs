@@ -25,6 +25,7 @@ use crate::tenants::Caller;
         (status = 201, description = "stored", body = Uploaded),
         (status = 400, description = "a bad query", body = ErrorResponse),
         (status = 403, description = "`admin_only`: a tenant asked for `?shared=true`", body = ErrorResponse),
+        (status = 429, description = "`quota_exceeded`: it would take the tenant past its `max_storage_bytes`", body = ErrorResponse),
         (status = 413, description = "larger than the module limit", body = ErrorResponse),
         (status = 422, description = "not a valid wasm module (`invalid_module`)", body = ErrorResponse),
         (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
@@ -63,6 +64,7 @@ pub(super) struct ShareQuery {
         (status = 201, description = "stored", body = Uploaded),
         (status = 400, description = "a bad query", body = ErrorResponse),
         (status = 403, description = "`admin_only`: a tenant asked for `?shared=true`", body = ErrorResponse),
+        (status = 429, description = "`quota_exceeded`: it would take the tenant past its `max_storage_bytes`", body = ErrorResponse),
         (status = 413, description = "larger than the file limit", body = ErrorResponse),
         (status = 507, description = "`storage_full`: storing it would pass the data dir's quota (`--data-dir-max-bytes`; the message names the limit and what the dir holds), or the driver's disk is full", body = ErrorResponse),
     ))]
@@ -124,6 +126,7 @@ async fn put_blob(
     let store = upload.store;
     let files = upload.files;
     let stored = tokio::task::spawn_blocking(move || {
+        driver.check_upload_quota(&caller, files, &body)?;
         let (id, info) = store(&driver).put(&body)?;
         // Stored, then owned: a crash between the two leaves bytes no tenant sees (the
         // uploader's retry owns them), never a tenant's bytes another sees.

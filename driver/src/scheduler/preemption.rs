@@ -46,7 +46,9 @@ impl ClusterState {
         // Who is below its share with work waiting, and for how long.
         let mut need = 0u32;
         for (s, fair) in standings.iter().zip(&fair) {
-            let short = (fair.floor() as u32).saturating_sub(s.held).min(s.pending);
+            // A share of 0.7 cores is owed a core: rounded up, as a victim keeps its own
+            // share rounded up (below), so two tenants never take one core back and forth.
+            let short = (fair.ceil() as u32).saturating_sub(s.held).min(s.pending);
             if short == 0 {
                 self.starving.remove(&s.tenant);
                 continue;

@@ -224,25 +224,41 @@ impl ClusterState {
             .map(|(d, &t)| capped(d, room.get_mut(t)))
             .collect();
         let mut plan = policy::place(offers, &first);
-        // Pass 2: the rest, within core limits.
-        let mut taken = vec![0u32; tenants.len()];
-        for p in &plan.placements {
-            if let Some(t) = taken.get_mut(tenant_of[p.demand]) {
-                *t += demands[p.demand].cores;
+        // Pass 2: what is left (queue slots above all, once every core is held), split
+        // by weight among the tenants with work, rounded up: given whole to the first
+        // in order, a round's slots would lift a small share far past its mark and a
+        // big one hardly. Pass 3: whatever is still left, within core limits.
+        let weights: f64 = tenants.iter().map(|t| t.1).sum();
+        for split in [true, false] {
+            let mut taken = vec![0u32; tenants.len()];
+            for p in &plan.placements {
+                if let Some(t) = taken.get_mut(tenant_of[p.demand]) {
+                    *t += demands[p.demand].cores;
+                }
             }
+            let left = remaining(offers, &demands, &plan.placements);
+            let slots: u32 = (left.iter().filter(|o| o.usable))
+                .map(|o| o.free_cores + o.ahead)
+                .sum();
+            if slots == 0 {
+                break;
+            }
+            let mut room: Vec<u32> = (0..tenants.len())
+                .map(|t| {
+                    let cap = tenants[t].3.saturating_sub(held(t) + taken[t]);
+                    let part = (f64::from(slots) * tenants[t].1 / weights).ceil() as u32;
+                    if split { cap.min(part) } else { cap }
+                })
+                .collect();
+            let next: Vec<Demand> = rest(&demands, &plan.placements, offers.len())
+                .iter()
+                .zip(&tenant_of)
+                .map(|(d, &t)| capped(d, room.get_mut(t)))
+                .collect();
+            let more = policy::place(&left, &next);
+            plan.placements.extend(more.placements);
+            plan.waiting_for_locality = more.waiting_for_locality;
         }
-        let mut room: Vec<u32> = (0..tenants.len())
-            .map(|t| tenants[t].3.saturating_sub(held(t) + taken[t]))
-            .collect();
-        let left = remaining(offers, &demands, &plan.placements);
-        let second: Vec<Demand> = rest(&demands, &plan.placements, offers.len())
-            .iter()
-            .zip(&tenant_of)
-            .map(|(d, &t)| capped(d, room.get_mut(t)))
-            .collect();
-        let more = policy::place(&left, &second);
-        plan.placements.extend(more.placements);
-        plan.waiting_for_locality = more.waiting_for_locality;
         for p in &plan.placements {
             if let Some(t) = tenants.get(tenant_of[p.demand]) {
                 let given = f64::from(demands[p.demand].cores) / t.1;

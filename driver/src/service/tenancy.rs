@@ -112,6 +112,34 @@ impl Driver {
         Ok(())
     }
 
+    /// Refuses an upload of `bytes` that would take the caller's tenant past its
+    /// `max_storage_bytes` (bytes it already owns cost nothing again).
+    pub fn check_upload_quota(
+        &self,
+        caller: &Caller,
+        files: bool,
+        body: &[u8],
+    ) -> Result<(), Rejection> {
+        let Some(tenant) = caller.tenant() else {
+            return Ok(());
+        };
+        let Some(max) = tenant.limits.max_storage_bytes else {
+            return Ok(());
+        };
+        // Hashed here only when a limit applies: the store hashes it again as it writes.
+        let (digest, bytes) = (Digest::of(body), body.len() as u64);
+        let owned = self
+            .upload_owners
+            .lock()
+            .get(&blob_key(&digest, files))
+            .is_some_and(|o| o.iter().any(|o| *o == *tenant.name));
+        let held = self.upload_bytes(&tenant.name);
+        if !owned && held + bytes > max {
+            return Err(over(tenant, "max_storage_bytes", max, held, bytes));
+        }
+        Ok(())
+    }
+
     /// Forgets a deleted upload's owners.
     pub(super) fn forget_upload(&self, digest: &Digest, files: bool) -> Result<(), StoreError> {
         self.store.remove_upload_owners(digest, files)?;

@@ -298,3 +298,35 @@ fn when_every_task_ends_before_the_next_round_what_each_tenant_was_given_decides
     }
     assert_eq!(given, (200, 100), "2:1 by weight");
 }
+
+#[test]
+fn shares_of_less_than_a_core_are_not_taken_back_and_forth() {
+    // Three tenants on two cores: a share of two thirds each. Whoever waits is owed a
+    // core, but nobody holds more than its share rounded up: nothing is preempted, and
+    // the one waiting gets a core as they free.
+    let (mut state, _) = cluster(2, 1);
+    state.config.locality_wait = Duration::ZERO;
+    state.config.preemption = Some(Duration::from_millis(10));
+    let t0 = state.now();
+    let mut running = launched(&state.submit_job(tenant_job("a-1", 10, Some("a"), 0)));
+    assert_eq!(running.len(), 2);
+    // b comes while a holds both cores: the first to free goes to b.
+    launched(&state.submit_job(tenant_job("b-1", 10, Some("b"), 0)));
+    let first = running.remove(0);
+    running.extend(end(&mut state, &first));
+    assert_eq!(held(&running, "a"), 1);
+    assert_eq!(held(&running, "b"), 1);
+    launched(&state.submit_job(tenant_job("c-1", 10, Some("c"), 0)));
+    state.set_clock(t0 + Duration::from_secs(10), SystemTime::now());
+    assert!(kills(&state.make_offers()).is_empty());
+    // c is owed as much as a (both hold none, both were given as little lately): one of
+    // the next two cores is c's, whichever frees first.
+    let mut next = Vec::new();
+    for _ in 0..2 {
+        let done = running.remove(0);
+        let launched = end(&mut state, &done);
+        running.extend(launched.iter().cloned());
+        next.extend(launched);
+    }
+    assert_eq!(held(&next, "c"), 1, "{next:?}");
+}
