@@ -283,27 +283,13 @@ fn in_fair_mode_a_small_job_is_not_stuck_behind_a_big_one() {
         assert_eq!(small["state"], "succeeded", "{small}");
         let big = cluster.wait_for_job(big["id"].as_str().unwrap(), Duration::from_secs(60));
         assert_eq!(big["state"], "succeeded", "{big}");
-        let spans = |id: &str| {
-            let (status, page) = cluster.get(&format!("/v1/jobs/{id}/timeline"));
-            assert_eq!(status, 200, "{page}");
-            page["attempts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| {
-                    (
-                        a["start_us"].as_u64().unwrap(),
-                        a["end_us"].as_u64().unwrap(),
-                    )
-                })
-                .collect::<Vec<_>>()
-        };
-        let small_end = spans(small["id"].as_str().unwrap())
+        let small_end = cluster
+            .spans(small["id"].as_str().unwrap())
             .iter()
-            .map(|s| s.1)
+            .filter_map(|s| s.1)
             .max()
             .unwrap();
-        let big_spans = spans(big["id"].as_str().unwrap());
+        let big_spans = cluster.spans(big["id"].as_str().unwrap());
         assert_eq!(big_spans.len(), 60, "one attempt a task");
         big_spans.iter().filter(|s| s.0 > small_end).count()
     };

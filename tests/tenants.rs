@@ -495,24 +495,6 @@ fn keys_and_tokens_are_per_tenant_and_the_file_is_read_again_when_it_changes() {
     assert_eq!(s.a.get("/v1/jobs").0, 200);
 }
 
-/// (start, end) of every attempt of a job, with its outcome, from its timeline.
-fn spans(api: &Api, id: &str) -> Vec<(u64, Option<u64>, String)> {
-    let (status, page) = api.get(&format!("/v1/jobs/{id}/timeline"));
-    assert_eq!(status, 200, "{page}");
-    page["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            (
-                a["start_us"].as_u64().unwrap(),
-                a["outcome"].as_str().map(|_| a["end_us"].as_u64().unwrap()),
-                a["outcome"].as_str().unwrap_or("running").to_owned(),
-            )
-        })
-        .collect()
-}
-
 /// B fills both cores with a 2,000-task backlog of 3 s tasks (and, alone, queues two more
 /// on the executor); then A submits one short task. Returns (when A's task started, when
 /// B's first attempt that ran to its end ended, how many of B's attempts started before
@@ -540,8 +522,8 @@ fn a_behind_bs_backlog(preemption: bool) -> (u64, Option<u64>, usize, Vec<String
     let module_a = s.a.upload(&guests().testkit);
     let small = s.a.run_job(spec(&module_a, &["sleep", "100"], &[""]));
     assert_eq!(small["state"], "succeeded", "{small}");
-    let a_start = spans(&s.a, small["id"].as_str().unwrap())[0].0;
-    let b = spans(&s.b, &big);
+    let a_start = s.a.spans(small["id"].as_str().unwrap())[0].0;
+    let b = s.b.spans(&big);
     let b_first_end = b
         .iter()
         .filter(|s| s.2 == "succeeded")

@@ -7,16 +7,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use flint_protocol::messages::{Credentials, S3Credentials};
 use serde::Deserialize;
 
 use crate::service::Driver;
-
-/// How often the file is looked at: well within any credential's lifetime, and a read
-/// of a small file.
-const POLL: Duration = Duration::from_secs(1);
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
@@ -79,37 +74,24 @@ fn parse(text: &[u8]) -> Result<Credentials, String> {
 /// credentials and is logged.
 pub fn watch(driver: &Arc<Driver>, path: PathBuf) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let first = read(&path)?;
-    let mut last = std::fs::read(&path).unwrap_or_default();
+    let last = std::fs::read(&path).unwrap_or_default();
     driver.set_credentials(first);
     let driver = driver.clone();
-    Ok(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Ok(text) = tokio::fs::read(&path).await else {
-                continue;
-            };
-            if text == last {
-                continue;
-            }
-            match parse(&text) {
-                Ok(credentials) => {
-                    let key = credentials.s3.as_ref().map(|s| s.access_key_id.clone());
-                    tracing::info!(
-                        access_key_id = key,
-                        "executor credentials changed; pushing them"
-                    );
-                    driver.set_credentials(credentials);
-                    last = text;
-                }
-                // A writer halfway through its write is read again next time.
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = e, "executor credentials not updated")
-                }
-            }
-        }
-    }))
+    Ok(crate::watched::watch(
+        path,
+        "executor credentials",
+        last,
+        move |text| {
+            let credentials = parse(text)?;
+            let key = credentials.s3.as_ref().map(|s| s.access_key_id.clone());
+            tracing::info!(
+                access_key_id = key,
+                "executor credentials changed; pushing them"
+            );
+            driver.set_credentials(credentials);
+            Ok(())
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! |---|---|---|---|
 //! | 0 | [`scheduler`] | the pure state machine: executors, jobs, tasks; placement, exclusion, speculation | protocol only: no runtime, no I/O, no clock reads (the service passes the time) |
 //! | 1 | [`store`] | the job store (redb) and its record mapping; module and file blobs; result blocks | 0, redb, object_store |
+//! | 1 | [`watched`] | a file read again whenever it changes (credentials, tenants) | 0 |
 //! | 2 | [`config`] | the driver's settings, validated by whoever parsed them | 0-1 |
 //! | 2 | [`views`] | the JSON views of jobs, tasks and executors | 0-1 |
 //! | 2 | [`admission`] | a `JobSpec` into a job the scheduler can run, or a `Rejection` saying why not | 0-1 |
@@ -49,6 +50,7 @@ pub mod service;
 pub mod store;
 pub mod tenants;
 pub mod views;
+pub mod watched;
 
 pub use config::DriverConfig;
 pub use server::{Listeners, run};

@@ -21,7 +21,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -30,9 +29,6 @@ use subtle::ConstantTimeEq;
 /// The name the admin's jobs and usage go by (`/v1/tenants/admin/usage`); no tenant may
 /// take it.
 pub const ADMIN: &str = "admin";
-
-/// How often the file is looked at.
-const POLL: Duration = Duration::from_secs(1);
 
 /// A tenant's hard limits; `None` is no limit.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -251,40 +247,25 @@ impl Registry {
     }
 }
 
-/// Reads the file again whenever it changes, until the driver stops; a bad version
-/// keeps the last good one and is logged. `on_change` puts each new version in force.
+/// Reads the file again whenever it changes, until the driver stops (see
+/// [`crate::watched`]); a bad version keeps the last good one and is logged. `on_change`
+/// puts each new version in force.
 pub fn watch(
     path: PathBuf,
     on_change: impl Fn(Tenants) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut last = tokio::fs::read(&path).await.unwrap_or_default();
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Ok(text) = tokio::fs::read(&path).await else {
-                continue;
-            };
-            if text == last {
-                continue;
-            }
-            let parsed = std::str::from_utf8(&text)
-                .map_err(|e| e.to_string())
-                .and_then(|t| Tenants::parse(t, is_yaml(&path)));
-            match parsed {
-                Ok(tenants) => {
-                    tracing::info!(
-                        tenants = tenants.list.len(),
-                        "tenants file changed; now in force"
-                    );
-                    on_change(tenants);
-                    last = text;
-                }
-                // A writer halfway through its write is read again next time.
-                Err(e) => tracing::warn!(path = %path.display(), error = e, "tenants not updated"),
-            }
-        }
+    // Nothing taken yet: the first poll puts the file in force again, so that a change
+    // between the start's read and this one is not missed.
+    let yaml = is_yaml(&path);
+    crate::watched::watch(path, "tenants", Vec::new(), move |text| {
+        let text = std::str::from_utf8(text).map_err(|e| e.to_string())?;
+        let tenants = Tenants::parse(text, yaml)?;
+        tracing::info!(
+            tenants = tenants.list.len(),
+            "tenants file changed; now in force"
+        );
+        on_change(tenants);
+        Ok(())
     })
 }
 

@@ -22,6 +22,7 @@ const RANKS: &[(&str, u8)] = &[
     ("executor_logs", 2),
     ("history", 2),
     ("tenants", 2),
+    ("watched", 1),
     ("service", 3),
     ("http", 4),
     ("cluster", 4),

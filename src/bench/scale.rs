@@ -67,11 +67,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "flint bench: the driver with simulated executors of {} cores, {} tasks per job{}",
         args.cores,
         args.simulated_tasks,
-        if args.simulated_task_us == 0 {
-            ", each ended at once".to_owned()
-        } else {
-            format!(", each ended after {} us", args.simulated_task_us)
-        }
+        task_length(args),
     );
     println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
     // Each size in a process of its own: the memory one size's job freed would
@@ -114,6 +110,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// How long a simulated task runs, for the heading.
+pub(super) fn task_length(args: &BenchArgs) -> String {
+    match args.simulated_task_us {
+        0 => ", each ended at once".to_owned(),
+        us => format!(", each ended after {us} us"),
+    }
 }
 
 /// This bench's own arguments with one size instead of the list.

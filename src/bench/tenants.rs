@@ -18,7 +18,7 @@ use super::NOOP_WASM;
 use super::args::BenchArgs;
 use super::measure::{ensure_succeeded, wait_for_alive};
 use super::procfs::{cpu_model, num_cpus};
-use super::scale::spawn_simulators;
+use super::scale::{spawn_simulators, task_length};
 use crate::client::Client;
 use crate::dev::Cluster;
 
@@ -56,11 +56,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "flint bench: fair shares between {n} tenants (weights 1, 2, 3, ...), simulated executors of {} cores, {} tasks{}",
         args.cores,
         args.simulated_tasks,
-        if args.simulated_task_us == 0 {
-            ", each ended at once".to_owned()
-        } else {
-            format!(", each ended after {} us", args.simulated_task_us)
-        }
+        task_length(args),
     );
     println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
     for &executors in &args.simulated_executors {

@@ -165,6 +165,26 @@ impl Api {
         }
     }
 
+    /// Every attempt of a job from its timeline's first page: (start, end once it
+    /// ended, outcome or `running`), on the executors' clock.
+    pub fn spans(&self, id: &str) -> Vec<(u64, Option<u64>, String)> {
+        let (status, page) = self.get(&format!("/v1/jobs/{id}/timeline"));
+        assert_eq!(status, 200, "{page}");
+        page["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let outcome = a["outcome"].as_str();
+                (
+                    a["start_us"].as_u64().unwrap(),
+                    outcome.map(|_| a["end_us"].as_u64().unwrap()),
+                    outcome.unwrap_or("running").to_owned(),
+                )
+            })
+            .collect()
+    }
+
     pub fn tasks(&self, job: &Value) -> Vec<Value> {
         let id = job["id"].as_str().unwrap();
         let (status, body) = self.get(&format!("/v1/jobs/{id}/tasks"));
