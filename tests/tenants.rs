@@ -268,9 +268,20 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
     let (status, after) = s.a.get(&format!("/v1/jobs/{id}"));
     assert_eq!((status, &after["state"]), (200, &json!("succeeded")));
     assert_eq!(s.a.result(&after, 1).len(), 5000);
-    // A shared upload (the admin's to share) is every tenant's to use.
-    let (status, _) = call(&s.a, "put", "/v1/modules?shared=true", &Value::Null);
-    assert_eq!(status, 403);
+    // A shared upload (the admin's to share) is every tenant's to use; a tenant's
+    // `shared`, however it is spelled, is refused.
+    for query in ["shared=true", "shared=%74rue", "%73hared=true"] {
+        let (status, body) = call(&s.a, "put", &format!("/v1/modules?{query}"), &Value::Null);
+        assert_eq!(status, 403, "{query}: {body}");
+    }
+    // Blocks are the executors' to write, even under a tenant's own job.
+    let (status, body) = call(&s.a, "put", &format!("/v1/blocks/{id}/mine"), &Value::Null);
+    assert_eq!(status, 403, "{body}");
+    // A listing cursor naming A's job is as one naming none.
+    assert_eq!(
+        s.b.get(&format!("/v1/jobs?after={id}")),
+        s.b.get(&format!("/v1/jobs?after={none_job}"))
+    );
     let shared = s
         .cluster
         .client
@@ -294,11 +305,11 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
 fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
     let testkit = std::fs::metadata(&guests().testkit).unwrap().len();
     let limits = format!(
-        "max_jobs = 2\nmax_pending_tasks = 10\nmax_task_memory_mb = 64\nmax_task_timeout_ms = 60000\nmax_storage_bytes = {}",
+        "max_jobs = 2\nmax_pending_tasks = 10\nmax_task_memory_mb = 64\nmax_task_timeout_ms = 60000\nmax_storage_bytes = {}\nmax_cores = 1",
         testkit + 1000
     );
     let limits = limits.as_str();
-    let s = start(1, 1, limits, &[]);
+    let s = start(1, 2, limits, &[]);
     let module = s.b.upload(&guests().testkit);
     // Storage: the module fits, a file that would pass the limit does not; the same
     // module again costs nothing.
@@ -345,6 +356,13 @@ fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
         "max_task_timeout_ms is 60000",
     );
     refused(submit(json!({"priority": 2}), 1), "max_priority is 1");
+    refused(
+        submit(
+            json!({"resources": {"memory_mb": 64, "timeout_ms": 60000, "cores": 2}}),
+            1,
+        ),
+        "max_cores is 1",
+    );
     // The CLI says the same, with the tenant's token.
     let out = s.b.cli(&[
         "submit",
@@ -387,7 +405,7 @@ fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
     let file = s.file.to_str().unwrap().to_owned();
     let cluster = s.cluster.restart_with(
         1,
-        1,
+        2,
         &[
             "--token",
             ADMIN,
@@ -419,6 +437,10 @@ fn quotas_refuse_with_quota_exceeded_and_accepted_jobs_survive_a_restart() {
     });
     let usage = b.get("/v1/tenants/b/usage").1;
     assert_eq!(usage["live_jobs"], 1, "{usage}");
+    assert!(
+        usage["running_cores"].as_u64().unwrap() <= 1,
+        "max_cores: {usage}"
+    );
     assert_eq!(
         usage["pending_tasks"].as_u64().unwrap() + usage["running_tasks"].as_u64().unwrap(),
         4
@@ -497,8 +519,8 @@ fn keys_and_tokens_are_per_tenant_and_the_file_is_read_again_when_it_changes() {
 
 /// B fills both cores with a 2,000-task backlog of 3 s tasks (and, alone, queues two more
 /// on the executor); then A submits one short task. Returns (when A's task started, when
-/// B's first attempt that ran to its end ended, how many of B's attempts started before
-/// A's, B's outcomes).
+/// B's first attempt that ran to its end ended, how many of B's attempts had ended when
+/// A's started, B's outcomes).
 fn a_behind_bs_backlog(preemption: bool) -> (u64, Option<u64>, usize, Vec<String>) {
     let more: &[&str] = if preemption {
         &["--preemption-timeout-ms", "300"]
@@ -529,7 +551,12 @@ fn a_behind_bs_backlog(preemption: bool) -> (u64, Option<u64>, usize, Vec<String
         .filter(|s| s.2 == "succeeded")
         .filter_map(|s| s.1)
         .min();
-    let before_a = b.iter().filter(|s| s.0 < a_start).count();
+    // B's attempts that had ended when A's started (one starting beside A's is not one
+    // A waited for).
+    let before_a = b
+        .iter()
+        .filter(|s| s.1.is_some_and(|end| end <= a_start))
+        .count();
     let outcomes = b.iter().map(|s| s.2.clone()).collect();
     let view = s.b.get(&format!("/v1/jobs/{big}")).1;
     assert_eq!(view["counts"]["failed"], 0, "{view}");
@@ -572,7 +599,7 @@ fn without_preemption_a_tenants_task_waits_only_for_what_was_on_the_cores_and_qu
     // the executor while alone (while shared, 3 s tasks queue none), no more.
     assert!(
         before_a <= 4,
-        "{before_a} of B's attempts started first: {outcomes:?}"
+        "{before_a} of B's attempts ended before A's started: {outcomes:?}"
     );
     assert!(!outcomes.iter().any(|o| o == "preempted"), "{outcomes:?}");
 }

@@ -40,7 +40,7 @@ pub struct Limits {
     pub max_pending_tasks: Option<u64>,
     /// Live (queued or running) jobs, this one included.
     pub max_jobs: Option<u64>,
-    /// Bytes of the uploads it owns and of its stored jobs' results.
+    /// Bytes of the modules and files it uploaded (results are not counted).
     pub max_storage_bytes: Option<u64>,
     pub max_task_memory_mb: Option<u32>,
     pub max_task_timeout_ms: Option<u64>,
@@ -165,10 +165,8 @@ impl Tenants {
                 hashes.push(hash);
             }
             let weight = entry.weight.unwrap_or(1.0);
-            if !(weight.is_finite() && weight > 0.0 && weight <= 1e6) {
-                return Err(format!(
-                    "tenant {name:?}: weight {weight} (more than 0, at most 1e6)"
-                ));
+            if !(weight.is_finite() && (0.001..=1e6).contains(&weight)) {
+                return Err(format!("tenant {name:?}: weight {weight} (0.001 to 1e6)"));
             }
             let max_priority = entry.max_priority.unwrap_or(0);
             if max_priority < 0 {

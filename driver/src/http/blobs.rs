@@ -100,6 +100,14 @@ async fn put_blob(
     upload: Upload,
     (caller, shared): (Caller, bool),
 ) -> ApiResult<(StatusCode, axum::Json<Uploaded>)> {
+    // On the parsed query (`?shared=%74rue` is `true` too), before any byte is read.
+    if shared && caller.tenant().is_some() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin_only",
+            "only the admin shares an upload with every tenant (?shared=true)",
+        ));
+    }
     // Stop reading an upload as soon as it cannot fit under the quota; the store checks
     // again when it writes, against uploads running beside this one.
     let usage = &driver.usage;
@@ -126,6 +134,9 @@ async fn put_blob(
     let store = upload.store;
     let files = upload.files;
     let stored = tokio::task::spawn_blocking(move || {
+        // Held from the check to the owner's row, for a tenant with a storage limit:
+        // uploads side by side would each pass the check alone.
+        let _quota = driver.upload_quota_lock(&caller);
         driver.check_upload_quota(&caller, files, &body)?;
         let (id, info) = store(&driver).put(&body)?;
         // Stored, then owned: a crash between the two leaves bytes no tenant sees (the

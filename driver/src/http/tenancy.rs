@@ -38,6 +38,11 @@ pub(super) async fn gate(
     match segments.as_slice() {
         ["metrics"] => Err(admin_only()),
         ["v1", "executors" | "workers", _, ..] => Err(admin_only()),
+        // Executors write results; a tenant writing blocks would fill the data dir with
+        // bytes no quota of its own counts.
+        ["v1", "blocks", ..] if *method != Method::GET && *method != Method::HEAD => {
+            Err(admin_only())
+        }
         ["v1", "jobs", id, ..] | ["v1", "blocks", id, ..] => {
             let id = JobId((*id).to_owned());
             let lookup = {
@@ -71,17 +76,6 @@ pub(super) async fn gate(
                 true => Ok(()),
                 false => Err(ApiError::not_found(what, format!("no {what} {id}"))),
             }
-        }
-        ["v1", "modules" | "files"]
-            if uri
-                .query()
-                .is_some_and(|q| q.split('&').any(|p| p == "shared=true")) =>
-        {
-            Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "admin_only",
-                "only the admin shares an upload with every tenant (?shared=true)",
-            ))
         }
         ["v1", "tenants", name, ..] if *name != &*tenant.name => Err(tenant_not_found(name)),
         _ => Ok(()),

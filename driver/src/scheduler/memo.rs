@@ -25,6 +25,13 @@ pub fn key(
         .ok_or("memoize is for deterministic jobs")?;
     let mut key = Vec::with_capacity(512);
     key.extend_from_slice(b"flint memo key v1\0");
+    // A tenant's memoized results are its own: with the tenant in the key, another
+    // tenant's identical task neither finds them nor takes the key first (which would
+    // tell it the task had been run). The admin's keys are as they always were.
+    if let Some(tenant) = &def.owner.tenant {
+        key.extend_from_slice(b"tenant\0");
+        field(&mut key, tenant.as_bytes());
+    }
     let module = def
         .module
         .digest
@@ -154,6 +161,15 @@ mod tests {
         let mut env = def.clone();
         env.env.push(("K".into(), "V".into()));
         assert_ne!(key_of(&env, b"in", &["a", "b"]).unwrap(), base);
+        // Each tenant's own; two tenants' names never run together into one.
+        let tenant = |name: &str| {
+            let mut owned = def.clone();
+            owned.owner.tenant = Some(name.into());
+            key_of(&owned, b"in", &["a", "b"]).unwrap()
+        };
+        assert_ne!(tenant("a"), base);
+        assert_ne!(tenant("a"), tenant("b"));
+        assert_eq!(tenant("a"), tenant("a"));
         assert_ne!(
             key(
                 &def,

@@ -13,12 +13,16 @@ use super::*;
 /// time, span), where, which, its attempt number and cores).
 type Victim = (bool, (Instant, u32), ExecutorId, TaskId, u32, u32);
 
-/// What one tenant has in this round: (weight, cores held, cores pending, core cap).
+/// What one tenant has in this round: its weight, cores held, core cap, and cores its
+/// pending tasks want: all of them for its share, and those of 1-core tasks, the only
+/// ones preemption works for (the cores it frees may be spread over executors, and a
+/// 4-core task needs them on one: killing for it could kill again and again for nothing).
 struct Standing {
     tenant: Option<String>,
     weight: f64,
     held: u32,
-    pending: u32,
+    pending: u64,
+    pending_single: u32,
     cap: u32,
 }
 
@@ -40,7 +44,12 @@ impl ClusterState {
             .map(|e| e.cores)
             .sum();
         let wants: Vec<(f64, f64)> = (standings.iter())
-            .map(|s| (s.weight, f64::from((s.held + s.pending).min(s.cap))))
+            .map(|s| {
+                (
+                    s.weight,
+                    (s.held as f64 + s.pending as f64).min(f64::from(s.cap)),
+                )
+            })
             .collect();
         let fair = fair_shares(f64::from(total), &wants);
         // Who is below its share with work waiting, and for how long.
@@ -48,7 +57,10 @@ impl ClusterState {
         for (s, fair) in standings.iter().zip(&fair) {
             // A share of 0.7 cores is owed a core: rounded up, as a victim keeps its own
             // share rounded up (below), so two tenants never take one core back and forth.
-            let short = (fair.ceil() as u32).saturating_sub(s.held).min(s.pending);
+            let short = (fair.ceil() as u32)
+                .min(s.cap)
+                .saturating_sub(s.held)
+                .min(s.pending_single);
             if short == 0 {
                 self.starving.remove(&s.tenant);
                 continue;
@@ -167,6 +179,7 @@ impl ClusterState {
                         weight: share.weight,
                         held: 0,
                         pending: 0,
+                        pending_single: 0,
                         cap: share.max_cores.unwrap_or(u32::MAX),
                     });
                     out.len() - 1
@@ -174,7 +187,11 @@ impl ClusterState {
             };
         for job in self.jobs.values().filter(|j| j.counts.pending > 0) {
             let i = at(&mut out, &job.def.owner.tenant, &self.shares);
-            out[i].pending += job.counts.pending * job.def.resources.cores;
+            let cores = job.def.resources.cores;
+            out[i].pending += u64::from(job.counts.pending) * u64::from(cores);
+            if cores == 1 {
+                out[i].pending_single = out[i].pending_single.saturating_add(job.counts.pending);
+            }
         }
         let queued = self.queued_attempts();
         for (id, e) in &self.executors {
@@ -184,7 +201,7 @@ impl ClusterState {
             for (task, r) in e.running.iter().filter(holding) {
                 if let Some(job) = self.jobs.get(&task.job) {
                     let i = at(&mut out, &job.def.owner.tenant, &self.shares);
-                    out[i].held += r.cores;
+                    out[i].held = out[i].held.saturating_add(r.cores);
                 }
             }
         }

@@ -101,7 +101,7 @@ impl ClusterState {
         let mut running: FastMap<Option<String>, u32> = FastMap::default();
         for job in self.jobs.values().filter(|j| j.counts.running > 0) {
             *running.entry(job.def.owner.tenant.clone()).or_default() +=
-                job.counts.running * job.def.resources.cores;
+                job.counts.running.saturating_mul(job.def.resources.cores);
         }
         running
     }
@@ -128,8 +128,8 @@ impl ClusterState {
         let mut tenants: Vec<(Option<String>, f64, f64, u32)> = Vec::new();
         for job in self.jobs.values() {
             let tenant = job.def.owner.tenant.as_deref();
-            let wants =
-                f64::from((job.counts.pending + job.counts.running) * job.def.resources.cores);
+            let wants = f64::from(job.counts.pending + job.counts.running)
+                * f64::from(job.def.resources.cores);
             if wants == 0.0 {
                 continue;
             }

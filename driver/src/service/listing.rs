@@ -37,7 +37,7 @@ impl Driver {
             self.store.flush();
         }
         let before = match after.filter(|a| !a.is_empty()) {
-            Some(cursor) => match self.place(cursor)? {
+            Some(cursor) => match self.place(cursor, filter.owner.as_ref())? {
                 Some(place) => Some(place),
                 // A cursor naming no job (deleted since, or never one): nothing after it.
                 None => return Ok((Vec::new(), None)),
@@ -100,14 +100,26 @@ impl Driver {
     }
 
     /// Where a cursor points: a creation time and a job id; `None` for a bare job id
-    /// the driver does not hold.
-    fn place(&self, cursor: &str) -> Result<Option<(u64, String)>, ListError> {
+    /// the driver does not hold, or that is not the listed owner's (a tenant's listing
+    /// must not tell another tenant's job ids from none).
+    fn place(
+        &self,
+        cursor: &str,
+        owner: Option<&crate::store::OwnerFilter>,
+    ) -> Result<Option<(u64, String)>, ListError> {
         if let Some((ms, id)) = cursor.split_once('.')
             && let Ok(ms) = ms.parse::<u64>()
         {
             return Ok(Some((ms, id.to_owned())));
         }
         let id = JobId(cursor.to_owned());
+        if let Some(owner) = owner
+            && !self
+                .job_owner(&id)?
+                .is_some_and(|tenant| owner.admits(tenant.as_deref()))
+        {
+            return Ok(None);
+        }
         let created = match self.read(|s| s.jobs.get(&id).map(|j| j.def.created_at_ms)) {
             Some(ms) => Some(ms),
             None => self.store.summary(&id)?.map(|s| s.created_at_ms),

@@ -239,6 +239,15 @@ impl Driver {
         Ok(Some(f(&job)))
     }
 
+    /// The tenant of a job held in memory (live, or finished and still kept there).
+    fn held_owner(&self, id: &JobId) -> Option<Option<String>> {
+        let mut inner = self.lock();
+        if let Some(job) = inner.state.jobs.get(id) {
+            return Some(job.def.owner.tenant.clone());
+        }
+        inner.archive.get(id).map(|j| j.def.owner.tenant.clone())
+    }
+
     /// A job as it was submitted (its tasks' inputs, args and env), from the job store,
     /// live or finished. Blocks on the store: call it off the runtime.
     pub fn job_record(&self, id: &JobId) -> Result<Option<JobRecord>, StoreError> {

@@ -22,6 +22,8 @@ pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
 #[derive(Default)]
 pub struct UploadOwners {
     owners: std::sync::Mutex<HashMap<String, Vec<String>>>,
+    /// Held across a storage-limited tenant's upload: check, write, owner's row.
+    quota: std::sync::Mutex<()>,
 }
 
 impl UploadOwners {
@@ -32,6 +34,7 @@ impl UploadOwners {
         }
         UploadOwners {
             owners: std::sync::Mutex::new(owners),
+            quota: Default::default(),
         }
     }
 
@@ -63,9 +66,28 @@ impl Driver {
         });
     }
 
-    /// The job's tenant (`Some(None)`: the admin's), `None` when there is no such job.
+    /// The job's tenant (`Some(None)`: the admin's), `None` when there is no such job:
+    /// from memory, else one point read of the store (never the whole job, so that
+    /// asking for another tenant's job costs what asking for none does).
     pub fn job_owner(&self, id: &JobId) -> Result<Option<Option<String>>, StoreError> {
-        self.job(id, |j| j.def.owner.tenant.clone())
+        if let Some(owner) = self.held_owner(id) {
+            return Ok(Some(owner));
+        }
+        Ok(self.store.owner(id)?.map(|o| o.tenant))
+    }
+
+    /// A storage-limited tenant's uploads one at a time (see `put_blob`); `None` for
+    /// everyone else, who is not held up.
+    pub fn upload_quota_lock(&self, caller: &Caller) -> Option<std::sync::MutexGuard<'_, ()>> {
+        caller
+            .tenant()
+            .filter(|t| t.limits.max_storage_bytes.is_some())
+            .map(|_| {
+                self.upload_owners
+                    .quota
+                    .lock()
+                    .expect("upload quota lock poisoned")
+            })
     }
 
     /// Whether `caller` may see the upload: the admin and executors see all, a tenant
@@ -188,6 +210,19 @@ impl Driver {
             ));
         }
         let r = &job.def.resources;
+        if let Some(max) = limits.max_cores
+            && r.cores > max
+        {
+            // It could never be placed: past max_cores tasks wait, and these would wait
+            // forever (and, owed cores, have others' attempts preempted for nothing).
+            return Err(Rejection::new(
+                QUOTA_EXCEEDED,
+                format!(
+                    "tenant {:?}: max_cores is {max}; the job asks for {} cores a task",
+                    &*tenant.name, r.cores
+                ),
+            ));
+        }
         if let Some(max) = limits.max_task_memory_mb
             && r.memory_mb > max
         {

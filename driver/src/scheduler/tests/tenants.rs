@@ -330,3 +330,20 @@ fn shares_of_less_than_a_core_are_not_taken_back_and_forth() {
     }
     assert_eq!(held(&next, "c"), 1, "{next:?}");
 }
+
+#[test]
+fn nothing_is_preempted_for_tasks_of_several_cores() {
+    // B's 2-core tasks would need both cores of one executor: cores freed one here and
+    // one there would be killed for nothing, again and again.
+    let (mut state, _) = cluster(2, 2);
+    state.config.locality_wait = Duration::ZERO;
+    state.config.preemption = Some(Duration::from_millis(10));
+    let t0 = state.now();
+    let running = launched(&state.submit_job(tenant_job("a-1", 100, Some("a"), 0)));
+    assert_eq!(running.len(), 4);
+    let mut wide = tenant_job("b-1", 10, Some("b"), 0);
+    wide.def.resources.cores = 2;
+    launched(&state.submit_job(wide));
+    state.set_clock(t0 + Duration::from_secs(10), SystemTime::now());
+    assert!(kills(&state.make_offers()).is_empty());
+}

@@ -2,10 +2,11 @@
 //! read whole at start and kept in memory by the service; a job's owner is stored with
 //! the job (`job_owners.v1`, see [`super::rows`]).
 
-use flint_protocol::Digest;
+use flint_protocol::records::Owner;
+use flint_protocol::{Digest, JobId};
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::schema::{UPLOAD_OWNERS, blob_key};
+use super::schema::{JOB_OWNERS, SUMMARIES, UPLOAD_OWNERS, blob_key};
 use super::{JobStore, StoreError, db_error};
 
 /// The owner a shared upload is recorded under: every tenant sees it.
@@ -47,6 +48,26 @@ impl JobStore {
             }
         }
         txn.commit().map_err(db_error)
+    }
+
+    /// A stored job's owner (the default for a job stored without one), `None` when no
+    /// such job is stored: two point reads, not the job.
+    pub fn owner(&self, id: &JobId) -> Result<Option<Owner>, StoreError> {
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
+        if summaries.get(id.0.as_str()).map_err(db_error)?.is_none() {
+            return Ok(None);
+        }
+        let owner = match txn.open_table(JOB_OWNERS) {
+            Ok(table) => table
+                .get(id.0.as_str())
+                .map_err(db_error)?
+                .map(|v| postcard::from_bytes(v.value()))
+                .transpose()?,
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(db_error(e)),
+        };
+        Ok(Some(owner.unwrap_or_default()))
     }
 
     /// Every (blob key, owner) row, for the service's map at start.
