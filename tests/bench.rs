@@ -61,6 +61,46 @@ fn simulated_executors_drive_a_job_at_each_size_and_report_every_figure() {
 }
 
 #[test]
+fn the_tenants_bench_prints_each_tenants_share_against_its_weight() {
+    let out = bench(&[
+        "--simulated-executors",
+        "3",
+        "--cores",
+        "2",
+        "--tenants",
+        "3",
+        "--simulated-tasks",
+        "6000",
+    ]);
+    let line = out
+        .lines()
+        .find(|l| l.contains("3 executors: one tenant "))
+        .unwrap_or_else(|| panic!("no rates in:\n{out}"));
+    assert!(
+        line.contains("3 tenants") && line.contains("% of one"),
+        "{line}"
+    );
+    // Weights 1, 2, 3: their shares of the total are 1/6, 2/6 and 3/6.
+    for (tenant, weight, share) in [
+        ("t0", "1", "16.67 %"),
+        ("t1", "2", "33.33 %"),
+        ("t2", "3", "50.00 %"),
+    ] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(tenant))
+            .unwrap_or_else(|| panic!("no row for {tenant} in:\n{out}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            (cells[1], cells[2]),
+            (weight, share.split(' ').next().unwrap()),
+            "{row}"
+        );
+    }
+    assert!(out.contains("worst share off its weight's by"), "{out}");
+}
+
+#[test]
 fn scale_up_measures_a_local_cluster_from_zero() {
     let testkit = guests().testkit.to_str().unwrap().to_owned();
     let out = bench(&[

@@ -34,7 +34,8 @@ pub const ADMIN: &str = "admin";
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Cores its tasks hold at once; more wait (never refused).
+    /// Cores its tasks hold at once; more wait (a task wider than this is refused). 0
+    /// holds every task of the tenant until the limit is raised (a pause).
     pub max_cores: Option<u32>,
     /// Tasks of its live jobs that have not ended, this job's included.
     pub max_pending_tasks: Option<u64>,

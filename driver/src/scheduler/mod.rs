@@ -31,6 +31,7 @@ mod model;
 mod offers;
 pub mod policy;
 mod preemption;
+mod settings;
 pub mod speculation;
 mod status;
 pub mod tenancy;
@@ -38,6 +39,7 @@ pub mod tenancy;
 pub(crate) mod tests;
 
 pub use model::*;
+pub use settings::*;
 
 pub struct ClusterState {
     pub executors: BTreeMap<ExecutorId, ExecutorData>,

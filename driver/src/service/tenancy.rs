@@ -211,10 +211,12 @@ impl Driver {
         }
         let r = &job.def.resources;
         if let Some(max) = limits.max_cores
+            && max > 0
             && r.cores > max
         {
             // It could never be placed: past max_cores tasks wait, and these would wait
             // forever (and, owed cores, have others' attempts preempted for nothing).
+            // `max_cores = 0` holds all of a tenant's tasks (a pause): those are taken.
             return Err(Rejection::new(
                 QUOTA_EXCEEDED,
                 format!(
