@@ -11,7 +11,7 @@ import json
 import random
 import struct
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
 import pytest
@@ -313,25 +313,38 @@ def test_job_views_default_to_the_admins_and_priority_zero() -> None:
     assert owned.tenant == "a" and owned.priority == 3
 
 
-def usage_driver(bodies: List[dict]) -> httpx.MockTransport:
-    """A mock driver of job 1 (with usage; its task escalated) that keeps each
-    submitted spec in ``bodies``."""
-    view = {"id": "job-1", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}, "usage": USAGE}
+def job_driver(
+    bodies: List[dict],
+    view: Dict[str, Any],
+    task: Dict[str, Any],
+    result: bytes,
+    answer: Callable[[Dict[str, Any]], httpx.Response],
+) -> httpx.MockTransport:
+    """A mock driver of job 1 (``view``, its one ``task`` and ``result``) that keeps each
+    submitted spec in ``bodies`` and answers it with ``answer(spec)``."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/v1/jobs" and request.method == "POST":
-            bodies.append(json.loads(request.content))
-            return httpx.Response(202, json=dict(view, state="queued", counts={"pending": 1}, usage=None))
+            body = json.loads(request.content)
+            bodies.append(body)
+            return answer(body)
         if path == "/v1/jobs/job-1":
             return httpx.Response(200, json=view)
         if path == "/v1/jobs/job-1/tasks":
-            return httpx.Response(200, json={"items": [ESCALATED_TASK], "next": None})
+            return httpx.Response(200, json={"items": [task], "next": None})
         if path == "/v1/jobs/job-1/results":
-            return httpx.Response(200, content=frames([b"314572800"]))
+            return httpx.Response(200, content=frames([result]))
         return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
 
     return httpx.MockTransport(handler)
+
+
+def usage_driver(bodies: List[dict]) -> httpx.MockTransport:
+    """A mock driver of job 1 (with usage; its task escalated)."""
+    view = {"id": "job-1", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}, "usage": USAGE}
+    queued = dict(view, state="queued", counts={"pending": 1}, usage=None)
+    return job_driver(bodies, view, ESCALATED_TASK, b"314572800", lambda _: httpx.Response(202, json=queued))
 
 
 def test_submit_sends_accounting_and_retry_and_job_usage_reads_the_job() -> None:
@@ -443,31 +456,20 @@ def test_deterministic_and_seed_go_into_the_spec_only_when_given() -> None:
 
 
 def deterministic_driver(bodies: List[dict]) -> httpx.MockTransport:
-    """A mock driver of job 1, deterministic with seed 7, that keeps each submitted spec
-    in ``bodies`` and refuses a seed without ``deterministic`` as the driver does."""
+    """A mock driver of job 1, deterministic with seed 7, that refuses a seed without
+    ``deterministic`` as the driver does."""
     view = {"id": "job-1", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}, "seed": 7}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/v1/jobs" and request.method == "POST":
-            body = json.loads(request.content)
-            bodies.append(body)
-            if "seed" in body and not body.get("deterministic"):
-                message = 'seed is for a deterministic job: give "deterministic": true too'
-                return httpx.Response(422, json={"error": {"kind": "invalid_spec", "message": message}})
-            answer = dict(view, state="queued", counts={"pending": 1})
-            if not body.get("deterministic"):
-                del answer["seed"]
-            return httpx.Response(202, json=answer)
-        if path == "/v1/jobs/job-1":
-            return httpx.Response(200, json=view)
-        if path == "/v1/jobs/job-1/tasks":
-            return httpx.Response(200, json={"items": [PINNED_TASK], "next": None})
-        if path == "/v1/jobs/job-1/results":
-            return httpx.Response(200, content=frames([b"FLINT_TASK_INDEX=0"]))
-        return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+    def answer(body: Dict[str, Any]) -> httpx.Response:
+        if "seed" in body and not body.get("deterministic"):
+            message = 'seed is for a deterministic job: give "deterministic": true too'
+            return httpx.Response(422, json={"error": {"kind": "invalid_spec", "message": message}})
+        queued = dict(view, state="queued", counts={"pending": 1})
+        if not body.get("deterministic"):
+            del queued["seed"]
+        return httpx.Response(202, json=queued)
 
-    return httpx.MockTransport(handler)
+    return job_driver(bodies, view, PINNED_TASK, b"FLINT_TASK_INDEX=0", answer)
 
 
 def test_submit_and_map_send_deterministic_and_seed_and_read_seed_and_pins() -> None:
