@@ -196,7 +196,10 @@ impl ClusterState {
         if offers.iter().all(|o| o.free_cores == 0 && o.ahead == 0) {
             return actions;
         }
-        let plan = self.place_shared(&offers, |s| s.demands(&ids, &offers, now));
+        let plan = match shared {
+            true => self.place_shared(&offers, |s| s.demands(&ids, &offers, now)),
+            false => policy::place(&offers, &self.demands(&ids, &offers, now)),
+        };
         for (d, waiting) in plan.waiting_for_locality.iter().enumerate() {
             let job = self
                 .jobs

@@ -3,10 +3,11 @@
 //!
 //! Each round, every tenant with work is given its fair share of the cores (weighted
 //! max-min, water-filling: a tenant that wants less than its weight's part gives the
-//! rest to the others, by weight). Placement then runs twice: first each tenant may take
-//! only what brings it up to its share, tenants furthest below their share first; then
-//! whatever is left goes to whoever still has work (work-conserving: an idle cluster is
-//! never held back for a tenant that may come), within `max_cores`. A tenant with a big
+//! rest to the others, by weight). Placement then runs three times: first each tenant
+//! may take the whole cores that bring it up to its share, tenants furthest below their
+//! share first (ties: the least virtual time); then what is left is split by weight;
+//! then whatever is still left goes to whoever has work (work-conserving: an idle cluster
+//! is never held back for a tenant that may come), within `max_cores`. A tenant with a big
 //! backlog thus takes the cores others do not want, and gives them back as their tasks
 //! end. With a single tenant (or none) and no core limits this is the plain placement.
 
@@ -108,15 +109,13 @@ impl ClusterState {
 
     /// Orders the queue by tenant (furthest below its weighted share first), then by
     /// priority (highest first), then as the scheduling mode says; then places the
-    /// demands (in the queue's order) in the two passes described above.
+    /// demands (in the queue's order) in the passes described above. For rounds where
+    /// [`Self::shared`] holds; others take the plain placement.
     pub(super) fn place_shared(
         &mut self,
         offers: &[Offer],
         build: impl Fn(&Self) -> Vec<Demand>,
     ) -> Plan {
-        if !self.shared() {
-            return policy::place(offers, &build(self));
-        }
         let running = self.running_cores();
         let total: u32 = self
             .executors
