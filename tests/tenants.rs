@@ -603,3 +603,58 @@ fn without_preemption_a_tenants_task_waits_only_for_what_was_on_the_cores_and_qu
     );
     assert!(!outcomes.iter().any(|o| o == "preempted"), "{outcomes:?}");
 }
+
+#[test]
+fn submissions_and_uploads_at_once_cannot_pass_a_limit_together() {
+    // A client that repeats itself, many times at once: the last place under a limit is
+    // taken once.
+    let s = start(1, 1, "max_jobs = 1\nmax_storage_bytes = 2000", &[]);
+    let module = {
+        // The module is the admin's, shared: B's storage holds only its files.
+        let response = s
+            .cluster
+            .client
+            .put(s.cluster.url("/v1/modules?shared=true"))
+            .body(std::fs::read(&guests().testkit).unwrap())
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 201);
+        response.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let body = spec(&module, &["sleep", "30000"], &[""]).to_string();
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| s.b.post_raw("/v1/jobs", body.clone()).0))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let accepted = statuses.iter().filter(|s| **s == 202).count();
+    assert_eq!(accepted, 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 202 || *s == 429),
+        "{statuses:?}"
+    );
+    // Eight different files of 600 bytes against 2,000: three fit, whatever the order.
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8u8)
+            .map(|i| {
+                let b = &s.b;
+                scope.spawn(move || b.put_file_bytes(vec![b'a' + i; 600]).0)
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(s.b.get("/v1/tenants/b/usage").1["storage_bytes"], 1800);
+    // The file going away keeps the tenants in force.
+    std::fs::remove_file(&s.file).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(s.b.get("/v1/jobs").0, 200);
+}
