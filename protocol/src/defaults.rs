@@ -35,7 +35,7 @@ pub const LOCALITY_WAIT_MS: u64 = 100;
 /// for its task threads (launch pipelining); 0 launches only onto free cores.
 pub const LAUNCH_AHEAD: u32 = 2;
 /// The deepest an executor's queue grows for short tasks (see [`QUEUE_BUDGET_US`]).
-pub const LAUNCH_AHEAD_MAX: u32 = 64;
+pub const LAUNCH_AHEAD_MAX: u32 = 256;
 /// Work queued ahead on an executor, in microseconds of its tasks' observed run time per
 /// core: a job of 10 us tasks queues up to [`LAUNCH_AHEAD_MAX`], one of 1 ms tasks keeps
 /// [`LAUNCH_AHEAD`]. A task queued behind a straggler waits at most about this long more

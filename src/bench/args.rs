@@ -50,6 +50,14 @@ pub struct BenchArgs {
     pub results_mib: Option<usize>,
     #[arg(long, default_value_t = 8)]
     pub result_tasks: usize,
+    /// Instead: every end-to-end figure next to its floor on this machine, measured in
+    /// the same run, with their ratios: no-op throughput against the executor-only
+    /// floor (the built-in minimal module and `--module`, a real Rust guest: testkit),
+    /// the single-task round trip against the task runner plus two loopback round
+    /// trips, and `--result-tasks` results of `--results-mib` (8) MiB served to a client
+    /// against a raw loopback copy of the same bytes. Needs `--module testkit.wasm`.
+    #[arg(long, conflicts_with_all = ["pending_memory", "soak", "simulated_executors", "scale_up"])]
+    pub floor: bool,
     /// The driver's `--block-store` for `--results-mib`: `driver` (uploads through the
     /// driver), or `local` for a directory beside the data dir that the executors, on
     /// this machine, write themselves (`file://`), or any object store URL.

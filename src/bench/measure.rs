@@ -14,11 +14,85 @@ use super::procfs::{CpuTimes, cpu_model, num_cpus, process_cpu, resident_bytes};
 use crate::client::Client;
 use crate::dev::Cluster;
 
+/// The no-op figures of one module on one cluster: the whole system's and, in the same
+/// run, the executor-only floor's.
+pub struct NoopFigures {
+    pub warm: Duration,
+    pub warm_tasks: u32,
+    pub elapsed: Duration,
+    pub rate: f64,
+    pub cpu_per_task: f64,
+    /// Submit-to-result of single-task jobs, sorted.
+    pub latencies: Vec<Duration>,
+    pub threads: usize,
+    pub local_rate: f64,
+    /// Launch-to-status of one task through the executor's task runner alone, sorted.
+    pub local_trips: Vec<Duration>,
+}
+
+/// The `p` quantile (0 to 1) of sorted durations.
+pub fn quantile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied().unwrap_or_default()
+}
+
 pub async fn throughput_and_latency(
     args: &BenchArgs,
     cluster: &Cluster,
     wasm: Vec<u8>,
 ) -> anyhow::Result<()> {
+    let f = noop_figures(args, cluster, wasm).await?;
+    println!(
+        "flint bench: {} executor(s) x {} core(s), {}",
+        args.executors,
+        args.cores,
+        args.module.as_ref().map_or_else(
+            || format!("the built-in no-op module ({} bytes)", NOOP_WASM.len()),
+            |m| format!("{} noop", m.display())
+        )
+    );
+    println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
+    println!(
+        "  warm-up (compile + {} tasks): {:.1} ms",
+        f.warm_tasks,
+        ms(f.warm)
+    );
+    println!(
+        "  throughput: {} tasks in {:.3} s = {:.0} tasks/s; executor-only floor ({} task thread(s) in-process): {:.0} tasks/s, {:.1}x the whole system",
+        args.tasks,
+        f.elapsed.as_secs_f64(),
+        f.rate,
+        f.threads,
+        f.local_rate,
+        f.local_rate / f.rate
+    );
+    println!(
+        "  CPU of Flint's processes (driver and client, executors) in the throughput job: {:.1} us per task",
+        f.cpu_per_task * 1e6
+    );
+    println!(
+        "  single-task job submit-to-result latency over {} jobs: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        f.latencies.len(),
+        ms(quantile(&f.latencies, 0.50)),
+        ms(quantile(&f.latencies, 0.99)),
+        ms(f.latencies.last().copied().unwrap_or_default())
+    );
+    println!(
+        "  executor-only floor, launch to status of one task: p50 {:.3} ms, p99 {:.3} ms",
+        ms(quantile(&f.local_trips, 0.50)),
+        ms(quantile(&f.local_trips, 0.99))
+    );
+    Ok(())
+}
+
+/// Measures [`NoopFigures`]: a warm-up job, the throughput job of `--tasks`, then
+/// `--latency-jobs` single-task jobs one after another, then the same module through
+/// the executor's task runner in this process.
+pub async fn noop_figures(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    wasm: Vec<u8>,
+) -> anyhow::Result<NoopFigures> {
     let client = Client::new(&cluster.http_url);
     wait_for_executors(args, cluster).await?;
     let module = client.upload_module(wasm.clone()).await?;
@@ -32,13 +106,9 @@ pub async fn throughput_and_latency(
     let wait = Some(Duration::from_secs(600));
 
     // Warm-up: every executor compiles the module once; that cost is not what we measure.
+    let warm_tasks = args.executors * args.cores * 4;
     let warm = Instant::now();
-    let view = client
-        .submit(
-            &job(args.executors as usize * args.cores as usize * 4),
-            wait,
-        )
-        .await?;
+    let view = client.submit(&job(warm_tasks as usize), wait).await?;
     ensure_succeeded(view.state, "warm-up")?;
     let warm = warm.elapsed();
 
@@ -62,10 +132,6 @@ pub async fn throughput_and_latency(
         ensure_succeeded(view.state, "latency job")?;
     }
     latencies.sort();
-    let pct = |p: f64| {
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies.get(i).copied().unwrap_or_default()
-    };
 
     // The executor-only floor in the same run: the same module through the executor's
     // task runner in this process, with as many task threads as the cluster has cores,
@@ -91,53 +157,17 @@ pub async fn throughput_and_latency(
     })
     .await??;
     local_trips.sort();
-    let local_pct = |p: f64| {
-        let i = ((local_trips.len() as f64 - 1.0) * p).round() as usize;
-        local_trips.get(i).copied().unwrap_or_default()
-    };
-    let rate = args.tasks as f64 / elapsed.as_secs_f64();
-    let local_rate = args.tasks as f64 / local_elapsed.as_secs_f64();
-
-    println!(
-        "flint bench: {} executor(s) x {} core(s), {}",
-        args.executors,
-        args.cores,
-        args.module.as_ref().map_or_else(
-            || format!("the built-in no-op module ({} bytes)", NOOP_WASM.len()),
-            |m| format!("{} noop", m.display())
-        )
-    );
-    println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
-    println!(
-        "  warm-up (compile + {} tasks): {:.1} ms",
-        args.executors * args.cores * 4,
-        ms(warm)
-    );
-    println!(
-        "  throughput: {} tasks in {:.3} s = {:.0} tasks/s; executor-only floor ({threads} task thread(s) in-process): {:.0} tasks/s, {:.1}x the whole system",
-        args.tasks,
-        elapsed.as_secs_f64(),
-        rate,
-        local_rate,
-        local_rate / rate
-    );
-    println!(
-        "  CPU of Flint's processes (driver and client, executors) in the throughput job: {:.1} us per task",
-        cpu_per_task * 1e6
-    );
-    println!(
-        "  single-task job submit-to-result latency over {} jobs: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        latencies.len(),
-        ms(pct(0.50)),
-        ms(pct(0.99)),
-        ms(latencies.last().copied().unwrap_or_default())
-    );
-    println!(
-        "  executor-only floor, launch to status of one task: p50 {:.3} ms, p99 {:.3} ms",
-        ms(local_pct(0.50)),
-        ms(local_pct(0.99))
-    );
-    Ok(())
+    Ok(NoopFigures {
+        warm,
+        warm_tasks,
+        elapsed,
+        rate: args.tasks as f64 / elapsed.as_secs_f64(),
+        cpu_per_task,
+        latencies,
+        threads,
+        local_rate: args.tasks as f64 / local_elapsed.as_secs_f64(),
+        local_trips,
+    })
 }
 
 pub(super) async fn wait_for_executors(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<()> {
@@ -169,12 +199,33 @@ pub(super) async fn wait_for_alive(
 }
 
 /// Large results from the tasks to the client: the job's wall time (guests writing,
-/// executors hashing and streaming to the driver, the driver hashing and writing its
-/// data dir), then every result fetched over HTTP at once and hashed here. The
-/// baseline is a plain write of the same bytes in 1 MiB pieces to a file in the same
-/// data dir, timed without and then with fsync: the block store does not fsync (it
-/// writes through object_store's local file system), so the fair comparison is the
-/// first.
+/// executors hashing and streaming to the driver, the driver writing its data dir),
+/// then every result fetched over HTTP at once, and only then hashed here and checked
+/// against the driver's digests (so that the fetch is timed as a client that keeps the
+/// bytes sees it, and the raw loopback copy of `flint bench --floor` does the same).
+/// The baseline is a plain write of the same bytes in 1 MiB pieces to a file in the
+/// same data dir, timed without and then with fsync: the block store does not fsync
+/// (it writes through object_store's local file system), so the fair comparison is
+/// the first.
+pub struct ResultFigures {
+    pub tasks: usize,
+    pub total: u64,
+    pub written: Duration,
+    pub synced: Duration,
+    pub produced: Duration,
+    pub produced_busy: f64,
+    pub produced_cpu: f64,
+    pub read: Duration,
+    pub read_busy: f64,
+    pub read_cpu: f64,
+}
+
+impl ResultFigures {
+    pub fn gbs(&self, d: Duration) -> f64 {
+        self.total as f64 / d.as_secs_f64() / 1e9
+    }
+}
+
 pub async fn results(
     args: &BenchArgs,
     cluster: &Cluster,
@@ -182,6 +233,53 @@ pub async fn results(
     mib: usize,
     data_dir: &Path,
 ) -> anyhow::Result<()> {
+    let f = result_figures(args, cluster, wasm, mib, data_dir).await?;
+    println!(
+        "flint bench --results-mib {mib}: {} tasks x {mib} MiB = {} MiB, {} executor(s) x {} core(s), block store: {}",
+        f.tasks,
+        f.total >> 20,
+        args.executors,
+        args.cores,
+        args.block_store
+    );
+    println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
+    println!(
+        "  raw write of {} MiB to the data dir's file system: {:.2} GB/s without fsync, {:.2} GB/s with it",
+        f.total >> 20,
+        f.gbs(f.written),
+        f.gbs(f.synced)
+    );
+    println!(
+        "  tasks -> block store (job wall time): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
+        f.produced.as_secs_f64(),
+        f.gbs(f.produced),
+        f.produced_busy * 100.0,
+        f.produced_cpu
+    );
+    println!(
+        "  block store -> client ({} concurrent GETs, hashed after): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
+        f.tasks,
+        f.read.as_secs_f64(),
+        f.gbs(f.read),
+        f.read_busy * 100.0,
+        f.read_cpu
+    );
+    println!(
+        "  end to end: {:.3} s = {:.2} GB/s",
+        (f.produced + f.read).as_secs_f64(),
+        f.gbs(f.produced + f.read)
+    );
+    Ok(())
+}
+
+/// Measures [`ResultFigures`] for `--result-tasks` tasks of `mib` MiB each.
+pub async fn result_figures(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    wasm: Vec<u8>,
+    mib: usize,
+    data_dir: &Path,
+) -> anyhow::Result<ResultFigures> {
     use futures_util::StreamExt;
     use sha2::Digest as _;
 
@@ -204,7 +302,6 @@ pub async fn results(
         .await?;
     ensure_succeeded(warm.state, "warm-up")?;
     let total = (args.result_tasks * mib) as u64 * 1024 * 1024;
-    let gbs = |d: Duration| total as f64 / d.as_secs_f64() / 1e9;
 
     // The baseline, on the same file system as the block store.
     let path = data_dir.join("bench-raw-write");
@@ -256,14 +353,11 @@ pub async fn results(
         tokio::spawn(async move {
             let response = http.get(url).send().await?.error_for_status()?;
             let mut body = response.bytes_stream();
-            let mut hasher = sha2::Sha256::new();
-            let mut size = 0u64;
+            let mut chunks = Vec::new();
             while let Some(chunk) = body.next().await {
-                let chunk = chunk?;
-                size += chunk.len() as u64;
-                hasher.update(&chunk);
+                chunks.push(chunk?);
             }
-            anyhow::Ok((size, hex::encode(hasher.finalize())))
+            anyhow::Ok(chunks)
         })
     });
     let cpu = CpuTimes::now()?;
@@ -273,7 +367,11 @@ pub async fn results(
     let read_busy = cpu.busy_since()?;
     let read_cpu = process_cpu(&pids) - ours;
     for (task, got) in tasks.iter().zip(fetched) {
-        let (size, sha) = got??;
+        let chunks = got??;
+        let mut hasher = sha2::Sha256::new();
+        chunks.iter().for_each(|c| hasher.update(c));
+        let size: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        let sha = hex::encode(hasher.finalize());
         let expected = task.result.as_ref().context("a result")?;
         if size != expected.size || sha != expected.sha256 {
             bail!(
@@ -282,42 +380,18 @@ pub async fn results(
             );
         }
     }
-    println!(
-        "flint bench --results-mib {mib}: {} tasks x {mib} MiB = {} MiB, {} executor(s) x {} core(s), block store: {}",
-        args.result_tasks,
-        total >> 20,
-        args.executors,
-        args.cores,
-        args.block_store
-    );
-    println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
-    println!(
-        "  raw write of {} MiB to the data dir's file system: {:.2} GB/s without fsync, {:.2} GB/s with it",
-        total >> 20,
-        gbs(written),
-        gbs(synced)
-    );
-    println!(
-        "  tasks -> block store (job wall time): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
-        produced.as_secs_f64(),
-        gbs(produced),
-        produced_busy * 100.0,
-        produced_cpu
-    );
-    println!(
-        "  block store -> client ({} concurrent GETs, hashed): {:.3} s = {:.2} GB/s, CPUs {:.0} % busy, Flint's processes used {:.2} CPU s",
-        tasks.len(),
-        read.as_secs_f64(),
-        gbs(read),
-        read_busy * 100.0,
-        read_cpu
-    );
-    println!(
-        "  end to end: {:.3} s = {:.2} GB/s",
-        (produced + read).as_secs_f64(),
-        gbs(produced + read)
-    );
-    Ok(())
+    Ok(ResultFigures {
+        tasks: tasks.len(),
+        total,
+        written,
+        synced,
+        produced,
+        produced_busy,
+        produced_cpu,
+        read,
+        read_busy,
+        read_cpu,
+    })
 }
 
 /// The driver's memory per pending task: resident set size before and after one job of

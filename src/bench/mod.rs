@@ -3,10 +3,12 @@
 //! The numbers go to BENCHMARKS.md.
 //!
 //! `args` holds the flags and turns them into the `flint dev` cluster to measure,
+//! `floor` each end-to-end figure beside its floor (`--floor`),
 //! `measure` the measurements, `soak` the long run of many jobs (`--soak`), `procfs`
 //! what they read from `/proc`.
 
 mod args;
+mod floor;
 mod measure;
 mod procfs;
 mod scale;
@@ -37,6 +39,9 @@ const NOOP_WASM: &[u8] = &[
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let wasm = match &args.module {
         Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        None if args.floor => {
+            bail!("--floor needs --module testkit.wasm (the real Rust guest, and the results)")
+        }
         None if args.results_mib.is_some() => {
             bail!("--results-mib needs --module testkit.wasm (its `print` writes the results)")
         }
@@ -58,6 +63,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let module = soak::soak(&args, soak, &cluster, wasm, data_dir.path()).await;
         cluster.stop().await?;
         return soak::restart(&args, data_dir.path(), &module?).await;
+    }
+    if args.floor {
+        let result = floor::run(&args, &cluster, wasm, data_dir.path()).await;
+        cluster.stop().await?;
+        return result;
     }
     let result = match (soak, args.pending_memory, args.results_mib) {
         (Some(_), _, _) => unreachable!("the soak returned above"),
