@@ -202,6 +202,8 @@ impl Driver {
         let cutoff = unix_ms(now.checked_sub(retention).unwrap_or(UNIX_EPOCH));
         let driver = self.clone();
         let swept = tokio::task::spawn_blocking(move || {
+            // Jobs accepted into the journal are counted once folded.
+            driver.store.flush();
             let mut deleted = 0;
             for (files, store) in [(false, &driver.modules), (true, &driver.files)] {
                 for (digest, info) in store.list() {

@@ -56,10 +56,10 @@ impl From<Rejection> for SubmitError {
 }
 
 impl Driver {
-    /// Accepts a job: its record is committed to the job store while its first tasks
-    /// start, and this returns (and the API answers 202) only once the commit is done.
-    /// The commit's sync was a third of a single-task job's round trip when it came
-    /// first. A job whose record cannot be stored was never accepted: it is killed where
+    /// Accepts a job: its record is made durable (synced to the job store's journal, or
+    /// with an idempotency key committed with it) while its first tasks start, and this
+    /// returns (and the API answers 202) only once it is. The sync was a third of a
+    /// single-task job's round trip when it came first. A job whose record cannot be stored was never accepted: it is killed where
     /// it stands and the error returned. Its tasks may have run meanwhile, which changes
     /// nothing outside (a guest's only effect is its result); one that already ended
     /// stays as it ended, in memory only.
@@ -122,9 +122,9 @@ impl Driver {
             (Ok(()), inner.state.submit_job(job))
         })?;
         let driver = self.clone();
-        let commit = tokio::task::spawn_blocking(move || {
-            let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
-            driver.store.put_job(&record, key)
+        let commit = tokio::task::spawn_blocking(move || match &key {
+            Some((key, spec)) => driver.store.put_job(&record, Some((key.as_str(), spec))),
+            None => driver.store.accept_job(record),
         });
         let stored = match commit.await {
             Ok(stored) => stored,

@@ -27,8 +27,11 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
         .submit(crate::scheduler::tests::job("kept", 3, 1))
         .await
         .unwrap();
+    // Synced to the journal before submit returned (see store::jobs::journal's tests
+    // for a crash right then), and in the database from the next group commit.
+    driver.store.flush();
     let stored = driver.store.load().unwrap().jobs;
-    assert_eq!(stored.len(), 1, "committed before submit returned");
+    assert_eq!(stored.len(), 1, "stored once submit returned");
     assert_eq!(stored[0].job.def.id, JobId("kept".into()));
 
     driver.store.refuse_jobs.store(true, Ordering::Relaxed);
@@ -54,6 +57,7 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
         "{message}"
     );
     assert_eq!(pending, 0, "nothing of it left to run");
+    driver.store.flush();
     assert_eq!(
         driver.store.load().unwrap().jobs.len(),
         1,

@@ -1,8 +1,11 @@
 //! The job store: an embedded database (redb) in the driver's data dir holding every job
 //! it accepted until the job is deleted: the job's record, the tasks that reached a final
 //! state (with their inline results and logs), its end, a summary for listing it, and
-//! the indexes that find it. A job is written, and its write committed, before the API
-//! answers 202; task and job ends are group-committed by a writer thread ([`writer`]),
+//! the indexes that find it. A job is durable before the API answers 202: appended to
+//! the [`journal`] and synced, then folded into the database by the writer thread's
+//! next group commit (a job with an idempotency key is committed directly, with its
+//! key, so that a repeat finds it); task and job ends are group-committed by that
+//! writer thread ([`writer`]),
 //! so a burst of short tasks costs one commit, not one per task. After a crash, a task
 //! whose end was not yet committed simply runs again: results are kept at least once and
 //! served exactly once. A job submitted with an idempotency key is stored with its key,
@@ -29,6 +32,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 mod handle;
 mod index;
+mod journal;
 mod migrate;
 mod owners;
 mod read;
@@ -127,6 +131,7 @@ impl Totals {
 pub struct JobStore {
     db: Arc<handle::Handle>,
     writer: writer::Writer,
+    journal: Arc<journal::Journal>,
     /// Tests set it to make `put_job` fail as a full or broken disk would.
     #[cfg(test)]
     pub(crate) refuse_jobs: std::sync::atomic::AtomicBool,
@@ -172,14 +177,17 @@ impl JobStore {
             next.map_or(0, |v| v.value())
         };
         txn.commit().map_err(db_error)?;
+        let journal = Arc::new(writer::fold_journal(&db, path)?);
         let db = Arc::new(handle::Handle::new(
             path.to_owned(),
             Arc::into_inner(db).expect("no other handle yet"),
         ));
-        let writer = writer::Writer::start(db.clone(), next_sequence, commit_interval)?;
+        let writer =
+            writer::Writer::start(db.clone(), journal.clone(), next_sequence, commit_interval)?;
         Ok(JobStore {
             db,
             writer,
+            journal,
             #[cfg(test)]
             refuse_jobs: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -211,6 +219,26 @@ impl JobStore {
             let _ = self.db.reopen();
         }
         stored
+    }
+
+    /// Stores an accepted job durably without an idempotency key: appended to the
+    /// journal and synced (one small write), then folded into the database by the next
+    /// group commit. Blocks for the sync: call it off the runtime.
+    pub fn accept_job(&self, job: JobRecord) -> Result<(), StoreError> {
+        #[cfg(test)]
+        if self.refuse_jobs.load(Ordering::Relaxed) {
+            return Err(StoreError::Db("No space left on device (a test's)".into()));
+        }
+        #[cfg(test)]
+        while self.hold_jobs.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let bytes = postcard::to_stdvec(&job)?;
+        self.journal.append(&bytes, |position| {
+            self.writer
+                .send(writer::Write::Job(Box::new(job), position))
+        })?;
+        Ok(())
     }
 
     /// Queues a task's end for the next group commit; returns the write's number.

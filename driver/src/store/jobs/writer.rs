@@ -13,13 +13,16 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord, TaskEndRecord};
+use flint_protocol::records::{
+    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+};
 use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableTable};
 
 use super::handle::Handle;
+use super::journal::{Journal, Position};
 
-use super::rows::end_job;
+use super::rows::{end_job, insert_job};
 use super::schema::{JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS};
 use super::{StoreError, db_error};
 
@@ -34,6 +37,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub(super) enum Write {
+    /// An accepted job's record, synced to the journal at this position.
+    Job(Box<JobRecord>, Position),
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord, Box<JobSummaryRecord>),
     Attempts(JobId, Vec<AttemptRecord>),
@@ -67,6 +72,7 @@ struct WriterState {
 impl Writer {
     pub(super) fn start(
         db: Arc<Handle>,
+        journal: Arc<Journal>,
         next_sequence: u64,
         commit_interval: Duration,
     ) -> Result<Self, StoreError> {
@@ -78,6 +84,7 @@ impl Writer {
             .spawn(move || {
                 let mut loop_ = WriteLoop {
                     db: &db,
+                    journal: &journal,
                     queue: &queue,
                     next_sequence,
                     commit_interval,
@@ -124,6 +131,7 @@ impl Writer {
 
 struct WriteLoop<'a> {
     db: &'a Handle,
+    journal: &'a Journal,
     queue: &'a mpsc::Receiver<(u64, Write)>,
     next_sequence: u64,
     commit_interval: Duration,
@@ -179,9 +187,12 @@ impl WriteLoop<'_> {
                 .get()
                 .and_then(|db| commit(&db, &batch, &mut self.next_sequence));
             self.state.commits.fetch_add(1, Ordering::Relaxed);
-            if committed.is_ok() {
+            if let Ok(folded) = &committed {
                 let last = batch.last().map_or(0, |(n, _)| *n);
                 self.state.committed.fetch_max(last, Ordering::AcqRel);
+                if let Some(mark) = folded {
+                    self.journal.folded(*mark);
+                }
             }
             // Answered once `committed` says what the commit did.
             for (_, write) in &batch {
@@ -190,7 +201,7 @@ impl WriteLoop<'_> {
                 }
             }
             match committed {
-                Ok(()) => {
+                Ok(_) => {
                     last_commit = (!full).then(Instant::now);
                     retry = RETRY_FIRST;
                 }
@@ -245,13 +256,25 @@ impl WriteLoop<'_> {
 /// One job's ends in a commit: the job, its (index, end) pairs, their bytes so far.
 type JobValue<'a> = (&'a JobId, Vec<(u32, &'a TaskEndRecord)>, usize);
 
+/// Commits a batch; returns the journal position it folded up to, if it held jobs.
 fn commit(
     db: &Database,
     batch: &[(u64, Write)],
     next_sequence: &mut u64,
-) -> Result<(), StoreError> {
+) -> Result<Option<Position>, StoreError> {
     let txn = db.begin_write().map_err(db_error)?;
     let mut sequence = *next_sequence;
+    // Jobs first: the rest of the batch may end them.
+    let mut folded = None;
+    for (_, write) in batch {
+        if let Write::Job(job, position) = write {
+            insert_job(&txn, job, None)?;
+            folded = Some(*position);
+        }
+    }
+    if let Some(mark) = folded {
+        set_mark(&txn, mark)?;
+    }
     {
         let mut ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
         // One value per job per commit (split when large), in the order the ends came.
@@ -287,7 +310,7 @@ fn commit(
                 Write::JobEnd(job, end, summary) => job_ends.push((job, end, summary)),
                 Write::Attempts(job, attempts) => timelines.push((job, attempts)),
                 Write::Memo(key, job, index) => memos.push((key, job, *index)),
-                Write::Flush(_) => {}
+                Write::Job(..) | Write::Flush(_) => {}
             }
         }
         for (job, value, _) in &values {
@@ -343,5 +366,55 @@ fn commit(
     }
     txn.commit().map_err(db_error)?;
     *next_sequence = sequence;
+    Ok(folded)
+}
+
+const JOURNAL_EPOCH: &str = "journal_epoch";
+const JOURNAL_END: &str = "journal_end";
+
+/// Stores in `txn` how far the journal is folded.
+fn set_mark(txn: &redb::WriteTransaction, mark: Position) -> Result<(), StoreError> {
+    let mut meta = txn.open_table(META).map_err(db_error)?;
+    meta.insert(JOURNAL_EPOCH, mark.epoch).map_err(db_error)?;
+    meta.insert(JOURNAL_END, mark.end).map_err(db_error)?;
     Ok(())
+}
+
+/// Opens the journal beside the database at `path` and folds into the database every
+/// record past its mark (jobs accepted before a crash or stop that no group commit
+/// folded), then deletes the files that held them.
+pub(super) fn fold_journal(db: &Database, path: &std::path::Path) -> Result<Journal, StoreError> {
+    let mark = {
+        use redb::ReadableDatabase;
+        let txn = db.begin_read().map_err(db_error)?;
+        let meta = txn.open_table(META).map_err(db_error)?;
+        let get = |key| {
+            meta.get(key)
+                .map_err(db_error)
+                .map(|v| v.map_or(0, |v| v.value()))
+        };
+        Position {
+            epoch: get(JOURNAL_EPOCH)?,
+            end: get(JOURNAL_END)?,
+        }
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let (journal, unfolded) = Journal::open(dir, mark)?;
+    if let Some((last, _)) = unfolded.last() {
+        let txn = db.begin_write().map_err(db_error)?;
+        for (_, job) in &unfolded {
+            insert_job(&txn, job, None)?;
+        }
+        set_mark(&txn, *last)?;
+        txn.commit().map_err(db_error)?;
+        tracing::info!(
+            jobs = unfolded.len(),
+            "job journal: folded the jobs accepted since the last commit"
+        );
+    }
+    journal.folded(journal.start());
+    Ok(journal)
 }
