@@ -18,15 +18,12 @@ use object_store::buffered::BufWriter;
 use object_store::path::Path;
 use object_store::{GetResult, GetResultPayload, ObjectStore};
 use sha2::{Digest as _, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::usage::{DataDirUsage, bytes_under, is_disk_full};
 
 /// The default `--block-store`: the driver's data dir, uploads through the driver.
 pub const DRIVER_BLOCK_STORE: &str = "driver";
-
-/// Bytes read from a local block file at once when serving it.
-const READ_PIECE: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -220,9 +217,10 @@ impl BlockStore {
         Ok(self.store.get(&self.path(id)?).await?)
     }
 
-    /// The block's size and its bytes as a stream, in pieces of [`READ_PIECE`] from a
-    /// local file: object_store streams local files 8 KiB at a time, one blocking-pool
-    /// hop each, which made serving a large result several times slower than writing it.
+    /// The block's size and its bytes as a stream: a local file mapped in windows
+    /// ([`super::mapped`]); object_store streams local files 8 KiB at a time, one
+    /// blocking-pool hop each, which made serving a large result several times slower
+    /// than writing it.
     pub async fn get_stream(
         &self,
         id: &str,
@@ -231,8 +229,7 @@ impl BlockStore {
         let size = got.meta.size;
         let stream = match got.payload {
             GetResultPayload::File(file, _) if got.range.start == 0 && got.range.end == size => {
-                let file = tokio::fs::File::from_std(file);
-                tokio_util::io::ReaderStream::with_capacity(file.take(size), READ_PIECE).boxed()
+                super::mapped::stream(file, size).boxed()
             }
             _ => got
                 .into_stream()

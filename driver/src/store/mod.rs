@@ -8,6 +8,7 @@ pub mod blobs;
 pub mod blocks;
 pub mod durable;
 mod jobs;
+mod mapped;
 pub mod usage;
 
 pub use jobs::{

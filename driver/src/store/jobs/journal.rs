@@ -55,7 +55,9 @@ impl Journal {
         dir: &Path,
         mark: Position,
     ) -> Result<(Journal, Vec<(Position, JobRecord)>), StoreError> {
-        let mut epochs = list(dir)?;
+        let mut epochs = list_and(dir, |partial| {
+            let _ = std::fs::remove_file(partial);
+        })?;
         epochs.sort_unstable();
         let mut unfolded = Vec::new();
         for &epoch in &epochs {
@@ -178,9 +180,14 @@ fn path(dir: &Path, epoch: u64) -> PathBuf {
     dir.join(format!("jobs.journal.{epoch}"))
 }
 
-/// The epochs of the journal files in `dir` (a `.new` file never finished its header
-/// and holds nothing acknowledged: it is removed).
+/// The epochs of the journal files in `dir`.
 fn list(dir: &Path) -> Result<Vec<u64>, StoreError> {
+    list_and(dir, |_| {})
+}
+
+/// [`list`], calling `unfinished` with each `.new` file: one being made now, or (when
+/// the journal opens) one a crash cut short, which holds nothing acknowledged.
+fn list_and(dir: &Path, mut unfinished: impl FnMut(&Path)) -> Result<Vec<u64>, StoreError> {
     let mut epochs = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error)? {
         let name = entry.map_err(io_error)?.file_name();
@@ -189,9 +196,7 @@ fn list(dir: &Path) -> Result<Vec<u64>, StoreError> {
         };
         match rest.parse::<u64>() {
             Ok(epoch) => epochs.push(epoch),
-            Err(_) if rest.ends_with(".new") => {
-                let _ = std::fs::remove_file(dir.join(&name));
-            }
+            Err(_) if rest.ends_with(".new") => unfinished(&dir.join(&name)),
             Err(_) => {}
         }
     }
@@ -396,6 +401,38 @@ mod tests {
             store.journal.start().epoch > 99,
             "a fresh epoch after every file"
         );
+    }
+
+    /// Four submitters at once across several new files while the writer folds and
+    /// deletes behind them (a new file being made is not an unfinished one to remove).
+    #[test]
+    fn concurrent_submissions_across_new_files_while_folding_all_land_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.redb");
+        let store = open(&path);
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let store = &store;
+                scope.spawn(move || {
+                    for i in 0..80 {
+                        store
+                            .accept_job(record(&format!("j-{t}-{i:02}"), 2000))
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        assert!(store.journal.start().epoch > 3, "several files were made");
+        store.flush();
+        assert_eq!(stored_ids(&store).len(), 320);
+        assert_eq!(
+            journal_files(dir.path()).len(),
+            1,
+            "the folded files are gone"
+        );
+        drop(store);
+        let store = open(&path);
+        assert_eq!(stored_ids(&store).len(), 320);
     }
 
     fn path_of(dir: &Path, epoch: u64) -> PathBuf {
