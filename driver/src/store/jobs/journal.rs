@@ -18,6 +18,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flint_protocol::records::JobRecord;
 
@@ -39,6 +40,14 @@ pub(super) struct Position {
 pub(super) struct Journal {
     dir: PathBuf,
     current: Mutex<Segment>,
+    /// The next file, made ahead by the writer thread ([`Journal::prepare`]) so that
+    /// the submission that fills a file does not wait for the next one's making.
+    spare: Mutex<Option<Segment>>,
+    /// The epoch the next file made gets: every file has its own, and a file taken
+    /// into use always has a later one than the file before it.
+    next_epoch: AtomicU64,
+    /// Bytes used of the current file, read without its lock.
+    used: AtomicU64,
 }
 
 struct Segment {
@@ -76,7 +85,10 @@ impl Journal {
         Ok((
             Journal {
                 dir: dir.to_owned(),
+                used: AtomicU64::new(current.used),
                 current: Mutex::new(current),
+                spare: Mutex::new(None),
+                next_epoch: AtomicU64::new(epoch + 1),
             },
             unfolded,
         ))
@@ -102,8 +114,17 @@ impl Journal {
         // Room for the record and the zero length after it.
         let needed = framed.len() as u64 + 4;
         if current.used + needed > current.size {
-            let next = Segment::create(&self.dir, current.epoch + 1, FILE_BYTES.max(needed))?;
-            *current = next;
+            let mut spare = self.spare.lock().expect("no panic under the journal lock");
+            *current = match spare.take() {
+                Some(next) if next.epoch > current.epoch && next.used + needed <= next.size => next,
+                other => {
+                    if let Some(unfit) = other {
+                        let _ = std::fs::remove_file(path(&self.dir, unfit.epoch));
+                    }
+                    let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+                    Segment::create(&self.dir, epoch, FILE_BYTES.max(needed))?
+                }
+            };
         }
         current
             .file
@@ -111,6 +132,7 @@ impl Journal {
             .and_then(|()| current.file.sync_data())
             .map_err(io_error)?;
         current.used += framed.len() as u64;
+        self.used.store(current.used, Ordering::Relaxed);
         Ok(then(Position {
             epoch: current.epoch,
             end: current.used,
@@ -126,6 +148,23 @@ impl Journal {
         Position {
             epoch: current.epoch,
             end: HEADER,
+        }
+    }
+
+    /// Makes the next file ahead once the current one is half full (called by the
+    /// writer thread after a commit): making one is a write of its size and two syncs.
+    pub(super) fn prepare(&self) {
+        if self.used.load(Ordering::Relaxed) < FILE_BYTES / 2 {
+            return;
+        }
+        let mut spare = self.spare.lock().expect("no panic under the journal lock");
+        if spare.is_none() {
+            let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+            match Segment::create(&self.dir, epoch, FILE_BYTES) {
+                Ok(next) => *spare = Some(next),
+                // The submission that needs it makes it, and gets the error if any.
+                Err(e) => tracing::warn!(error = %e, "job journal: making the next file ahead"),
+            }
         }
     }
 
@@ -425,14 +464,62 @@ mod tests {
         assert!(store.journal.start().epoch > 3, "several files were made");
         store.flush();
         assert_eq!(stored_ids(&store).len(), 320);
+        let mut kept = vec![store.journal.start().epoch];
+        kept.extend(
+            store
+                .journal
+                .spare
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|s| s.epoch),
+        );
         assert_eq!(
-            journal_files(dir.path()).len(),
-            1,
-            "the folded files are gone"
+            journal_files(dir.path()),
+            kept,
+            "the folded files are gone: the current one and the one made ahead are left"
         );
         drop(store);
         let store = open(&path);
         assert_eq!(stored_ids(&store).len(), 320);
+    }
+
+    #[test]
+    fn the_next_file_is_made_ahead_and_taken_when_the_current_one_fills() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.redb");
+        let store = open(&path);
+        let first = store.journal.start().epoch;
+        let mut n = 0;
+        while store.journal.used.load(Ordering::Relaxed) < FILE_BYTES / 2 {
+            store.accept_job(record(&format!("a-{n}"), 200)).unwrap();
+            n += 1;
+        }
+        // The commit that folds them makes the next file.
+        store.flush();
+        let spare = store
+            .journal
+            .spare
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|s| s.epoch);
+        let spare = spare.expect("made ahead");
+        assert!(spare > first);
+        assert!(journal_files(dir.path()).contains(&spare));
+        while store.journal.start().epoch == first {
+            store.accept_job(record(&format!("a-{n}"), 200)).unwrap();
+            n += 1;
+        }
+        assert_eq!(
+            store.journal.start().epoch,
+            spare,
+            "the file made ahead was taken"
+        );
+        store.flush();
+        drop(store);
+        let store = open(&path);
+        assert_eq!(stored_ids(&store).len(), n);
     }
 
     fn path_of(dir: &Path, epoch: u64) -> PathBuf {

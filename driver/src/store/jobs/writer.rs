@@ -192,6 +192,7 @@ impl WriteLoop<'_> {
                 self.state.committed.fetch_max(last, Ordering::AcqRel);
                 if let Some(mark) = folded {
                     self.journal.folded(*mark);
+                    self.journal.prepare();
                 }
             }
             // Answered once `committed` says what the commit did.
