@@ -48,6 +48,10 @@ pub(super) struct Journal {
     next_epoch: AtomicU64,
     /// Bytes used of the current file, read without its lock.
     used: AtomicU64,
+    /// Held by an append's sync and by the writer's commits: a sync that shares the disk
+    /// with a commit writing megabytes of task ends waits for all of it anyway, and
+    /// slows the commit down besides.
+    pub(super) syncs: Mutex<()>,
 }
 
 struct Segment {
@@ -89,6 +93,7 @@ impl Journal {
                 current: Mutex::new(current),
                 spare: Mutex::new(None),
                 next_epoch: AtomicU64::new(epoch + 1),
+                syncs: Mutex::new(()),
             },
             unfolded,
         ))
@@ -126,11 +131,14 @@ impl Journal {
                 }
             };
         }
-        current
-            .file
-            .write_all_at(&framed, current.used)
-            .and_then(|()| current.file.sync_data())
-            .map_err(io_error)?;
+        let synced = {
+            let _alone = self.syncs.lock().expect("no panic under the sync lock");
+            current
+                .file
+                .write_all_at(&framed, current.used)
+                .and_then(|()| current.file.sync_data())
+        };
+        synced.map_err(io_error)?;
         current.used += framed.len() as u64;
         self.used.store(current.used, Ordering::Relaxed);
         Ok(then(Position {

@@ -182,10 +182,16 @@ impl WriteLoop<'_> {
                 }
             }
             let full = batch.len() >= GROUP_COMMIT;
-            let committed = self
-                .db
-                .get()
-                .and_then(|db| commit(&db, &batch, &mut self.next_sequence));
+            let committed = {
+                let _alone = self
+                    .journal
+                    .syncs
+                    .lock()
+                    .expect("no panic under the sync lock");
+                self.db
+                    .get()
+                    .and_then(|db| commit(&db, &batch, &mut self.next_sequence))
+            };
             self.state.commits.fetch_add(1, Ordering::Relaxed);
             if let Ok(folded) = &committed {
                 let last = batch.last().map_or(0, |(n, _)| *n);
