@@ -1,6 +1,7 @@
-//! End to end: `flint bench`'s issue-16 modes run and print their figures, small, so
-//! that they keep working between the sessions that measure with them (BENCHMARKS.md).
-//! Their numbers are not checked here: a debug build on a shared machine says nothing.
+//! End to end: `flint bench`'s modes (issues 16, 30, 31) run and print their figures,
+//! small, so that they keep working between the sessions that measure with them
+//! (BENCHMARKS.md). Their numbers are not checked here: a debug build on a shared
+//! machine says nothing.
 
 mod common;
 
@@ -133,4 +134,42 @@ fn scale_up_needs_the_testkit_module() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--scale-up needs --module"), "{stderr}");
+}
+
+#[test]
+fn the_floor_prints_every_figure_beside_its_floor_and_needs_the_testkit_module() {
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let out = bench(&[
+        "--floor",
+        "--module",
+        &testkit,
+        "--tasks",
+        "300",
+        "--latency-jobs",
+        "5",
+        "--results-mib",
+        "1",
+        "--result-tasks",
+        "3",
+    ]);
+    for figure in [
+        "no-op throughput, built-in minimal module",
+        "no-op throughput, ",
+        "round trip p50, minimal module",
+        "round trip p50, Rust guest",
+        "results to a client, 3 x 1 MiB",
+        "raw loopback copy of the same bytes over 3 connections",
+        "results end to end",
+    ] {
+        assert!(out.contains(figure), "no `{figure}` in:\n{out}");
+    }
+    assert_eq!(out.matches("executor-only floor").count(), 2, "{out}");
+
+    let out = Command::new(FLINT)
+        .args(["bench", "--floor"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--floor needs --module"), "{stderr}");
 }

@@ -90,18 +90,21 @@ pub async fn run(
 }
 
 /// The p50 of a small request and its answer between two sockets on loopback, as the
-/// client's request to the driver and the driver's launch to an executor are.
+/// client's request to the driver and the driver's launch to an executor are: the
+/// answering end is a thread of its own blocked in `read`, as another process would
+/// be, so that each trip pays a wake-up on either side as those hops do.
 async fn loopback_round_trip(trips: usize) -> anyhow::Result<Duration> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await?;
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        let (mut socket, _) = listener.accept()?;
         socket.set_nodelay(true)?;
         let mut buf = [0u8; 256];
         loop {
-            match socket.read(&mut buf).await? {
-                0 => return anyhow::Ok(()),
-                n => socket.write_all(&buf[..n]).await?,
+            match socket.read(&mut buf)? {
+                0 => return Ok(()),
+                n => socket.write_all(&buf[..n])?,
             }
         }
     });
@@ -117,7 +120,9 @@ async fn loopback_round_trip(trips: usize) -> anyhow::Result<Duration> {
         trips_taken.push(t.elapsed());
     }
     drop(socket);
-    server.await??;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
     trips_taken.sort();
     Ok(quantile(&trips_taken, 0.5))
 }
