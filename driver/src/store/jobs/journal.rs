@@ -401,31 +401,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.redb");
         let store = open(&path);
+        // Closes the store and writes `bytes` at `offset` from the end of what its
+        // journal holds.
+        let damage = |store: JobStore, offset: i64, bytes: &[u8]| {
+            let epoch = store.journal.start().epoch;
+            let end = store.journal.current.lock().unwrap().used;
+            drop(store);
+            let file = OpenOptions::new()
+                .write(true)
+                .open(path_of(dir.path(), epoch))
+                .unwrap();
+            file.write_all_at(bytes, end.checked_add_signed(offset).unwrap())
+                .unwrap();
+        };
         journal_only(&store, &record("whole", 1));
         journal_only(&store, &record("torn", 1));
-        let epoch = store.journal.start().epoch;
-        let end = store.journal.current.lock().unwrap().used;
-        drop(store);
         // The last record's final byte never reached the disk.
-        let file = OpenOptions::new()
-            .write(true)
-            .open(path_of(dir.path(), epoch))
-            .unwrap();
-        file.write_all_at(&[0xff], end - 1).unwrap();
-        drop(file);
+        damage(store, -1, &[0xff]);
         let store = open(&path);
         assert_eq!(stored_ids(&store), ["whole"]);
         // A length running past the file's end is the end too.
         journal_only(&store, &record("next", 1));
-        let epoch = store.journal.start().epoch;
-        let end = store.journal.current.lock().unwrap().used;
-        drop(store);
-        let file = OpenOptions::new()
-            .write(true)
-            .open(path_of(dir.path(), epoch))
-            .unwrap();
-        file.write_all_at(&u32::MAX.to_le_bytes(), end).unwrap();
-        drop(file);
+        damage(store, 0, &u32::MAX.to_le_bytes());
         let store = open(&path);
         assert_eq!(stored_ids(&store), ["next", "whole"]);
     }

@@ -195,18 +195,25 @@ impl JobStore {
         })
     }
 
+    /// What tests make of the disk for a job's record: refused as a full disk would,
+    /// or held as a slow one would, until they say otherwise.
+    #[cfg(test)]
+    fn test_disk(&self) -> Result<(), StoreError> {
+        if self.refuse_jobs.load(Ordering::Relaxed) {
+            return Err(StoreError::Db("No space left on device (a test's)".into()));
+        }
+        while self.hold_jobs.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
     /// Stores an accepted job durably, with the idempotency key it was submitted under
     /// (if any) and its spec's digest, in one transaction. Blocks for the commit: call
     /// it off the runtime.
     pub fn put_job(&self, job: &JobRecord, key: Option<(&str, &Digest)>) -> Result<(), StoreError> {
         #[cfg(test)]
-        if self.refuse_jobs.load(Ordering::Relaxed) {
-            return Err(StoreError::Db("No space left on device (a test's)".into()));
-        }
-        #[cfg(test)]
-        while self.hold_jobs.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        self.test_disk()?;
         let stored = (|| {
             let txn = self.db.get()?.begin_write().map_err(db_error)?;
             insert_job(&txn, job, key)?;
@@ -226,13 +233,7 @@ impl JobStore {
     /// group commit. Blocks for the sync: call it off the runtime.
     pub fn accept_job(&self, job: JobRecord) -> Result<(), StoreError> {
         #[cfg(test)]
-        if self.refuse_jobs.load(Ordering::Relaxed) {
-            return Err(StoreError::Db("No space left on device (a test's)".into()));
-        }
-        #[cfg(test)]
-        while self.hold_jobs.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        self.test_disk()?;
         let bytes = postcard::to_stdvec(&job)?;
         self.journal.append(&bytes, |position| {
             self.writer
