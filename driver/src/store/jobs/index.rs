@@ -71,7 +71,7 @@ impl JobStore {
         before: Option<(u64, &str)>,
         limit: usize,
     ) -> Result<JobPage, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
         // Each candidate's owner is read (a point lookup): a tenant's listing costs what
         // the other tenants' jobs in the index range cost too (an index by owner would

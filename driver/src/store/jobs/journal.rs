@@ -127,7 +127,7 @@ impl Journal {
                         let _ = std::fs::remove_file(path(&self.dir, unfit.epoch));
                     }
                     let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-                    Segment::create(&self.dir, epoch, FILE_BYTES.max(needed))?
+                    Segment::create(&self.dir, epoch, FILE_BYTES.max(HEADER + needed))?
                 }
             };
         }
@@ -188,38 +188,49 @@ impl Journal {
 impl Segment {
     /// A new file of `size` zeroed bytes with its header, synced with its directory
     /// entry: appends then overwrite allocated blocks and their syncs carry no metadata.
+    /// A file for one record larger than [`FILE_BYTES`] is not zeroed first: its one
+    /// append would write it all a second time.
     fn create(dir: &Path, epoch: u64, size: u64) -> Result<Segment, StoreError> {
         let target = path(dir, epoch);
         let partial = dir.join(format!("jobs.journal.{epoch}.new"));
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&partial)
-            .map_err(io_error)?;
-        let mut header = [0u8; HEADER as usize];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..].copy_from_slice(&epoch.to_le_bytes());
-        file.write_all(&header).map_err(io_error)?;
-        let zeros = vec![0u8; 64 << 10];
-        let mut left = size - HEADER;
-        while left > 0 {
-            let n = left.min(zeros.len() as u64) as usize;
-            file.write_all(&zeros[..n]).map_err(io_error)?;
-            left -= n as u64;
+        let made = (|| {
+            let mut file = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&partial)?;
+            let mut header = [0u8; HEADER as usize];
+            header[..8].copy_from_slice(MAGIC);
+            header[8..].copy_from_slice(&epoch.to_le_bytes());
+            file.write_all(&header)?;
+            if size <= FILE_BYTES {
+                let zeros = vec![0u8; 64 << 10];
+                let mut left = size - HEADER;
+                while left > 0 {
+                    let n = left.min(zeros.len() as u64) as usize;
+                    file.write_all(&zeros[..n])?;
+                    left -= n as u64;
+                }
+            }
+            file.sync_all()?;
+            std::fs::rename(&partial, &target)?;
+            File::open(dir).and_then(|d| d.sync_all())?;
+            Ok(file)
+        })();
+        match made {
+            Ok(file) => Ok(Segment {
+                epoch,
+                file,
+                used: HEADER,
+                size,
+            }),
+            Err(e) => {
+                // A full disk, most likely: what was written of it is no use to anyone.
+                let _ = std::fs::remove_file(&partial);
+                Err(io_error(e))
+            }
         }
-        file.sync_all().map_err(io_error)?;
-        std::fs::rename(&partial, &target).map_err(io_error)?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_error)?;
-        Ok(Segment {
-            epoch,
-            file,
-            used: HEADER,
-            size,
-        })
     }
 }
 
@@ -525,6 +536,55 @@ mod tests {
         drop(store);
         let store = open(&path);
         assert_eq!(stored_ids(&store).len(), n);
+    }
+
+    #[test]
+    fn a_record_larger_than_a_file_gets_a_file_of_its_own_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.redb");
+        let store = open(&path);
+        let big = record("big", 100_000);
+        let bytes = postcard::to_stdvec(&big).unwrap().len() as u64;
+        assert!(bytes > FILE_BYTES);
+        journal_only(&store, &big);
+        let epoch = store.journal.start().epoch;
+        let size = std::fs::metadata(path_of(dir.path(), epoch)).unwrap().len();
+        assert_eq!(
+            size,
+            HEADER + 8 + bytes,
+            "not zeroed first, then written again"
+        );
+        journal_only(&store, &record("after", 1));
+        assert!(
+            store.journal.start().epoch > epoch,
+            "the next record starts another"
+        );
+        drop(store);
+        let store = open(&path);
+        assert_eq!(stored_ids(&store), ["after", "big"]);
+    }
+
+    /// A job in the journal only is still what every read of the store sees: the
+    /// listing, the job as submitted, its owner.
+    #[test]
+    fn a_job_just_accepted_is_read_and_listed_before_any_group_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        // A commit interval no test outlasts: only a read's own fold can commit.
+        let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3600))
+            .unwrap();
+        // The writer's first commit comes at once; after it, the interval holds.
+        store.accept_job(record("first", 1)).unwrap();
+        store.flush();
+        let commits = store.commits();
+        store.accept_job(record("second", 1)).unwrap();
+        assert!(!store.is_durable(store.last_job.load(Ordering::Acquire)));
+        let page = store.list(&super::super::JobFilter::default(), None, 10).unwrap();
+        let listed: Vec<&str> = page.items.iter().map(|(id, _)| id.0.as_str()).collect();
+        assert_eq!(listed, ["second", "first"]);
+        assert!(store.commits() > commits, "the listing folded the journal first");
+        store.accept_job(record("third", 1)).unwrap();
+        let third = store.job(&JobId("third".into())).unwrap().expect("read");
+        assert_eq!(third.job.def.id.0, "third");
     }
 
     fn path_of(dir: &Path, epoch: u64) -> PathBuf {

@@ -19,8 +19,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-#[cfg(test)]
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
@@ -132,6 +131,8 @@ pub struct JobStore {
     db: Arc<handle::Handle>,
     writer: writer::Writer,
     journal: Arc<journal::Journal>,
+    /// The writer's number for the latest job accepted through the journal.
+    last_job: AtomicU64,
     /// Tests set it to make `put_job` fail as a full or broken disk would.
     #[cfg(test)]
     pub(crate) refuse_jobs: std::sync::atomic::AtomicBool,
@@ -188,6 +189,7 @@ impl JobStore {
             db,
             writer,
             journal,
+            last_job: AtomicU64::new(0),
             #[cfg(test)]
             refuse_jobs: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -195,8 +197,17 @@ impl JobStore {
         })
     }
 
-    /// What tests make of the disk for a job's record: refused as a full disk would,
-    /// or held as a slow one would, until they say otherwise.
+    /// The database with every job accepted so far folded in, so that what is read (or
+    /// deleted) includes every job whose submission was answered, as when each was
+    /// committed before its answer: a commit first, only if a job came since the last.
+    fn folded_db(&self) -> Result<Arc<Database>, StoreError> {
+        if !self.is_durable(self.last_job.load(Ordering::Acquire)) {
+            self.writer.flush();
+        }
+        self.db.get()
+    }
+
+    /// Tests refuse a job's record as a full disk would, or hold it as a slow one.
     #[cfg(test)]
     fn test_disk(&self) -> Result<(), StoreError> {
         if self.refuse_jobs.load(Ordering::Relaxed) {
@@ -235,10 +246,11 @@ impl JobStore {
         #[cfg(test)]
         self.test_disk()?;
         let bytes = postcard::to_stdvec(&job)?;
-        self.journal.append(&bytes, |position| {
+        let write = self.journal.append(&bytes, |position| {
             self.writer
                 .send(writer::Write::Job(Box::new(job), position))
         })?;
+        self.last_job.fetch_max(write, Ordering::AcqRel);
         Ok(())
     }
 
@@ -268,7 +280,7 @@ impl JobStore {
 
     /// The job and task whose result a memo key stands for, if any is stored.
     pub fn memo(&self, key: &Digest) -> Result<Option<(JobId, u32)>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = match txn.open_table(MEMO) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -284,7 +296,7 @@ impl JobStore {
     /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a
     /// job stored without them (still running, or finished before they were kept).
     pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let value =
             |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
                 match txn.open_table(table) {
@@ -344,7 +356,7 @@ impl JobStore {
     /// idempotency key, for rebuilding the scheduler's state at start. Finished jobs
     /// stay on disk.
     pub fn load(&self) -> Result<Stored, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let jobs = txn.open_table(JOBS).map_err(db_error)?;
         let mut keys = Vec::new();
         for entry in txn
@@ -382,13 +394,13 @@ impl JobStore {
 
     /// A stored job, live or finished, as it was last committed.
     pub fn job(&self, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         read_job(&txn, &id.0)
     }
 
     /// A stored job's summary.
     pub fn summary(&self, id: &JobId) -> Result<Option<JobSummaryRecord>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = txn.open_table(SUMMARIES).map_err(db_error)?;
         let value = table.get(id.0.as_str()).map_err(db_error)?;
         Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
@@ -398,7 +410,7 @@ impl JobStore {
     /// summary, index entries, idempotency key), in one transaction. `None` when there
     /// is no such job.
     pub fn delete_job(&self, id: &JobId) -> Result<Option<Deleted>, StoreError> {
-        let txn = self.db.get()?.begin_write().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_write().map_err(db_error)?;
         let deleted = delete_job(&txn, &id.0)?;
         txn.commit().map_err(db_error)?;
         Ok(deleted)
@@ -407,7 +419,7 @@ impl JobStore {
     /// [`Self::delete_job`] for several jobs in one transaction (retention's: one commit,
     /// one sync, for a page of jobs). The deleted ones, with their ids.
     pub fn delete_jobs(&self, ids: &[JobId]) -> Result<Vec<(JobId, Deleted)>, StoreError> {
-        let txn = self.db.get()?.begin_write().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_write().map_err(db_error)?;
         let mut deleted = Vec::new();
         for id in ids {
             if let Some(d) = delete_job(&txn, &id.0)? {
@@ -421,7 +433,7 @@ impl JobStore {
     /// Finished jobs that ended before `cutoff_ms` (Unix ms), oldest first, at most
     /// `limit`: what retention deletes.
     pub fn finished_before(&self, cutoff_ms: u64, limit: usize) -> Result<Vec<JobId>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = txn.open_table(BY_FINISHED).map_err(db_error)?;
         let mut ids = Vec::new();
         for entry in table.range((0, "")..(cutoff_ms, "")).map_err(db_error)? {
@@ -436,7 +448,7 @@ impl JobStore {
 
     /// How many stored jobs name the uploaded module (`files: false`) or file.
     pub fn blob_refs(&self, digest: &Digest, files: bool) -> Result<u64, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = txn.open_table(BLOB_REFS).map_err(db_error)?;
         let refs = table
             .get(blob_key(digest, files).as_str())
@@ -446,7 +458,7 @@ impl JobStore {
 
     /// The finished jobs' totals, read once at start (one pass over the summaries).
     pub fn totals(&self) -> Result<Totals, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = txn.open_table(SUMMARIES).map_err(db_error)?;
         let mut totals = Totals::default();
         for entry in table.iter().map_err(db_error)? {
@@ -461,7 +473,7 @@ impl JobStore {
 
     /// Stored jobs in the store's own file, for the store's size figures.
     pub fn job_count(&self) -> Result<u64, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         txn.open_table(JOBS)
             .map_err(db_error)?
             .len()

@@ -53,7 +53,7 @@ impl JobStore {
     /// A stored job's owner (the default for a job stored without one), `None` when no
     /// such job is stored: two point reads, not the job.
     pub fn owner(&self, id: &JobId) -> Result<Option<Owner>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
         if summaries.get(id.0.as_str()).map_err(db_error)?.is_none() {
             return Ok(None);
@@ -72,7 +72,7 @@ impl JobStore {
 
     /// Every (blob key, owner) row, for the service's map at start.
     pub fn upload_owners(&self) -> Result<Vec<(String, String)>, StoreError> {
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let table = match txn.open_table(UPLOAD_OWNERS) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
