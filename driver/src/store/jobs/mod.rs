@@ -1,15 +1,12 @@
 //! The job store: an embedded database (redb) in the driver's data dir holding every job
 //! it accepted until the job is deleted: the job's record, the tasks that reached a final
 //! state (with their inline results and logs), its end, a summary for listing it, and
-//! the indexes that find it. A job is durable before the API answers 202: appended to
-//! the [`journal`] and synced, then folded into the database by the writer thread's
-//! next group commit (a job with an idempotency key is committed directly, with its
-//! key, so that a repeat finds it); task and job ends are group-committed by that
-//! writer thread ([`writer`]),
-//! so a burst of short tasks costs one commit, not one per task. After a crash, a task
-//! whose end was not yet committed simply runs again: results are kept at least once and
-//! served exactly once. A job submitted with an idempotency key is stored with its key,
-//! in one transaction.
+//! the indexes that find it. A job is durable before the API answers 202: synced to the
+//! [`journal`], folded in by the next group commit of the writer thread ([`writer`]),
+//! which also commits task and job ends, a burst of them in one commit (a job with an
+//! idempotency key is committed directly with its key, for a repeat to find). After a
+//! crash, a task whose end was not yet committed runs again: results are kept at least
+//! once and served exactly once.
 //!
 //! The driver holds only live jobs in memory; a finished one is read from here when
 //! asked for ([`JobStore::job`]), so memory follows what runs, not what has run.
@@ -197,9 +194,8 @@ impl JobStore {
         })
     }
 
-    /// The database with every job accepted so far folded in, so that what is read (or
-    /// deleted) includes every job whose submission was answered, as when each was
-    /// committed before its answer: a commit first, only if a job came since the last.
+    /// The database with every answered job folded in (a commit first if one came since
+    /// the last), so reads and deletions see them as when each was committed at once.
     fn folded_db(&self) -> Result<Arc<Database>, StoreError> {
         if !self.is_durable(self.last_job.load(Ordering::Acquire)) {
             self.writer.flush();
@@ -219,9 +215,8 @@ impl JobStore {
         Ok(())
     }
 
-    /// Stores an accepted job durably, with the idempotency key it was submitted under
-    /// (if any) and its spec's digest, in one transaction. Blocks for the commit: call
-    /// it off the runtime.
+    /// Stores an accepted job durably with its idempotency key (if any) and its spec's
+    /// digest, in one transaction. Blocks for the commit: call it off the runtime.
     pub fn put_job(&self, job: &JobRecord, key: Option<(&str, &Digest)>) -> Result<(), StoreError> {
         #[cfg(test)]
         self.test_disk()?;
@@ -239,9 +234,8 @@ impl JobStore {
         stored
     }
 
-    /// Stores an accepted job durably without an idempotency key: appended to the
-    /// journal and synced (one small write), then folded into the database by the next
-    /// group commit. Blocks for the sync: call it off the runtime.
+    /// Stores an accepted job without an idempotency key durably: synced to the journal,
+    /// folded in by the next group commit. Blocks for the sync: call it off the runtime.
     pub fn accept_job(&self, job: JobRecord) -> Result<(), StoreError> {
         #[cfg(test)]
         self.test_disk()?;
@@ -296,7 +290,8 @@ impl JobStore {
     /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a
     /// job stored without them (still running, or finished before they were kept).
     pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
-        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
+        // Written after the job's end, so never before the job is folded.
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
         let value =
             |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
                 match txn.open_table(table) {
@@ -392,10 +387,16 @@ impl JobStore {
         Ok(Stored { jobs: stored, keys })
     }
 
-    /// A stored job, live or finished, as it was last committed.
+    /// A stored job, live or finished, as it was last committed (or journaled).
     pub fn job(&self, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
-        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
-        read_job(&txn, &id.0)
+        // Folding on a miss only: a finished job is never in the journal alone.
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        match read_job(&txn, &id.0)? {
+            None if !self.is_durable(self.last_job.load(Ordering::Acquire)) => {
+                read_job(&self.folded_db()?.begin_read().map_err(db_error)?, &id.0)
+            }
+            found => Ok(found),
+        }
     }
 
     /// A stored job's summary.
