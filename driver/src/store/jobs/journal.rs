@@ -20,8 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use flint_protocol::records::JobRecord;
-
 use super::StoreError;
 
 const MAGIC: &[u8; 8] = b"FLNTJRN1";
@@ -36,6 +34,9 @@ pub(super) struct Position {
     pub epoch: u64,
     pub end: u64,
 }
+
+/// A record as the journal holds it (a postcard `JobRecord`), with where it ends.
+pub(super) type Encoded = (Position, Vec<u8>);
 
 pub(super) struct Journal {
     dir: PathBuf,
@@ -62,12 +63,9 @@ struct Segment {
 }
 
 impl Journal {
-    /// Opens the journal in `dir`, returning the records past `mark` for the caller to
-    /// fold (in order, with their positions), and starting a fresh file for what comes.
-    pub(super) fn open(
-        dir: &Path,
-        mark: Position,
-    ) -> Result<(Journal, Vec<(Position, JobRecord)>), StoreError> {
+    /// Opens the journal in `dir`, returning the records past `mark` (encoded, in order,
+    /// with their positions) for the caller to fold, and starting a fresh file.
+    pub(super) fn open(dir: &Path, mark: Position) -> Result<(Journal, Vec<Encoded>), StoreError> {
         let mut epochs = list_and(dir, |partial| {
             let _ = std::fs::remove_file(partial);
         })?;
@@ -80,7 +78,7 @@ impl Journal {
             let from = if epoch == mark.epoch { mark.end } else { 0 };
             for (position, bytes) in read(&path(dir, epoch), epoch)? {
                 if position.end > from {
-                    unfolded.push((position, postcard::from_bytes(&bytes)?));
+                    unfolded.push((position, bytes));
                 }
             }
         }
@@ -99,19 +97,19 @@ impl Journal {
         ))
     }
 
-    /// Appends `record` and syncs it, then calls `then` with its position, still under
-    /// the journal's lock (so that records are sent on in the order they were written).
+    /// Appends `record` and syncs it, then hands it to `then` with its position, still
+    /// under the journal's lock (so that records are sent on in the order written).
     pub(super) fn append<T>(
         &self,
-        record: &[u8],
-        then: impl FnOnce(Position) -> T,
+        record: Vec<u8>,
+        then: impl FnOnce(Position, Vec<u8>) -> T,
     ) -> Result<T, StoreError> {
         let len = u32::try_from(record.len())
             .map_err(|_| StoreError::Db("a job record over 4 GiB".into()))?;
         let mut framed = Vec::with_capacity(record.len() + 8);
         framed.extend_from_slice(&len.to_le_bytes());
-        framed.extend_from_slice(&crc32fast::hash(record).to_le_bytes());
-        framed.extend_from_slice(record);
+        framed.extend_from_slice(&crc32fast::hash(&record).to_le_bytes());
+        framed.extend_from_slice(&record);
         let mut current = self
             .current
             .lock()
@@ -141,10 +139,11 @@ impl Journal {
         synced.map_err(io_error)?;
         current.used += framed.len() as u64;
         self.used.store(current.used, Ordering::Relaxed);
-        Ok(then(Position {
+        let position = Position {
             epoch: current.epoch,
             end: current.used,
-        }))
+        };
+        Ok(then(position, record))
     }
 
     /// Where the current file's records start.

@@ -240,9 +240,9 @@ impl JobStore {
         #[cfg(test)]
         self.test_disk()?;
         let bytes = postcard::to_stdvec(&job)?;
-        let write = self.journal.append(&bytes, |position| {
+        let write = self.journal.append(bytes, |position, bytes| {
             self.writer
-                .send(writer::Write::Job(Box::new(job), position))
+                .send(writer::Write::Job(Box::new((job, bytes)), position))
         })?;
         self.last_job.fetch_max(write, Ordering::AcqRel);
         Ok(())

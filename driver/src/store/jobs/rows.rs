@@ -51,11 +51,20 @@ pub(super) fn insert_job(
     job: &JobRecord,
     key: Option<(&str, &Digest)>,
 ) -> Result<(), StoreError> {
-    let bytes = postcard::to_stdvec(job)?;
+    insert_encoded(txn, job, &postcard::to_stdvec(job)?, key)
+}
+
+/// [`insert_job`] with the record already encoded (`bytes`, as the journal holds it).
+pub(super) fn insert_encoded(
+    txn: &WriteTransaction,
+    job: &JobRecord,
+    bytes: &[u8],
+    key: Option<(&str, &Digest)>,
+) -> Result<(), StoreError> {
     let id = job.def.id.0.as_str();
     txn.open_table(JOBS)
         .map_err(db_error)?
-        .insert(id, bytes.as_slice())
+        .insert(id, bytes)
         .map_err(db_error)?;
     if !job.def.options.is_default() {
         let options = postcard::to_stdvec(&job.def.options)?;

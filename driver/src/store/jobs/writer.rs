@@ -22,7 +22,7 @@ use redb::{Database, ReadableTable};
 use super::handle::Handle;
 use super::journal::{Journal, Position};
 
-use super::rows::{end_job, insert_job};
+use super::rows::{end_job, insert_encoded};
 use super::schema::{JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS};
 use super::{StoreError, db_error};
 
@@ -37,8 +37,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub(super) enum Write {
-    /// An accepted job's record, synced to the journal at this position.
-    Job(Box<JobRecord>, Position),
+    /// An accepted job's record, and its encoding synced to the journal at this position.
+    Job(Box<(JobRecord, Vec<u8>)>, Position),
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord, Box<JobSummaryRecord>),
     Attempts(JobId, Vec<AttemptRecord>),
@@ -275,7 +275,7 @@ fn commit(
     let mut folded = None;
     for (_, write) in batch {
         if let Write::Job(job, position) = write {
-            insert_job(&txn, job, None)?;
+            insert_encoded(&txn, &job.0, &job.1, None)?;
             folded = Some(*position);
         }
     }
@@ -412,8 +412,8 @@ pub(super) fn fold_journal(db: &Database, path: &std::path::Path) -> Result<Jour
     let (journal, unfolded) = Journal::open(dir, mark)?;
     if let Some((last, _)) = unfolded.last() {
         let txn = db.begin_write().map_err(db_error)?;
-        for (_, job) in &unfolded {
-            insert_job(&txn, job, None)?;
+        for (_, bytes) in &unfolded {
+            insert_encoded(&txn, &postcard::from_bytes(bytes)?, bytes, None)?;
         }
         set_mark(&txn, *last)?;
         txn.commit().map_err(db_error)?;

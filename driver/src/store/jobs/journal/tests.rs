@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use flint_protocol::JobId;
+use flint_protocol::records::JobRecord;
 
 use super::super::JobStore;
 use super::*;
@@ -29,7 +30,7 @@ fn open(path: &Path) -> JobStore {
 /// the sync and before any group commit, where a crash leaves a job only here.
 fn journal_only(store: &JobStore, job: &JobRecord) {
     let bytes = postcard::to_stdvec(job).unwrap();
-    store.journal.append(&bytes, |_| ()).unwrap();
+    store.journal.append(bytes, |_, _| ()).unwrap();
 }
 
 fn stored_ids(store: &JobStore) -> Vec<String> {
