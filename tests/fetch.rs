@@ -456,3 +456,73 @@ fn a_task_killed_while_its_input_is_still_being_fetched_gives_its_core_back_at_o
     });
     println!("core back {:?} after the kill", started.elapsed());
 }
+
+#[test]
+fn a_deterministic_tasks_later_attempt_runs_the_bytes_its_first_attempt_pinned_or_fails() {
+    let first_bytes = b"the bytes the first attempt read".to_vec();
+    let server = Origin::start(&[("/in", Reply::Body(first_bytes.clone()))]);
+    let cluster = DevCluster::driver(&["--fetch-allow".into(), server.origin.clone()]);
+    let work = tempfile::tempdir().unwrap();
+    let executor = |id: &str| {
+        let dir = work.path().join(id);
+        common::Process::spawn(&mut common::process::executor(
+            &cluster.executor_url(),
+            id,
+            &dir,
+        ))
+    };
+    let first = executor("first");
+    cluster.wait_for_alive_executors(1);
+    let module = cluster.upload(&guests().testkit);
+    // A deterministic task whose input is a URL given without its sha256: what it ran is
+    // known only from its attempt's pins.
+    let id = cluster.submit(&json!({
+        "module": module, "args": ["spin"], "deterministic": true,
+        "inputs": [{"url": server.url("/in")}],
+        "resources": {"timeout_ms": 120_000}, "max_failures": 3,
+    }));
+    common::wait_until(Duration::from_secs(30), "the first fetch", || {
+        server.hits("/in") == 1
+    });
+    // The guest spins once its module is compiled: the executor burns CPU then.
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", first.id())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let fetched_at = cpu();
+    common::wait_until(
+        Duration::from_secs(60),
+        "the first attempt spinning",
+        || cpu() >= fetched_at + 30,
+    );
+    // The URL now serves other bytes, and the task moves to an executor that has not
+    // fetched it: the first executor stops, withdrawing (and reporting) its attempt.
+    let other_bytes = b"other bytes, served after the first attempt".to_vec();
+    server.set("/in", Reply::Body(other_bytes.clone()));
+    let _second = executor("second");
+    cluster.wait_for_alive_executors(2);
+    first.stop();
+    let job = cluster.wait_for_job(&id, Duration::from_secs(60));
+    let (kind, message) = {
+        assert_eq!(job["state"], "failed", "{job}");
+        let task = &cluster.tasks(&job)[0];
+        (
+            task["error"]["kind"].as_str().unwrap().to_owned(),
+            task["error"]["message"].as_str().unwrap().to_owned(),
+        )
+    };
+    assert_eq!(kind, "fetch_error", "{message}");
+    for bytes in [&first_bytes, &other_bytes] {
+        assert!(
+            message.contains(&sha256_hex(bytes)),
+            "names both: {message}"
+        );
+    }
+    assert_eq!(server.hits("/in"), 2, "the second executor fetched it once");
+}

@@ -132,3 +132,117 @@ fn memoize_is_refused_where_a_result_could_differ_or_an_input_has_no_digest() {
         "{body}"
     );
 }
+
+/// A deterministic, memoized job whose one task allocates 300 MiB under a 128 MiB start.
+fn needs_300_mib(module: &str, escalate: Option<Value>) -> Value {
+    let mut job = spec(module, &["alloc", "300"], &[""]);
+    job["resources"] = json!({"memory_mb": 128});
+    job["deterministic"] = json!(true);
+    job["memoize"] = json!(true);
+    if let Some(escalate) = escalate {
+        job["retry"] = json!({"escalate": escalate});
+    }
+    job
+}
+
+#[test]
+fn a_result_that_needed_escalation_answers_only_a_job_that_escalates_the_same_way() {
+    let cluster = DevCluster::start(1, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let escalating = cluster.run_job(needs_300_mib(&testkit, Some(json!({"memory": 2.0}))));
+    assert_eq!(escalating["state"], "succeeded", "{escalating}");
+    assert_eq!(finished(&cluster), 3, "128, 256, then 512 MiB");
+
+    // Without escalation the task fails at 128 MiB: it must run, not take the result.
+    let plain = cluster.run_job(needs_300_mib(&testkit, None));
+    assert_eq!(plain["state"], "failed", "{plain}");
+    let task = &cluster.tasks(&plain)[0];
+    assert_eq!(task["error"]["kind"], "memory_limit", "{task}");
+    assert!(task.get("memoized_from").is_none(), "{task}");
+    assert_eq!(finished(&cluster), 4);
+
+    // Escalating the same way, it is the same computation: taken, not run.
+    let again = cluster.run_job(needs_300_mib(&testkit, Some(json!({"memory": 2.0}))));
+    assert_eq!(again["state"], "succeeded", "{again}");
+    assert_eq!(
+        cluster.tasks(&again)[0]["memoized_from"]["job"],
+        escalating["id"]
+    );
+    assert_eq!(finished(&cluster), 4);
+    // Another factor would try other budgets: another computation.
+    let other = cluster.run_job(needs_300_mib(&testkit, Some(json!({"memory": 4.0}))));
+    assert!(cluster.tasks(&other)[0].get("memoized_from").is_none());
+    assert_eq!(finished(&cluster), 6, "128, then 512 MiB");
+}
+
+#[test]
+fn two_identical_memoized_jobs_without_a_seed_are_one_computation() {
+    let cluster = DevCluster::start(1, 1);
+    let probe = cluster.upload_wat(PROBE);
+    let mut job = spec(&probe, &[], &["a", "b", "c"]);
+    job["deterministic"] = json!(true);
+    job["memoize"] = json!(true);
+    let first = cluster.run_job(job.clone());
+    let computed = results(&cluster, &first);
+    let second = cluster.run_job(job.clone());
+    assert_eq!(second["seed"], first["seed"], "{second}");
+    assert_eq!(results(&cluster, &second), computed);
+    assert_eq!(
+        finished(&cluster),
+        3,
+        "no executor ran a task of the second job"
+    );
+    for task in cluster.tasks(&second) {
+        assert_eq!(task["memoized_from"]["job"], first["id"], "{task}");
+    }
+    // Another spec is another seed.
+    job["inputs"] = json!([{"text": "a"}, {"text": "b"}, {"text": "d"}]);
+    let other = cluster.run_job(job);
+    assert_ne!(other["seed"], first["seed"]);
+}
+
+#[test]
+fn two_identical_memoized_jobs_at_the_same_moment_both_end_with_the_same_bytes() {
+    let cluster = DevCluster::start(2, 1);
+    let probe = cluster.upload_wat(PROBE);
+    let mut job = spec(&probe, &[], &["a", "b", "c"]);
+    job["deterministic"] = json!(true);
+    job["memoize"] = json!(true);
+    let (one, two) = std::thread::scope(|scope| {
+        let one = scope.spawn(|| cluster.run_job(job.clone()));
+        let two = scope.spawn(|| cluster.run_job(job.clone()));
+        (one.join().unwrap(), two.join().unwrap())
+    });
+    let bytes = results(&cluster, &one);
+    assert_eq!(results(&cluster, &two), bytes);
+    // Each task was computed, or taken from the other job's (never from itself).
+    for (job, other) in [(&one, &two), (&two, &one)] {
+        for task in cluster.tasks(job) {
+            if let Some(from) = task.get("memoized_from") {
+                assert_eq!(from["job"], other["id"], "{task}");
+            }
+        }
+    }
+    // Whichever computed first, a third job takes every result and runs nothing.
+    let ran = finished(&cluster);
+    let third = cluster.run_job(job);
+    assert_eq!(results(&cluster, &third), bytes);
+    assert_eq!(finished(&cluster), ran);
+}
+
+#[test]
+fn an_attempt_held_to_less_memory_than_it_asked_records_what_it_ran_with() {
+    let cluster = DevCluster::start_with(1, 1, &["--executor-arg=--max-memory-mb=200"]);
+    let testkit = cluster.upload(&guests().testkit);
+    let mut job = spec(&testkit, &["alloc", "100"], &[""]);
+    job["resources"] = json!({"memory_mb": 512});
+    job["deterministic"] = json!(true);
+    let job = cluster.run_job(job);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let task = &cluster.tasks(&job)[0];
+    assert_eq!(task["history"][0]["memory_mb"], 200, "{task}");
+    let id = job["id"].as_str().unwrap();
+    let (status, bundle) = cluster.get(&format!("/v1/jobs/{id}/tasks/0/replay"));
+    assert_eq!(status, 200, "{bundle}");
+    assert_eq!(bundle["memory_mb"], 200, "{bundle}");
+}

@@ -658,3 +658,93 @@ fn submissions_and_uploads_at_once_cannot_pass_a_limit_together() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(s.b.get("/v1/jobs").0, 200);
 }
+
+/// The failure of the one task of `job` as `api` sees it: (kind, message).
+fn failure_of(api: &Api, job: &Value) -> (String, String) {
+    assert_eq!(job["state"], "failed", "{job}");
+    let task = &api.tasks(job)[0];
+    (
+        task["error"]["kind"].as_str().unwrap().to_owned(),
+        task["error"]["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn a_tenant_that_knows_anothers_module_digest_cannot_run_it_through_the_executors_cache() {
+    let s = start(1, 1, "", &[]);
+    // A's private module has run on the only executor: it is compiled there.
+    let module = s.a.upload(&guests().testkit);
+    let job = s.a.run_job(spec(&module, &["echo"], &["a's"]));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let digest = module.strip_prefix("sha256:").unwrap();
+    let absent = "0".repeat(64);
+    // B names a URL that does not resolve, with A's digest and with one nobody has.
+    let by_url = |sha256: &str| {
+        json!({"module": "http://no-such-host.invalid/m.wasm", "module_sha256": sha256,
+               "args": ["echo"], "inputs": [{"text": "b's"}], "max_failures": 1})
+    };
+    let (kind, with_as) = failure_of(&s.b, &s.b.run_job(by_url(digest)));
+    let (absent_kind, with_absent) = failure_of(&s.b, &s.b.run_job(by_url(&absent)));
+    assert_eq!(kind, "fetch_error", "{with_as}");
+    assert_eq!(absent_kind, "fetch_error", "{with_absent}");
+    assert_eq!(
+        with_as.replace(digest, &absent),
+        with_absent,
+        "the same failure, whichever digest was named"
+    );
+}
+
+#[test]
+fn a_tenants_escalated_retries_stop_at_its_task_limits() {
+    let s = start(
+        1,
+        1,
+        "max_task_memory_mb = 64\nmax_task_timeout_ms = 60000",
+        &[],
+    );
+    let module = s.b.upload(&guests().testkit);
+    let needs_100_mib = |escalate: Value| {
+        let mut job = spec(&module, &["alloc", "100"], &[""]);
+        job["resources"] = json!({"memory_mb": 16, "timeout_ms": 2000});
+        job["retry"] = json!({"escalate": escalate});
+        job
+    };
+    let job =
+        s.b.run_job(needs_100_mib(json!({"memory": 16, "timeout": 16})));
+    assert_eq!(job["state"], "failed", "{job}");
+    let task = &s.b.tasks(&job)[0];
+    let history: Vec<(u64, &str)> = task["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["memory_mb"].as_u64().unwrap(),
+                a["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        history,
+        [(16, "memory_limit"), (64, "memory_limit")],
+        "16 MiB, then the tenant's 64, never 256 or 4096: {task}"
+    );
+    // Caps past the tenant's limits are refused as its quota, naming the limit.
+    for (escalate, limit) in [
+        (
+            json!({"memory": 2, "max_memory_mb": 128}),
+            "max_task_memory_mb is 64",
+        ),
+        (
+            json!({"timeout": 2, "max_timeout_ms": 3_600_000}),
+            "max_task_timeout_ms is 60000",
+        ),
+    ] {
+        let (status, body) =
+            s.b.post_raw("/v1/jobs", needs_100_mib(escalate.clone()).to_string());
+        assert_eq!(status, 429, "{escalate}: {body}");
+        assert_eq!(body["error"]["kind"], "quota_exceeded", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(limit), "{escalate}: {message}");
+    }
+}

@@ -24,7 +24,7 @@ const AHEAD: u32 = 256;
 pub struct LocalRunner {
     runner: Arc<TaskRunner>,
     statuses: mpsc::UnboundedReceiver<ExecutorMessage>,
-    digest: Digest,
+    module: ModuleRef,
     args: Vec<String>,
     /// Distinct job ids per measurement, so attempts never collide in the runner.
     jobs: u64,
@@ -68,11 +68,17 @@ impl LocalRunner {
             updates,
         );
         let digest = Digest::of(wasm);
-        runner.preload(digest, compiled);
+        let module = ModuleRef {
+            digest: Some(digest),
+            url: "http://unused.invalid/".into(),
+            timestamp_ms: 0,
+            size: None,
+        };
+        runner.preload(&module, digest, compiled);
         Ok(LocalRunner {
             runner,
             statuses,
-            digest,
+            module,
             args,
             jobs: 0,
             _dir: dir,
@@ -87,12 +93,7 @@ impl LocalRunner {
             job: JobId(format!("local-{}", self.jobs)),
             task_count: tasks,
             name: "local".into(),
-            module: ModuleRef {
-                digest: Some(self.digest),
-                url: "http://unused.invalid/".into(),
-                timestamp_ms: 0,
-                size: None,
-            },
+            module: self.module.clone(),
             files: vec![],
             args: self.args.clone(),
             env: vec![],
@@ -113,6 +114,7 @@ impl LocalRunner {
                         env: vec![],
                         input: TaskInput::Inline(Vec::new()),
                         resources: None,
+                        pins: None,
                     },
                 )
             })

@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use flint_fetch_cache::FetchCache;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId,
-    TaskInput,
+    Digest, ExecutorMessage, FailureKind, JobId, ModuleRef, Pins, TaskDescription, TaskFailure,
+    TaskId, TaskInput,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
-use self::counters::{cpu_since_last_attempt, thread_schedstat};
-use self::prepare::{JobFiles, trust};
+use self::counters::{AttemptCpu, thread_schedstat};
+use self::prepare::{JobFiles, ModuleSource, Resolved, trust};
 use self::status::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
 use crate::results::{BlockWriter, ResultTarget};
@@ -49,6 +49,12 @@ pub struct TaskRunner {
     sandbox: Arc<Sandbox>,
     fetcher: FetchCache,
     compiler: ModuleCompiler,
+    /// Module references this executor has resolved, by the reference itself: a task
+    /// runs only what its own job's reference fetched here, never a module that another
+    /// job's reference brought in under the same digest (knowing a digest is not being
+    /// allowed its bytes).
+    sources: Mutex<LruCache<ModuleSource, Arc<OnceCell<Resolved>>>>,
+    /// Compiled modules by digest, which references to the same bytes share.
     modules: Mutex<LruCache<Digest, Arc<OnceCell<Arc<Compiled>>>>>,
     job_files: Mutex<LruCache<JobId, Arc<OnceCell<Arc<JobFiles>>>>>,
     /// Where jobs' file directories live.
@@ -96,8 +102,8 @@ struct Work {
     kill: Arc<Kill>,
     /// Bytes downloaded to get it ready (its usage's `fetched_bytes`).
     fetched: u64,
-    /// A deterministic task's module and files, by digest.
-    pinned: Option<(Digest, Vec<Digest>)>,
+    /// What a deterministic task runs, by digest (checked against its launch's pins).
+    pins: Option<Box<Pins>>,
 }
 
 tokio::task_local! {
@@ -137,6 +143,9 @@ impl TaskRunner {
             sandbox,
             fetcher,
             compiler,
+            sources: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
+            )),
             modules: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
             )),
@@ -169,8 +178,6 @@ impl TaskRunner {
                 .name(format!("flint-task-{i}"))
                 .stack_size(TASK_THREAD_STACK)
                 .spawn(move || {
-                    // The first attempt's CPU time counts from here.
-                    cpu_since_last_attempt();
                     if let (Some(runner), Some(stat)) = (runner.upgrade(), thread_schedstat()) {
                         runner
                             .task_threads
@@ -209,20 +216,22 @@ impl TaskRunner {
             }
         }
         let cell = {
-            let mut modules = self.modules.lock().expect("module cache lock poisoned");
-            modules
-                // A module by URL with no digest is known by its cache key until fetched.
-                .get_or_insert(desc.job.module.locality_key(), || Arc::new(OnceCell::new()))
+            let mut sources = self.sources.lock().expect("module cache lock poisoned");
+            sources
+                .get_or_insert(ModuleSource::of(&desc.job.module), || {
+                    Arc::new(OnceCell::new())
+                })
                 .clone()
         };
-        // A deterministic task's module digest is looked up on the way (below).
+        // A deterministic task's pins are gathered on the way (below).
         if desc.job.files.is_empty()
             && desc.job.determinism.is_none()
             && matches!(desc.input, TaskInput::Inline(_))
-            && let Some(compiled) = cell.get()
+            && let Some(resolved) = cell.get()
+            && resolved.is_for(&desc.job.module)
         {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-            self.enqueue(desc, compiled.clone(), None, kill, (0, None));
+            self.enqueue(desc, resolved.compiled.clone(), None, kill, (0, None));
             return;
         }
         let runner = self.clone();
@@ -255,22 +264,26 @@ impl TaskRunner {
                         desc.input = TaskInput::Inline(runner.assemble(parts).await?);
                     }
                 }
-                let compiled = cell
-                    .get_or_try_init(|| runner.load_module(&desc))
-                    .await?
-                    .clone();
+                let resolved = match cell.get() {
+                    Some(resolved) => {
+                        runner.module_cache_hits.fetch_add(1, Ordering::Relaxed);
+                        resolved
+                    }
+                    None => {
+                        cell.get_or_try_init(|| runner.resolve_module(&desc.job.module))
+                            .await?
+                    }
+                };
+                resolved.check(&desc.job.module)?;
                 let files = match desc.job.files.is_empty() {
                     true => None,
                     false => Some(runner.job_files(&desc).await?),
                 };
-                let pinned = match desc.job.determinism {
+                let pins = match desc.job.determinism {
                     None => None,
-                    Some(_) => Some((
-                        runner.module_digest(&desc).await?,
-                        files.as_ref().map(|f| f.digests()).unwrap_or_default(),
-                    )),
+                    Some(_) => Some(prepare::pins(&desc, resolved.digest, files.as_deref())?),
                 };
-                Ok::<_, TaskFailure>((compiled, files, pinned))
+                Ok::<_, TaskFailure>((resolved.compiled.clone(), files, pins))
             };
             // A kill reaches the attempt while its module, input and files are still
             // being fetched (each up to the fetch deadline): the fetches are dropped and
@@ -286,8 +299,8 @@ impl TaskRunner {
                 })
                 .await;
             match ready {
-                Ok(Some((compiled, files, pinned))) => {
-                    runner.enqueue(desc, compiled, files, kill, (fetched, pinned))
+                Ok(Some((compiled, files, pins))) => {
+                    runner.enqueue(desc, compiled, files, kill, (fetched, pins))
                 }
                 Ok(None) => {
                     let failure = TaskFailure::new(
@@ -301,15 +314,26 @@ impl TaskRunner {
         });
     }
 
-    /// Puts an already compiled module in the in-memory cache, as if a task had loaded
-    /// it: for embedders that compile ahead of time, and for benchmarks of the per-task
-    /// path alone.
-    pub fn preload(&self, digest: Digest, compiled: Compiled) {
-        let cell = Arc::new(OnceCell::new_with(Some(Arc::new(compiled))));
+    /// Puts an already compiled module in the in-memory cache as what `module` resolves
+    /// to, as if a task had fetched and loaded it: for embedders that compile ahead of
+    /// time (and vouch for the reference), and for benchmarks of the per-task path alone.
+    pub fn preload(&self, module: &ModuleRef, digest: Digest, compiled: Compiled) {
+        let compiled = Arc::new(compiled);
+        let resolved = Resolved {
+            digest,
+            compiled: compiled.clone(),
+        };
+        self.sources
+            .lock()
+            .expect("module cache lock poisoned")
+            .put(
+                ModuleSource::of(module),
+                Arc::new(OnceCell::new_with(Some(resolved))),
+            );
         self.modules
             .lock()
             .expect("module cache lock poisoned")
-            .put(digest, cell);
+            .put(digest, Arc::new(OnceCell::new_with(Some(compiled))));
     }
 
     /// Interrupts an attempt. A queued one ends as killed when its turn comes; a running
@@ -338,7 +362,7 @@ impl TaskRunner {
         compiled: Arc<Compiled>,
         files: Option<Arc<JobFiles>>,
         kill: Arc<Kill>,
-        (fetched, pinned): (u64, Option<(Digest, Vec<Digest>)>),
+        (fetched, pins): (u64, Option<Box<Pins>>),
     ) {
         let work = Work {
             desc,
@@ -346,7 +370,7 @@ impl TaskRunner {
             files,
             kill,
             fetched,
-            pinned,
+            pins,
         };
         if let Err(crossbeam_channel::SendError(work)) = self.queue.send(work) {
             let failure = TaskFailure::new(FailureKind::HostError, "executor is shutting down");
@@ -362,13 +386,14 @@ impl TaskRunner {
             files,
             kill,
             fetched,
-            pinned,
+            pins,
         } = work;
         if kill.is_killed() {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
             return self.report_unrun(desc, failure, fetched, more_queued);
         }
         let started_at_us = now_us();
+        let cpu = AttemptCpu::start();
         // The job's variables under the task's, except the `FLINT_*` ones, which a job
         // cannot set. Borrowed, not copied: a launch's strings go to WASI as they are.
         let job = desc.job.clone();
@@ -399,13 +424,6 @@ impl TaskRunner {
         };
         let resources = desc.resources;
         let input_bytes = stdin.len() as u64;
-        let pins = pinned.map(|(module, files)| {
-            Box::new(Pins {
-                module,
-                files,
-                input: Digest::of(&stdin),
-            })
-        });
         let seed = job.determinism.map(|d| d.task_seed(desc.task.index));
         let run = || {
             self.sandbox.run(
@@ -460,7 +478,7 @@ impl TaskRunner {
                 }
             });
         let mut report = report;
-        report.usage.cpu_us = cpu_since_last_attempt();
+        report.usage.cpu_us = cpu.spent_us();
         report.usage.input_bytes = input_bytes;
         report.usage.fetched_bytes = fetched;
         report.pins = pins;

@@ -44,8 +44,8 @@ use self::config::{
 pub use self::determinism::{EPOCH, fixed_times};
 use self::determinism::{VirtualClock, deterministic_linker};
 use self::spent::Spent;
-pub use self::stop::Kill;
 use self::stop::{Ended, bounded, on_task_runtime};
+pub use self::stop::{Kill, helper_cpu_us, thread_cpu_us};
 use crate::outcome::{TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
 use crate::results::{ResultPipe, ResultTarget};

@@ -98,7 +98,7 @@ fn launch(input: TaskInput) -> TaskLaunch {
         env: vec![("SHARD".into(), "3".into())],
         input,
         resources: None,
-        determinism: None,
+        pins: None,
     }
 }
 
@@ -111,6 +111,7 @@ fn task_end(outcome: Result<TaskResult, TaskFailure>) -> TaskEnd {
         log_truncated: false,
         usage: Default::default(),
         pins: None,
+        memory_mb: None,
     }
 }
 

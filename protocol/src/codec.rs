@@ -209,6 +209,7 @@ mod tests {
             env: vec![("SHARD".into(), "3".into())],
             input: TaskInput::Inline(input),
             resources: None,
+            pins: None,
         }
     }
 
@@ -246,6 +247,7 @@ mod tests {
                     digest: Some(Digest::of(b"x")),
                 })),
                 resources: None,
+                pins: None,
                 ..launch(Vec::new(), vec![])
             })),
             DriverMessage::LaunchTask(Box::new(TaskLaunch {
@@ -258,6 +260,7 @@ mod tests {
                     }),
                 ]),
                 resources: None,
+                pins: None,
                 ..launch(Vec::new(), vec![])
             })),
             DriverMessage::ForgetJob { key: 12 },
@@ -291,6 +294,7 @@ mod tests {
                 fetched_bytes: 9,
             },
             pins: None,
+            memory_mb: None,
         };
         let failed = TaskEnd {
             outcome: Err(TaskFailure {

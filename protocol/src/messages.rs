@@ -28,8 +28,9 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// heartbeats (task CPU time, bytes fetched, result bytes, attempts completed). 10:
 /// object-store credentials pushed by the driver (`UpdateCredentials`). 11: per-attempt
 /// usage and a deterministic attempt's pins in the task end, a job's determinism in its
-/// template, a launch's own budget (escalated retries).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// template, a launch's own budget (escalated retries). 12: a later attempt's pins in
+/// its launch, and the memory an attempt was held to in its end.
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

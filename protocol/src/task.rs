@@ -79,6 +79,10 @@ pub struct TaskLaunch {
     /// This attempt's budget when it is not the job's: a retry that escalated its memory
     /// or time after a `memory_limit` or `timeout` failure (`"retry": {"escalate": ...}`).
     pub resources: Option<Resources>,
+    /// For a later attempt of a deterministic task: what an earlier attempt of it ran,
+    /// by digest. This attempt must run on the very same bytes (a URL that now serves
+    /// others fails it as `fetch_error`, naming both digests).
+    pub pins: Option<Box<Pins>>,
 }
 
 /// Everything an executor needs to run one attempt of one task (Spark's
@@ -97,6 +101,8 @@ pub struct TaskDescription {
     pub input: TaskInput,
     /// What this attempt may use: the launch's own budget, else the job's.
     pub resources: Resources,
+    /// See [`TaskLaunch::pins`].
+    pub pins: Option<Box<Pins>>,
 }
 
 impl TaskDescription {
@@ -116,6 +122,7 @@ impl TaskDescription {
             env: launch.env,
             input: launch.input,
             resources,
+            pins: launch.pins,
         }
     }
 }
@@ -297,6 +304,10 @@ pub struct TaskEnd {
     /// For a deterministic job, the digests of exactly what the attempt ran: none when
     /// it never got as far as having them (its module failed to fetch, say).
     pub pins: Option<Box<Pins>>,
+    /// The linear memory the attempt was held to, in MiB, when the executor gave less
+    /// than its budget asked (`flint executor --max-memory-mb`, or `--memory-mb` shared
+    /// by `--cores`); `None` when it got what it asked for.
+    pub memory_mb: Option<u32>,
 }
 
 /// The digests of what a deterministic attempt ran: URLs resolved to the bytes the

@@ -12,7 +12,8 @@ pub struct Usage {
     /// only on executors that meter fuel (`--fuel`), which is where a job with
     /// `"accounting": "exact"` runs; none elsewhere.
     pub fuel: Option<u64>,
-    /// CPU time of the task thread for the attempt, instantiation included.
+    /// CPU time of the attempt from its own start (instantiation included) to its own
+    /// end, on its task thread and on the helper threads that worked for it.
     pub cpu_us: u64,
     /// From instantiation to the guest's end.
     pub wall_us: u64,

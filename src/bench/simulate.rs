@@ -120,6 +120,7 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
                             log_truncated: false,
                             usage: Default::default(),
                             pins: None,
+                            memory_mb: None,
                         },
                     };
                     if task_time.is_zero() {

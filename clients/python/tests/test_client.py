@@ -350,11 +350,13 @@ def test_a_deterministic_job_runs_the_same_twice_and_pins_what_it_ran(client: Cl
         assert pins.input == "sha256:" + hashlib.sha256(b"x").hexdigest()
         assert pins.module == module and pins.files == {}
 
-    # Without a seed the driver draws one and records it; a plain job has no seed, no
-    # pins, and is told its job id.
+    # Without a seed the driver derives one from the spec and records it: the same spec,
+    # the same seed. A plain job has no seed, no pins, and is told its job id.
     drawn = client.submit(module, ["x"], args=["env"], deterministic=True)
     seed = drawn.wait(60, raise_on_failure=True).seed
     assert seed is not None and 0 <= seed < 2**53
+    again = client.submit(module, ["x"], args=["env"], deterministic=True)
+    assert again.wait(60, raise_on_failure=True).seed == seed
     plain = client.submit(module, ["x"], args=["env"])
     view = plain.wait(60, raise_on_failure=True)
     assert view.seed is None and b"FLINT_JOB_ID" in plain.result(0)

@@ -32,6 +32,19 @@ use inputs::{InputBudget, block_fetch, ready_result, results_input};
 pub const INVALID_JSON: &str = "invalid_json";
 /// The kind of a rejection that is the driver's fault: its job store could not be read.
 pub const STORAGE: &str = "storage";
+/// The kind of a submission refused by a tenant's limit (HTTP 429).
+pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+
+/// The most a task of the submitting caller may be given, beyond the cluster's own
+/// bounds: its tenant's `max_task_memory_mb` and `max_task_timeout_ms` (none for the
+/// admin). An escalated retry stops there too.
+#[derive(Clone, Debug, Default)]
+pub struct Ceiling {
+    /// The tenant, for the message of a refusal.
+    pub tenant: Option<String>,
+    pub memory_mb: Option<u32>,
+    pub timeout_ms: Option<u64>,
+}
 
 /// Why a spec was not accepted: a kind callers can branch on (`invalid_spec`,
 /// `unknown_module`, `too_many_tasks`, ...) and a message that says where and what.
@@ -156,7 +169,16 @@ pub fn parse_job_spec(body: &[u8]) -> Result<JobSpec, Rejection> {
 }
 
 /// Checks a spec and turns it into a job the scheduler can run.
-pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection> {
+pub fn accept(
+    catalog: &impl Catalog,
+    mut spec: JobSpec,
+    ceiling: &Ceiling,
+) -> Result<NewJob, Rejection> {
+    // Of the whole spec, before its parts are taken apart below.
+    let seed = match (spec.deterministic, spec.seed) {
+        (true, None) => Some(options::seed_of(&mut spec)),
+        (_, given) => given,
+    };
     if let Some(name) = &spec.name {
         guest_env::check_name("name", name)?;
     }
@@ -275,10 +297,10 @@ pub fn accept(catalog: &impl Catalog, spec: JobSpec) -> Result<NewJob, Rejection
         .max_result_bytes
         .unwrap_or(defaults::JOB_MAX_RESULT_BYTES);
     let options = options::of(
-        (spec.deterministic, spec.seed, spec.memoize),
+        (spec.deterministic, seed, spec.memoize),
         spec.accounting,
         spec.retry.as_ref(),
-        &resources,
+        (&resources, ceiling),
     )?;
     let name = spec.name.unwrap_or_else(|| "job".into());
     let def = JobDef {

@@ -2,11 +2,11 @@
 //! seed, and `"retry"` (how a task that ran out of memory or time is given more on its
 //! next attempt).
 
-use flint_protocol::api::{Accounting, EscalateSpec, Factor, RetrySpec};
+use flint_protocol::api::{Accounting, EscalateSpec, Factor, JobSpec, RetrySpec};
 use flint_protocol::records::{Escalation, JobOptions};
 use flint_protocol::{Determinism, Resources};
 
-use super::Rejection;
+use super::{Ceiling, QUOTA_EXCEEDED, Rejection};
 use crate::scheduler::escalation;
 
 /// What a spec asks for beyond its resources (already checked: `resources`): its
@@ -15,12 +15,16 @@ pub(super) fn of(
     (deterministic, seed, memoize): (bool, Option<u64>, bool),
     accounting: Option<Accounting>,
     retry: Option<&RetrySpec>,
-    resources: &Resources,
+    (resources, ceiling): (&Resources, &Ceiling),
 ) -> Result<JobOptions, Rejection> {
     let determinism = match (deterministic, seed) {
-        (true, seed) => Some(Determinism {
-            seed: seed.unwrap_or_else(draw_seed),
-        }),
+        (true, Some(seed)) => Some(Determinism { seed }),
+        (true, None) => {
+            return Err(Rejection::new(
+                "invalid_spec",
+                "a deterministic job's seed is given or derived before its options",
+            ));
+        }
         (false, None) => None,
         (false, Some(_)) => {
             return Err(Rejection::new(
@@ -43,7 +47,7 @@ pub(super) fn of(
         memoized: Vec::new(),
         escalate: retry
             .and_then(|r| r.escalate.as_ref())
-            .map(|e| escalation(e, resources))
+            .map(|e| escalation(e, resources, ceiling))
             .transpose()?,
     })
 }
@@ -53,10 +57,13 @@ pub(super) fn of(
 const MAX_FACTOR: f64 = 16.0;
 
 /// `"retry": {"escalate": ...}` checked against the job's own budget: factors in
-/// (1, 16], caps no lower than what the job starts with and within the cluster's.
+/// (1, 16], caps no lower than what the job starts with and within the cluster's (422)
+/// and the caller's tenant's limits (429: a tenant's task never grows past them). A cap
+/// left out is the cluster's default, held to the tenant's limit.
 pub(super) fn escalation(
     spec: &EscalateSpec,
     resources: &Resources,
+    ceiling: &Ceiling,
 ) -> Result<Escalation, Rejection> {
     let invalid = |m: String| Rejection::new("invalid_spec", m);
     if spec.memory.is_none() && spec.timeout.is_none() {
@@ -73,7 +80,15 @@ pub(super) fn escalation(
     };
     let memory = factor("memory", spec.memory)?;
     let timeout = factor("timeout", spec.timeout)?;
-    let max_memory_mb = spec.max_memory_mb.unwrap_or(escalation::MAX_MEMORY_MB);
+    let max_memory_mb = match spec.max_memory_mb {
+        Some(cap) => cap,
+        // The job's own budget is the tenant's to refuse (`check_quotas`), not this.
+        None => (ceiling.memory_mb)
+            .map_or(escalation::MAX_MEMORY_MB, |m| {
+                m.min(escalation::MAX_MEMORY_MB)
+            })
+            .max(resources.memory_mb),
+    };
     if max_memory_mb > escalation::MAX_MEMORY_MB || max_memory_mb < resources.memory_mb {
         return Err(invalid(format!(
             "retry.escalate.max_memory_mb is {max_memory_mb}: it is at least the job's resources.memory_mb ({}) and at most {} (the most any executor gives a task)",
@@ -81,14 +96,44 @@ pub(super) fn escalation(
             escalation::MAX_MEMORY_MB
         )));
     }
-    let max_timeout_ms = spec
-        .max_timeout_ms
-        .unwrap_or(escalation::MAX_TIMEOUT_MS.max(resources.timeout_ms));
+    let max_timeout_ms = match spec.max_timeout_ms {
+        Some(cap) => cap,
+        None => (ceiling.timeout_ms)
+            .map_or(escalation::MAX_TIMEOUT_MS, |t| {
+                t.min(escalation::MAX_TIMEOUT_MS)
+            })
+            .max(resources.timeout_ms),
+    };
     if max_timeout_ms < resources.timeout_ms {
         return Err(invalid(format!(
             "retry.escalate.max_timeout_ms is {max_timeout_ms}: it is at least the job's resources.timeout_ms ({})",
             resources.timeout_ms
         )));
+    }
+    let over_tenant = |field: &str, limit: &str, max: u64, cap: u64| {
+        Rejection::new(
+            QUOTA_EXCEEDED,
+            format!(
+                "tenant {:?}: {limit} is {max}; retry.escalate.{field} asks for up to {cap}",
+                ceiling.tenant.as_deref().unwrap_or_default()
+            ),
+        )
+    };
+    if let Some(max) = ceiling.memory_mb
+        && max_memory_mb > max.max(resources.memory_mb)
+    {
+        let (max, cap) = (u64::from(max), u64::from(max_memory_mb));
+        return Err(over_tenant("max_memory_mb", "max_task_memory_mb", max, cap));
+    }
+    if let Some(max) = ceiling.timeout_ms
+        && max_timeout_ms > max.max(resources.timeout_ms)
+    {
+        return Err(over_tenant(
+            "max_timeout_ms",
+            "max_task_timeout_ms",
+            max,
+            max_timeout_ms,
+        ));
     }
     Ok(Escalation {
         memory,
@@ -98,8 +143,30 @@ pub(super) fn escalation(
     })
 }
 
-/// A seed for a deterministic job that gave none: 53 random bits (a JSON number any
-/// client reads exactly), from the random part of a v7 UUID.
-fn draw_seed() -> u64 {
-    (uuid::Uuid::now_v7().as_u128() as u64) & ((1 << 53) - 1)
+/// The seed of a deterministic job that gave none: 53 bits (a JSON number any client
+/// reads exactly) of SHA-256 over the spec's JSON as accepted (keys in one order, maps
+/// sorted), with `memoize` and `priority` left out (they change whether and when a task
+/// runs, not what it computes). The same spec has the same seed, so the same key for
+/// its memoized tasks: a seed drawn at random made two identical `"memoize": true` jobs
+/// never meet.
+pub(super) fn seed_of(spec: &mut JobSpec) -> u64 {
+    use sha2::Digest as _;
+    struct Hashing(sha2::Sha256);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut hash = Hashing(sha2::Sha256::new());
+    std::io::Write::write_all(&mut hash, b"flint seed of a spec v1\0").expect("hashing");
+    // Taken out and put back rather than the spec copied: it may hold a million inputs.
+    let left_out = (std::mem::take(&mut spec.memoize), spec.priority.take());
+    serde_json::to_writer(&mut hash, &*spec).expect("a parsed spec serialises");
+    (spec.memoize, spec.priority) = left_out;
+    let digest: [u8; 32] = hash.0.finalize().into();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) & ((1 << 53) - 1)
 }

@@ -9,15 +9,20 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
 use crate::admission::inputs::InputBudget;
-use crate::admission::{accept, decode_input, parse_job_spec};
+use crate::admission::{Ceiling, accept, decode_input, parse_job_spec};
 use crate::scheduler::{NewJob, set_state};
 use crate::service::Driver;
 use crate::service::tests::{EMPTY_MODULE, driver};
 
 fn submit(driver: &Driver, spec: serde_json::Value) -> ApiResult<NewJob> {
+    submit_as(driver, spec, &Ceiling::default())
+}
+
+fn submit_as(driver: &Driver, spec: serde_json::Value, ceiling: &Ceiling) -> ApiResult<NewJob> {
     Ok(accept(
         driver,
         parse_job_spec(spec.to_string().as_bytes())?,
+        ceiling,
     )?)
 }
 
@@ -247,4 +252,113 @@ fn a_file_given_as_a_plain_url_string_is_fetched_like_a_url_object() {
         message.contains("is not a file id; upload the file"),
         "{message}"
     );
+}
+
+#[test]
+fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused() {
+    let (_dir, driver) = driver();
+    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let tenant = Ceiling {
+        tenant: Some("b".into()),
+        memory_mb: Some(64),
+        timeout_ms: Some(60_000),
+    };
+    let spec = |escalate: serde_json::Value| {
+        json!({"module": digest.to_string(), "inputs": [{"text": ""}],
+               "resources": {"memory_mb": 16, "timeout_ms": 1_000},
+               "retry": {"escalate": escalate}})
+    };
+    let caps = |job: NewJob| {
+        let e = job.def.options.escalate.expect("escalates");
+        (e.max_memory_mb, e.max_timeout_ms)
+    };
+    let asked = spec(json!({"memory": 16, "timeout": 16}));
+    assert_eq!(
+        caps(submit_as(&driver, asked.clone(), &tenant).unwrap()),
+        (64, 60_000),
+        "the caps left out are the tenant's limits"
+    );
+    assert_eq!(
+        caps(submit(&driver, asked).unwrap()),
+        (4096, 3_600_000),
+        "the admin's are the cluster's"
+    );
+    let within = spec(json!({"memory": 2, "max_memory_mb": 32, "max_timeout_ms": 2_000}));
+    assert_eq!(
+        caps(submit_as(&driver, within, &tenant).unwrap()),
+        (32, 2_000)
+    );
+    for (escalate, limit) in [
+        (
+            json!({"memory": 2, "max_memory_mb": 128}),
+            "max_task_memory_mb is 64",
+        ),
+        (
+            json!({"memory": 2, "max_memory_mb": 4096}),
+            "max_task_memory_mb is 64",
+        ),
+        (
+            json!({"timeout": 2, "max_timeout_ms": 60_001}),
+            "max_task_timeout_ms is 60000",
+        ),
+    ] {
+        let e = submit_as(&driver, spec(escalate.clone()), &tenant)
+            .err()
+            .expect("refused");
+        assert_eq!(
+            e.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{escalate}: {}",
+            e.message
+        );
+        assert_eq!(e.kind, "quota_exceeded");
+        assert!(e.message.contains(limit), "{escalate}: {}", e.message);
+    }
+    // Past the cluster's bound it is the spec's mistake, whoever asks.
+    let e = submit_as(
+        &driver,
+        spec(json!({"memory": 2, "max_memory_mb": 5000})),
+        &tenant,
+    );
+    assert_eq!(
+        e.err().expect("refused").status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+}
+
+#[test]
+fn a_deterministic_job_without_a_seed_gets_one_from_its_spec() {
+    let (_dir, driver) = driver();
+    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let module = digest.to_string();
+    let seed = |spec: &str| {
+        let spec: serde_json::Value = serde_json::from_str(spec).unwrap();
+        let job = submit(&driver, spec).unwrap();
+        job.def.options.determinism.expect("deterministic").seed
+    };
+    let base = format!(
+        r#"{{"module": "{module}", "deterministic": true, "args": ["a"], "inputs": [{{"text": "x"}}]}}"#
+    );
+    let first = seed(&base);
+    assert_eq!(seed(&base), first, "the same spec, the same seed");
+    assert!(first < 1 << 53, "a JSON number any client reads exactly");
+    let reordered = format!(
+        r#"{{"inputs": [{{"text": "x"}}], "args": ["a"], "deterministic": true, "module": "{module}"}}"#
+    );
+    assert_eq!(seed(&reordered), first, "whatever the order of its keys");
+    let memoized = format!(
+        r#"{{"module": "{module}", "deterministic": true, "memoize": true, "priority": 0, "args": ["a"], "inputs": [{{"text": "x"}}]}}"#
+    );
+    assert_eq!(
+        seed(&memoized),
+        first,
+        "memoize and priority change no result"
+    );
+    let other = base.replace(r#""x""#, r#""y""#);
+    assert_ne!(seed(&other), first, "another input, another seed");
+    let given = base.replace(
+        r#""deterministic": true"#,
+        r#""deterministic": true, "seed": 7"#,
+    );
+    assert_eq!(seed(&given), 7, "a seed given is kept");
 }

@@ -24,7 +24,7 @@ pub fn key(
         .determinism
         .ok_or("memoize is for deterministic jobs")?;
     let mut key = Vec::with_capacity(512);
-    key.extend_from_slice(b"flint memo key v1\0");
+    key.extend_from_slice(b"flint memo key v2\0");
     // A tenant's memoized results are its own: with the tenant in the key, another
     // tenant's identical task neither finds them nor takes the key first (which would
     // tell it the task had been run). The admin's keys are as they always were.
@@ -93,6 +93,20 @@ pub fn key(
     key.extend_from_slice(&r.timeout_ms.to_le_bytes());
     key.extend_from_slice(&r.max_output_bytes.to_le_bytes());
     key.extend_from_slice(&r.fuel.map_or(0, |f| f.saturating_add(1)).to_le_bytes());
+    // How a failed attempt is retried decides whether the task succeeds at all: one
+    // that succeeded only on an escalated budget answers only a job that would escalate
+    // the same way (the same factors and caps, as many attempts).
+    key.extend_from_slice(&def.max_failures.to_le_bytes());
+    match def.options.escalate {
+        None => key.push(0),
+        Some(e) => {
+            key.push(1);
+            key.extend_from_slice(&e.memory.to_le_bytes());
+            key.extend_from_slice(&e.timeout.to_le_bytes());
+            key.extend_from_slice(&e.max_memory_mb.to_le_bytes());
+            key.extend_from_slice(&e.max_timeout_ms.to_le_bytes());
+        }
+    }
     Ok(Digest::of(&key))
 }
 
@@ -161,6 +175,42 @@ mod tests {
         let mut env = def.clone();
         env.env.push(("K".into(), "V".into()));
         assert_ne!(key_of(&env, b"in", &["a", "b"]).unwrap(), base);
+        // How it is retried: an escalating job's success may be on a larger budget.
+        let escalation = flint_protocol::records::Escalation {
+            memory: 2.0,
+            timeout: 1.0,
+            max_memory_mb: 1024,
+            max_timeout_ms: 60_000,
+        };
+        let escalating = |e: flint_protocol::records::Escalation| {
+            let mut escalating = def.clone();
+            escalating.options.escalate = Some(e);
+            key_of(&escalating, b"in", &["a", "b"]).unwrap()
+        };
+        assert_ne!(escalating(escalation), base, "escalation");
+        for other in [
+            flint_protocol::records::Escalation {
+                memory: 4.0,
+                ..escalation
+            },
+            flint_protocol::records::Escalation {
+                max_memory_mb: 512,
+                ..escalation
+            },
+            flint_protocol::records::Escalation {
+                timeout: 2.0,
+                ..escalation
+            },
+            flint_protocol::records::Escalation {
+                max_timeout_ms: 1,
+                ..escalation
+            },
+        ] {
+            assert_ne!(escalating(other), escalating(escalation), "{other:?}");
+        }
+        let mut retried = def.clone();
+        retried.max_failures += 1;
+        assert_ne!(key_of(&retried, b"in", &["a", "b"]).unwrap(), base);
         // Each tenant's own; two tenants' names never run together into one.
         let tenant = |name: &str| {
             let mut owned = def.clone();

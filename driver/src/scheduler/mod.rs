@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    ExecutorId, FailureKind, JobId, JobTemplate, TaskFailure, TaskId, TaskLaunch, TaskResult,
+    ExecutorId, FailureKind, JobId, JobTemplate, Pins, TaskFailure, TaskId, TaskLaunch, TaskResult,
     TaskStatus, Usage,
 };
 

@@ -471,5 +471,19 @@ fn launch(job: &Job, index: u32, generation: u64) -> TaskLaunch {
         input: task.input.clone(),
         // An escalated retry's budget; the job's goes with the job's template.
         resources: job.budgets.get(&index).copied(),
+        pins: pinned(job, index),
     }
+}
+
+/// What an earlier attempt of a deterministic task ran, by digest, which every later
+/// attempt (a retry, a speculative copy) must run too: a URL without a `sha256` may
+/// serve other bytes by then. The first of its attempts that reported pins decides.
+fn pinned(job: &Job, index: u32) -> Option<Box<Pins>> {
+    if job.pins.is_empty() {
+        return None;
+    }
+    (job.attempts.iter().enumerate())
+        .filter(|(_, span)| span.task == index)
+        .find_map(|(at, _)| job.pins.get(&(at as u32)))
+        .map(|pins| Box::new(pins.clone()))
 }

@@ -109,6 +109,12 @@ impl ClusterState {
         spent.output_bytes += usage.output_bytes;
         let reported = (status.end.started_at_us, status.end.finished_at_us, usage);
         job.close_span(running.span, outcome, Some(reported), now);
+        // What it really ran with: an executor holds a task to its largest memory.
+        if let Some(given) = status.end.memory_mb
+            && let Some(span) = job.attempts.get_mut(running.span as usize)
+        {
+            span.memory_mb = span.memory_mb.min(given);
+        }
         let mut status = status;
         if let Some(pins) = status.end.pins.take() {
             job.pins.insert(running.span, *pins);
@@ -124,7 +130,7 @@ impl ClusterState {
         // escalates (None: it fails as before).
         let escalated = match (&status.end.outcome, job.def.options.escalate) {
             (Err(failure), Some(policy)) => escalation::next_budget(
-                &policy,
+                &self.shares.of(job.def.owner.tenant.as_deref()).hold(policy),
                 failure.kind,
                 job.budget(status.task.index),
                 usage.peak_memory_bytes,

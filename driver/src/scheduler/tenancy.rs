@@ -13,12 +13,32 @@
 
 use super::policy::{self, Demand, Offer, Placement, Plan};
 use super::*;
+use flint_protocol::records::Escalation;
 
-/// A tenant's weight and core limit, as the tenants file says.
+/// A tenant's weight, core limit and per-task limits, as the tenants file says.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Share {
     pub weight: f64,
     pub max_cores: Option<u32>,
+    /// What one task may be given: an escalated retry stops here, even when the file
+    /// lowered the limit after the job was accepted.
+    pub max_task_memory_mb: Option<u32>,
+    pub max_task_timeout_ms: Option<u64>,
+}
+
+impl Share {
+    /// `escalation` with its caps held to this tenant's per-task limits.
+    pub(super) fn hold(&self, escalation: Escalation) -> Escalation {
+        Escalation {
+            max_memory_mb: (self.max_task_memory_mb).map_or(escalation.max_memory_mb, |m| {
+                m.min(escalation.max_memory_mb)
+            }),
+            max_timeout_ms: (self.max_task_timeout_ms).map_or(escalation.max_timeout_ms, |t| {
+                t.min(escalation.max_timeout_ms)
+            }),
+            ..escalation
+        }
+    }
 }
 
 /// Every tenant's [`Share`]; a tenant not listed (the admin's jobs, or a tenant just
@@ -34,6 +54,8 @@ impl Shares {
             .unwrap_or(Share {
                 weight: 1.0,
                 max_cores: None,
+                max_task_memory_mb: None,
+                max_task_timeout_ms: None,
             })
     }
 }

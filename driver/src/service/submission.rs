@@ -179,7 +179,15 @@ impl Driver {
             driver: self,
             caller,
         };
-        let mut job = admission::accept(&catalog, admission::parse_job_spec(body)?)?;
+        let ceiling = caller
+            .tenant()
+            .map_or_else(Default::default, |t| admission::Ceiling {
+                tenant: Some(t.name.to_string()),
+                memory_mb: t.limits.max_task_memory_mb,
+                timeout_ms: t.limits.max_task_timeout_ms,
+            });
+        let spec = admission::parse_job_spec(body)?;
+        let mut job = admission::accept(&catalog, spec, &ceiling)?;
         let (max_cores, any_fuel) =
             self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
         admission::check_schedulable(&job, max_cores, any_fuel)?;

@@ -15,8 +15,7 @@ use crate::store::blobs::ModuleInfo;
 use crate::store::{SHARED, StoreError, blob_key};
 use crate::tenants::{ADMIN, Caller, Tenant, Tenants};
 
-/// The kind of a submission refused by a tenant's limit (HTTP 429).
-pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+pub use crate::admission::QUOTA_EXCEEDED;
 
 /// Who uploaded each module and file: blob key -> tenants (or [`SHARED`]).
 #[derive(Default)]
@@ -54,6 +53,8 @@ impl Driver {
                     let share = Share {
                         weight: t.weight,
                         max_cores: t.limits.max_cores,
+                        max_task_memory_mb: t.limits.max_task_memory_mb,
+                        max_task_timeout_ms: t.limits.max_task_timeout_ms,
                     };
                     (t.name.to_string(), share)
                 })

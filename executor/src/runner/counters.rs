@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use flint_protocol::messages::Heartbeat;
 
 use super::TaskRunner;
+use crate::sandbox;
 
 impl TaskRunner {
     pub fn heartbeat(&self) -> Heartbeat {
@@ -41,33 +42,30 @@ impl TaskRunner {
     }
 }
 
-thread_local! {
-    /// The task thread's CPU time when its previous attempt was measured.
-    static LAST_CPU_US: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+/// The CPU time of one attempt, from its own start to its own end, on every thread that
+/// worked for it: the task thread, and the helper threads of the task thread's own
+/// runtime, where a guest's file reads go when it may wait (`allow_blocking_current_thread`
+/// off). The time between attempts (reporting one, waiting for the next) is nobody's.
+/// Two clock reads per attempt on the task thread (a system call each: about a third of
+/// a microsecond here); the helpers' clocks are read only once the thread has started any.
+pub(super) struct AttemptCpu {
+    thread_us: u64,
+    helpers_us: u64,
 }
 
-/// The CPU time the calling task thread had since its previous attempt was measured (or
-/// since it started, which calls this once first): the attempt's instantiation, run and
-/// the small bookkeeping around it. One clock read per attempt, not two: a read is a system call
-/// (`CLOCK_THREAD_CPUTIME_ID` has no vDSO path), about a third of a microsecond here,
-/// and a no-op attempt costs the runner about 4 (BENCHMARKS.md, "Accounting"). A thread
-/// waiting for work gains no CPU time, so the attempts of a thread add up to its CPU time.
-pub(super) fn cpu_since_last_attempt() -> u64 {
-    let now = thread_cpu_us();
-    let last = LAST_CPU_US.with(|last| last.replace(Some(now)));
-    now.saturating_sub(last.unwrap_or(now))
-}
+impl AttemptCpu {
+    pub(super) fn start() -> Self {
+        AttemptCpu {
+            thread_us: sandbox::thread_cpu_us(),
+            helpers_us: sandbox::helper_cpu_us(),
+        }
+    }
 
-/// CPU time the calling thread has had, in microseconds.
-pub(super) fn thread_cpu_us() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to fill.
-    match unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } {
-        0 => now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000,
-        _ => 0,
+    /// The CPU time spent since [`AttemptCpu::start`], in microseconds.
+    pub(super) fn spent_us(&self) -> u64 {
+        let thread = sandbox::thread_cpu_us().saturating_sub(self.thread_us);
+        let helpers = sandbox::helper_cpu_us().saturating_sub(self.helpers_us);
+        thread + helpers
     }
 }
 
@@ -77,4 +75,25 @@ pub(super) fn thread_schedstat() -> Option<PathBuf> {
     let link = std::fs::read_link("/proc/thread-self").ok()?;
     let path = std::path::Path::new("/proc").join(link).join("schedstat");
     path.exists().then_some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Burns `us` of this thread's CPU time.
+    fn spin(us: u64) {
+        let from = sandbox::thread_cpu_us();
+        while sandbox::thread_cpu_us() < from + us {}
+    }
+
+    #[test]
+    fn an_attempt_is_billed_from_its_own_start_to_its_own_end() {
+        // The work before it (the last attempt's tail, its report) is not its.
+        spin(60_000);
+        let cpu = AttemptCpu::start();
+        spin(20_000);
+        let spent = cpu.spent_us();
+        assert!((20_000..60_000).contains(&spent), "{spent} us");
+    }
 }

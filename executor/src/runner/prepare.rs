@@ -8,12 +8,134 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use flint_fetch_cache::{Blame, CacheKey, FetchError, Fetched, Trust};
-use flint_protocol::{Digest, FailureKind, InputPart, TaskDescription, TaskFailure, defaults};
+use flint_protocol::{
+    Digest, FailureKind, InputPart, ModuleRef, Pins, TaskDescription, TaskFailure, TaskInput,
+    defaults,
+};
 use tokio::sync::OnceCell;
 
 use super::TaskRunner;
 use crate::compiler::Source;
 use crate::sandbox::Compiled;
+
+/// A job's module as the job names it: the fetch cache's key, and whether the driver
+/// serves it (fetched with the cluster secret). The in-memory module cache is keyed by
+/// this, not by digest: a task runs only what its own reference fetched here.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct ModuleSource {
+    url: String,
+    timestamp_ms: u64,
+    by_driver: bool,
+}
+
+impl ModuleSource {
+    pub(super) fn of(module: &ModuleRef) -> Self {
+        ModuleSource {
+            url: module.url.clone(),
+            timestamp_ms: module.timestamp_ms,
+            by_driver: module.served_by_driver(),
+        }
+    }
+}
+
+/// A module reference resolved on this executor: the digest of the bytes it fetched,
+/// and those bytes compiled.
+pub(super) struct Resolved {
+    pub(super) digest: Digest,
+    pub(super) compiled: Arc<Compiled>,
+}
+
+impl Resolved {
+    /// Whether a job naming `module` may run this: its reference resolved here to these
+    /// bytes, and the digest it names (if any) is theirs.
+    pub(super) fn is_for(&self, module: &ModuleRef) -> bool {
+        module.digest.is_none_or(|d| d == self.digest)
+    }
+
+    /// [`Resolved::is_for`], failing as the fetch cache fails a digest that does not
+    /// match: an earlier job resolved the same (URL, timestamp) to other bytes.
+    pub(super) fn check(&self, module: &ModuleRef) -> Result<(), TaskFailure> {
+        match module.digest {
+            Some(expected) if expected != self.digest => Err(TaskFailure::new(
+                FailureKind::FetchError,
+                format!(
+                    "{}: expected {expected}, got {} (the bytes fetched for this URL and \
+                     timestamp)",
+                    module.url, self.digest
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What a deterministic attempt runs, by digest: its module's, its job's files' and its
+/// whole stdin's (which `launch` has made inline by now). A later attempt must run the
+/// bytes the launch pinned (its task's earlier attempt's): other bytes fail it as
+/// `fetch_error` naming both digests, before it runs.
+pub(super) fn pins(
+    desc: &TaskDescription,
+    module: Digest,
+    files: Option<&JobFiles>,
+) -> Result<Box<Pins>, TaskFailure> {
+    let input = match &desc.input {
+        TaskInput::Inline(bytes) => Digest::of(bytes),
+        other => {
+            return Err(TaskFailure::new(
+                FailureKind::HostError,
+                format!("input {other:?} was not fetched before its digest was taken"),
+            ));
+        }
+    };
+    let pins = Box::new(Pins {
+        module,
+        files: files.map(JobFiles::digests).unwrap_or_default(),
+        input,
+    });
+    if let Some(pinned) = &desc.pins {
+        check_pinned(pinned, &pins, desc)?;
+    }
+    Ok(pins)
+}
+
+fn check_pinned(pinned: &Pins, now: &Pins, desc: &TaskDescription) -> Result<(), TaskFailure> {
+    let changed = |what: String, was: Digest, is: Digest| {
+        Err(TaskFailure::new(
+            FailureKind::FetchError,
+            format!(
+                "{what} is not what the task's earlier attempt ran: {was} was pinned, {is} \
+                 was fetched (a deterministic task's attempts all run the same bytes)"
+            ),
+        ))
+    };
+    if pinned.module != now.module {
+        return changed("the module".into(), pinned.module, now.module);
+    }
+    let files = desc
+        .job
+        .files
+        .iter()
+        .zip(pinned.files.iter().zip(&now.files));
+    for (file, (was, is)) in files {
+        if was != is {
+            return changed(format!("file {:?}", file.name), *was, *is);
+        }
+    }
+    if pinned.files.len() != now.files.len() {
+        return Err(TaskFailure::new(
+            FailureKind::HostError,
+            format!(
+                "the launch pinned {} files, the job has {}",
+                pinned.files.len(),
+                now.files.len()
+            ),
+        ));
+    }
+    if pinned.input != now.input {
+        return changed("the input".into(), pinned.input, now.input);
+    }
+    Ok(())
+}
 
 /// A job's files, fetched once per executor and hard-linked under one directory that
 /// every task of the job gets as `/files`, read-only. Removed when the last task holding
@@ -210,32 +332,10 @@ impl TaskRunner {
         Ok(fetched)
     }
 
-    /// The digest of the module's bytes: the job's, or (a URL without one) what the
-    /// fetch cache holds for it, which is what the task compiled from.
-    pub(super) async fn module_digest(
-        &self,
-        desc: &TaskDescription,
-    ) -> Result<Digest, TaskFailure> {
-        let module = &desc.job.module;
-        if let Some(digest) = module.digest {
-            return Ok(digest);
-        }
-        let fetched = self
-            .fetch(
-                &module.url,
-                module.timestamp_ms,
-                None,
-                trust(module.served_by_driver()),
-            )
-            .await?;
-        Ok(fetched.digest)
-    }
-
-    pub(super) async fn load_module(
-        &self,
-        desc: &TaskDescription,
-    ) -> Result<Arc<Compiled>, TaskFailure> {
-        let module = &desc.job.module;
+    /// What `module` names, fetched under its own URL and timestamp (through the fetch
+    /// cache: one download per executor however many tasks name it) and compiled, or
+    /// taken from the compiled modules of the same digest.
+    pub(super) async fn resolve_module(&self, module: &ModuleRef) -> Result<Resolved, TaskFailure> {
         let fetched = self
             .fetch(
                 &module.url,
@@ -245,17 +345,32 @@ impl TaskRunner {
             )
             .await?;
         // The digest of the bytes fetched (equal to the expected one when there was one):
-        // the compiled-module cache on disk is keyed by what was compiled.
+        // the compiled-module caches are keyed by what was compiled.
         let digest = fetched.digest;
-        self.check_module(&fetched.path).await?;
-        let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
-        let counter = match source {
-            Source::Compiled => &self.modules_compiled,
-            Source::DiskCache => &self.compile_cache_hits,
+        let cell = {
+            let mut modules = self.modules.lock().expect("module cache lock poisoned");
+            modules
+                .get_or_insert(digest, || Arc::new(OnceCell::new()))
+                .clone()
         };
-        counter.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(module = %digest, url = %module.url, ?source, "module ready");
-        Ok(Arc::new(compiled))
+        if cell.initialized() {
+            self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        let compiled = cell
+            .get_or_try_init(|| async {
+                self.check_module(&fetched.path).await?;
+                let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
+                let counter = match source {
+                    Source::Compiled => &self.modules_compiled,
+                    Source::DiskCache => &self.compile_cache_hits,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(module = %digest, url = %module.url, ?source, "module ready");
+                Ok::<_, TaskFailure>(Arc::new(compiled))
+            })
+            .await?
+            .clone();
+        Ok(Resolved { digest, compiled })
     }
 
     /// The module rules the driver checks uploads with, against this executor's engine: a

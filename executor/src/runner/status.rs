@@ -76,6 +76,9 @@ impl TaskRunner {
             }
         }
         let finished_at_us = now_us();
+        // The sandbox holds a task to the executor's largest memory (see `Sandbox::run`).
+        let largest_mb = (self.sandbox.max_memory_bytes() >> 20) as u32;
+        let memory_mb = (desc.resources.memory_mb > largest_mb).then_some(largest_mb);
         self.tasks_completed.fetch_add(1, Ordering::Relaxed);
         if let Ok(result) = &outcome {
             self.result_bytes.fetch_add(result.len(), Ordering::Relaxed);
@@ -96,6 +99,7 @@ impl TaskRunner {
                 log_truncated,
                 usage,
                 pins,
+                memory_mb,
             },
         };
         let message = ExecutorMessage::StatusUpdate(status);

@@ -44,10 +44,96 @@ thread_local! {
     /// Drives the guests of one task thread: host calls' futures (timers above all) need
     /// a runtime, and one of the thread's own keeps a guest off the executor's shared
     /// runtime, whose heartbeats must never wait behind a guest.
-    static TASK_RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("building a task thread's runtime");
+    static TASK_RUNTIME: tokio::runtime::Runtime = {
+        let (started, stopping) = (HELPERS.with(Arc::clone), HELPERS.with(Arc::clone));
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_start(move || started.started())
+            .on_thread_stop(move || stopping.stopping())
+            .build()
+            .expect("building a task thread's runtime")
+    };
+
+    /// The helper threads of this task thread's runtime (its blocking pool).
+    static HELPERS: Arc<Helpers> = Arc::default();
+}
+
+/// The helper threads of one task thread's runtime: a guest that may wait has its file
+/// reads done there (see `allow_blocking_current_thread` in `Sandbox::run`), and an
+/// attempt is billed for their CPU time as for its own thread's. Only the task thread's
+/// attempt uses them (one at a time), so what they do between its start and end is its.
+#[derive(Default)]
+pub(super) struct Helpers {
+    /// Whether any helper ever started: until then an attempt reads no clock of theirs.
+    any: AtomicBool,
+    clocks: std::sync::Mutex<HelperClocks>,
+}
+
+#[derive(Default)]
+struct HelperClocks {
+    /// The live helpers' CPU clocks, by thread.
+    live: Vec<(std::thread::ThreadId, libc::clockid_t)>,
+    /// CPU time of the helpers that have exited (the pool lets idle ones go).
+    exited_us: u64,
+}
+
+impl Helpers {
+    /// On a helper thread, as it starts.
+    fn started(&self) {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: `pthread_self` is this live thread; `clock` is valid for the call to fill.
+        if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } != 0 {
+            return;
+        }
+        self.lock().live.push((std::thread::current().id(), clock));
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// On a helper thread, as it exits: its clock goes with it, so its time is banked
+    /// (under the lock that readers hold while they read the live clocks).
+    fn stopping(&self) {
+        let spent = thread_cpu_us();
+        let id = std::thread::current().id();
+        let mut clocks = self.lock();
+        clocks.live.retain(|(thread, _)| *thread != id);
+        clocks.exited_us += spent;
+    }
+
+    fn cpu_us(&self) -> u64 {
+        if !self.any.load(Ordering::Acquire) {
+            return 0;
+        }
+        let clocks = self.lock();
+        let live: u64 = clocks.live.iter().map(|(_, clock)| cpu_us(*clock)).sum();
+        clocks.exited_us + live
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HelperClocks> {
+        self.clocks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The CPU time the calling task thread's helpers have had, in microseconds.
+pub fn helper_cpu_us() -> u64 {
+    HELPERS.with(|helpers| helpers.cpu_us())
+}
+
+/// The CPU time the calling thread has had, in microseconds.
+pub fn thread_cpu_us() -> u64 {
+    cpu_us(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time on `clock` (a thread's CPU clock), in microseconds; 0 if it cannot be read.
+fn cpu_us(clock: libc::clockid_t) -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    match unsafe { libc::clock_gettime(clock, &mut now) } {
+        0 => now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000,
+        _ => 0,
+    }
 }
 
 /// Drives `future` to its end on this task thread's runtime.

@@ -137,7 +137,7 @@ pub struct JobView {
     /// none when no attempt has reported, and in job listings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// A deterministic job's seed (given, or drawn and recorded at submission); none
+    /// A deterministic job's seed (given, or derived from its spec at submission); none
     /// for other jobs, and in job listings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,

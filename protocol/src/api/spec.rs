@@ -65,8 +65,8 @@ pub struct JobSpec {
     /// digest (each attempt's `pins`): two runs of a task see the same bytes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deterministic: bool,
-    /// The seed of a deterministic job (drawn and recorded when left out). Only with
-    /// `deterministic`.
+    /// The seed of a deterministic job (derived from the spec and recorded when left
+    /// out: the same spec, the same seed). Only with `deterministic`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     /// Take a task's result from an earlier task that ran the same (module, input, args,

@@ -239,8 +239,9 @@ class Client:
         guest's own sleeps move them, returning at once), random bytes seeded from
         ``seed`` and the task's index, no ``FLINT_JOB_ID`` or ``FLINT_ATTEMPT`` in its
         environment, and its module, files and input pinned by digest (each attempt's
-        :attr:`~flint_client.TaskAttempt.pins`). Without ``seed`` the driver draws one
-        and records it (:attr:`~flint_client.JobView.seed`); a ``seed`` without
+        :attr:`~flint_client.TaskAttempt.pins`). Without ``seed`` the driver derives one
+        from the spec (the same spec, the same seed) and records it
+        (:attr:`~flint_client.JobView.seed`); a ``seed`` without
         ``deterministic=True`` is refused (:class:`~flint_client.InvalidSpec`).
 
         ``memoize=True`` (only with ``deterministic=True``, else

@@ -308,3 +308,48 @@ fn job_without_escalation() -> NewJob {
     job.def.options.escalate = None;
     job
 }
+
+#[test]
+fn an_escalated_retry_stops_at_its_tenants_task_limits_even_lowered_after_acceptance() {
+    let (mut state, _) = cluster(1, 1);
+    let mut job = escalating(16.0, 16.0);
+    job.def.owner.tenant = Some("t".into());
+    // Caps as a tenants file allowed when the job was accepted...
+    let escalation = job.def.options.escalate.as_mut().unwrap();
+    escalation.max_memory_mb = 4096;
+    escalation.max_timeout_ms = 3_600_000;
+    state.submit_job(job);
+    // ...and the file lowered since.
+    let limited = tenancy::Share {
+        weight: 1.0,
+        max_cores: None,
+        max_task_memory_mb: Some(200),
+        max_task_timeout_ms: Some(5_000),
+    };
+    state.set_shares(tenancy::Shares(
+        [("t".to_owned(), limited)].into_iter().collect(),
+    ));
+    let second = end_with(&mut state, 1, failed(FailureKind::MemoryLimit, 0));
+    assert_eq!(budgets(&second), [(2, Some((200, 1_000)))], "not 2048");
+    // At the tenant's limit: nothing more to give, the task fails.
+    assert!(
+        budgets(&end_with(
+            &mut state,
+            2,
+            failed(FailureKind::MemoryLimit, 0)
+        ))
+        .is_empty()
+    );
+    assert_eq!(state.jobs[&JobId("j".into())].state, JobState::Failed);
+
+    let (mut state, _) = cluster(1, 1);
+    let mut job = escalating(1.0, 16.0);
+    job.def.owner.tenant = Some("t".into());
+    job.def.options.escalate.as_mut().unwrap().max_timeout_ms = 3_600_000;
+    state.submit_job(job);
+    state.set_shares(tenancy::Shares(
+        [("t".to_owned(), limited)].into_iter().collect(),
+    ));
+    let second = end_with(&mut state, 1, failed(FailureKind::Timeout, 0));
+    assert_eq!(budgets(&second), [(2, Some((128, 5_000)))], "not 16 s");
+}

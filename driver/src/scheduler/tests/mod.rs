@@ -76,6 +76,7 @@ fn status(job: &str, index: u32, attempt: u32, outcome: Result<(), TaskFailure>)
             log_truncated: false,
             usage: Default::default(),
             pins: None,
+            memory_mb: None,
         },
     }
 }

@@ -37,7 +37,17 @@ fn tenant_job(id: &str, tasks: usize, tenant: Option<&str>, priority: i32) -> Ne
 fn shares(list: &[(&str, f64, Option<u32>)]) -> Shares {
     Shares(
         list.iter()
-            .map(|&(name, weight, max_cores)| (name.to_owned(), Share { weight, max_cores }))
+            .map(|&(name, weight, max_cores)| {
+                (
+                    name.to_owned(),
+                    Share {
+                        weight,
+                        max_cores,
+                        max_task_memory_mb: None,
+                        max_task_timeout_ms: None,
+                    },
+                )
+            })
             .collect(),
     )
 }
