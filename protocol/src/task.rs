@@ -152,13 +152,22 @@ impl ModuleRef {
         self.size.is_some()
     }
 
-    /// What the driver's locality remembers a module by: its digest, or, for a module by
-    /// URL whose digest is not known, a digest of its cache key (url, timestamp), which
-    /// stands for the same bytes on every executor that fetched it.
+    /// What the driver's locality remembers a module by: its reference, as executors
+    /// cache what a reference resolved to (a digest of (url, timestamp, served by the
+    /// driver)). Never the digest alone: an executor that ran a module under one
+    /// reference has another reference to the same bytes still to fetch, and placement
+    /// must not tell a job whether some other job's module, named by its digest, ran
+    /// somewhere.
     pub fn locality_key(&self) -> Digest {
-        self.digest.unwrap_or_else(|| {
-            Digest::of(format!("{}\n{}", self.url, self.timestamp_ms).as_bytes())
-        })
+        Digest::of(
+            format!(
+                "{}\n{}\n{}",
+                self.url,
+                self.timestamp_ms,
+                self.served_by_driver()
+            )
+            .as_bytes(),
+        )
     }
 }
 

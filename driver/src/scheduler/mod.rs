@@ -276,6 +276,7 @@ impl ClusterState {
         self.jobs.insert(
             job.def.id.clone(),
             Job {
+                locality: job.def.module.locality_key(),
                 def: job.def,
                 key: self.next_job_key,
                 tasks,

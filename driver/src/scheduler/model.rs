@@ -135,6 +135,9 @@ pub struct NewTask {
 }
 
 pub struct Job {
+    /// [`flint_protocol::ModuleRef::locality_key`] of its module, which placement looks
+    /// up per offer: computed once.
+    pub(crate) locality: Digest,
     pub def: JobDef,
     /// Names the job in the launches of its tasks (see [`JobTemplate::key`]); unique in
     /// this driver process, not kept across restarts.

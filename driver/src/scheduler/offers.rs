@@ -67,12 +67,7 @@ impl ClusterState {
                 let warm: Vec<bool> = ids
                     .iter()
                     .zip(offers)
-                    .map(|(id, o)| {
-                        o.usable
-                            && self.executors[id]
-                                .modules
-                                .contains(&job.def.module.locality_key())
-                    })
+                    .map(|(id, o)| o.usable && self.executors[id].modules.contains(&job.locality))
                     .collect();
                 let waited = job.locality_wait_since.is_some_and(|since| {
                     now.saturating_duration_since(since) >= self.config.locality_wait
@@ -245,7 +240,7 @@ impl ClusterState {
             } else {
                 executor.queued_ahead += 1;
             }
-            executor.remember_module(job.def.module.locality_key());
+            executor.remember_module(job.locality);
             if job.state == JobState::Queued {
                 job.state = JobState::Running;
             }
@@ -302,7 +297,7 @@ impl ClusterState {
     /// offered executor is warm, so it costs a walk over the executors only while a job
     /// is about to start cold.
     fn warm_without_room(&self, job: &Job, offered: &[ExecutorId]) -> bool {
-        let module = job.def.module.locality_key();
+        let module = job.locality;
         let now = self.now;
         self.executors.iter().any(|(id, e)| {
             e.takes_tasks()

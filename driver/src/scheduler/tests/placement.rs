@@ -29,11 +29,8 @@ fn tasks_wait_briefly_for_an_executor_that_already_ran_their_module() {
         vec![(exec(2), 1, 1)],
         "the wait is over: the cold one too"
     );
-    assert!(
-        state.executors[&exec(2)]
-            .modules
-            .contains(&Digest::of(b"m"))
-    );
+    let module = job("b", 1, 1).def.module.locality_key();
+    assert!(state.executors[&exec(2)].modules.contains(&module));
 }
 
 #[test]
@@ -475,4 +472,24 @@ fn nothing_queues_beside_a_multi_core_task() {
         }]
     );
     assert_eq!(state.executors[&exec(1)].queued_ahead, 0);
+}
+
+#[test]
+fn a_module_by_url_with_anothers_digest_is_not_warm_where_the_other_ran() {
+    // Job a ran its (uploaded) module on exec-1. Job b names a URL with that module's
+    // digest: placement must not prefer exec-1 for it (which would tell b where a's
+    // module ran), and must wait for no warm executor.
+    let (mut state, _) = cluster(2, 1);
+    let first = launches(&state.submit_job(job("a", 1, 1)));
+    assert_eq!(first, vec![(exec(1), 0, 1)]);
+    finish(&mut state, &first[0], "a", Ok(()));
+    let mut by_url = job("b", 2, 1);
+    by_url.def.module.url = "https://example.com/m.wasm".into();
+    by_url.def.module.size = None;
+    let placed = launches(&state.submit_job(by_url));
+    assert_eq!(
+        placed.len(),
+        2,
+        "both executors are as cold for it: {placed:?}"
+    );
 }
