@@ -9,33 +9,31 @@
 //! [`status`] the one way an attempt's end is reported.
 
 mod counters;
+mod modules;
 mod prepare;
 mod status;
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flint_fetch_cache::FetchCache;
 use flint_protocol::{
-    Digest, ExecutorMessage, FailureKind, JobId, ModuleRef, Pins, TaskDescription, TaskFailure,
-    TaskId, TaskInput,
+    ExecutorMessage, FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId, TaskInput,
 };
 use lru::LruCache;
 use tokio::sync::{OnceCell, mpsc};
 
 use self::counters::{AttemptCpu, thread_schedstat};
-use self::prepare::{JobFiles, ModuleSource, Resolved, trust};
+use self::modules::ModuleCache;
+use self::prepare::{JobFiles, trust};
 use self::status::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
 use crate::results::{BlockWriter, ResultTarget};
 use crate::sandbox::{Compiled, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
-
-/// Compiled modules kept in memory.
-const MODULE_CACHE_ENTRIES: usize = 64;
 
 /// The attempts of one task held here: almost always one, more only when an old
 /// generation's attempt is still winding down beside its replacement.
@@ -49,13 +47,8 @@ pub struct TaskRunner {
     sandbox: Arc<Sandbox>,
     fetcher: FetchCache,
     compiler: ModuleCompiler,
-    /// Module references this executor has resolved, by the reference itself: a task
-    /// runs only what its own job's reference fetched here, never a module that another
-    /// job's reference brought in under the same digest (knowing a digest is not being
-    /// allowed its bytes).
-    sources: Mutex<LruCache<ModuleSource, Arc<OnceCell<Resolved>>>>,
-    /// Compiled modules by digest, which references to the same bytes share.
-    modules: Mutex<LruCache<Digest, Arc<OnceCell<Arc<Compiled>>>>>,
+    /// What module references resolved to here, and the compiled modules.
+    modules: Mutex<ModuleCache>,
     job_files: Mutex<LruCache<JobId, Arc<OnceCell<Arc<JobFiles>>>>>,
     /// Where jobs' file directories live.
     files_root: PathBuf,
@@ -143,12 +136,7 @@ impl TaskRunner {
             sandbox,
             fetcher,
             compiler,
-            sources: Mutex::new(LruCache::new(
-                NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
-            )),
-            modules: Mutex::new(LruCache::new(
-                NonZeroUsize::new(MODULE_CACHE_ENTRIES).expect("non-zero"),
-            )),
+            modules: Mutex::default(),
             job_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(JOB_FILES_ENTRIES).expect("non-zero"),
             )),
@@ -215,23 +203,13 @@ impl TaskRunner {
                 }
             }
         }
-        let cell = {
-            let mut sources = self.sources.lock().expect("module cache lock poisoned");
-            sources
-                .get_or_insert(ModuleSource::of(&desc.job.module), || {
-                    Arc::new(OnceCell::new())
-                })
-                .clone()
-        };
         // A deterministic task's pins are gathered on the way (below).
         if desc.job.files.is_empty()
             && desc.job.determinism.is_none()
             && matches!(desc.input, TaskInput::Inline(_))
-            && let Some(resolved) = cell.get()
-            && resolved.is_for(&desc.job.module)
+            && let Some(compiled) = self.ready_module(&desc.job.module)
         {
-            self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-            self.enqueue(desc, resolved.compiled.clone(), None, kill, (0, None));
+            self.enqueue(desc, compiled, None, kill, (0, None));
             return;
         }
         let runner = self.clone();
@@ -264,26 +242,16 @@ impl TaskRunner {
                         desc.input = TaskInput::Inline(runner.assemble(parts).await?);
                     }
                 }
-                let resolved = match cell.get() {
-                    Some(resolved) => {
-                        runner.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-                        resolved
-                    }
-                    None => {
-                        cell.get_or_try_init(|| runner.resolve_module(&desc.job.module))
-                            .await?
-                    }
-                };
-                resolved.check(&desc.job.module)?;
+                let (digest, compiled) = runner.resolve_module(&desc.job.module).await?;
                 let files = match desc.job.files.is_empty() {
                     true => None,
                     false => Some(runner.job_files(&desc).await?),
                 };
                 let pins = match desc.job.determinism {
                     None => None,
-                    Some(_) => Some(prepare::pins(&desc, resolved.digest, files.as_deref())?),
+                    Some(_) => Some(prepare::pins(&desc, digest, files.as_deref())?),
                 };
-                Ok::<_, TaskFailure>((resolved.compiled.clone(), files, pins))
+                Ok::<_, TaskFailure>((compiled, files, pins))
             };
             // A kill reaches the attempt while its module, input and files are still
             // being fetched (each up to the fetch deadline): the fetches are dropped and
@@ -312,28 +280,6 @@ impl TaskRunner {
                 Err(failure) => runner.report_unrun(desc, failure, fetched, false),
             }
         });
-    }
-
-    /// Puts an already compiled module in the in-memory cache as what `module` resolves
-    /// to, as if a task had fetched and loaded it: for embedders that compile ahead of
-    /// time (and vouch for the reference), and for benchmarks of the per-task path alone.
-    pub fn preload(&self, module: &ModuleRef, digest: Digest, compiled: Compiled) {
-        let compiled = Arc::new(compiled);
-        let resolved = Resolved {
-            digest,
-            compiled: compiled.clone(),
-        };
-        self.sources
-            .lock()
-            .expect("module cache lock poisoned")
-            .put(
-                ModuleSource::of(module),
-                Arc::new(OnceCell::new_with(Some(resolved))),
-            );
-        self.modules
-            .lock()
-            .expect("module cache lock poisoned")
-            .put(digest, Arc::new(OnceCell::new_with(Some(compiled))));
     }
 
     /// Interrupts an attempt. A queued one ends as killed when its turn comes; a running

@@ -9,65 +9,11 @@ use std::sync::atomic::Ordering;
 
 use flint_fetch_cache::{Blame, CacheKey, FetchError, Fetched, Trust};
 use flint_protocol::{
-    Digest, FailureKind, InputPart, ModuleRef, Pins, TaskDescription, TaskFailure, TaskInput,
-    defaults,
+    Digest, FailureKind, InputPart, Pins, TaskDescription, TaskFailure, TaskInput, defaults,
 };
 use tokio::sync::OnceCell;
 
 use super::TaskRunner;
-use crate::compiler::Source;
-use crate::sandbox::Compiled;
-
-/// A job's module as the job names it: the fetch cache's key, and whether the driver
-/// serves it (fetched with the cluster secret). The in-memory module cache is keyed by
-/// this, not by digest: a task runs only what its own reference fetched here.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct ModuleSource {
-    url: String,
-    timestamp_ms: u64,
-    by_driver: bool,
-}
-
-impl ModuleSource {
-    pub(super) fn of(module: &ModuleRef) -> Self {
-        ModuleSource {
-            url: module.url.clone(),
-            timestamp_ms: module.timestamp_ms,
-            by_driver: module.served_by_driver(),
-        }
-    }
-}
-
-/// A module reference resolved on this executor: the digest of the bytes it fetched,
-/// and those bytes compiled.
-pub(super) struct Resolved {
-    pub(super) digest: Digest,
-    pub(super) compiled: Arc<Compiled>,
-}
-
-impl Resolved {
-    /// Whether a job naming `module` may run this: its reference resolved here to these
-    /// bytes, and the digest it names (if any) is theirs.
-    pub(super) fn is_for(&self, module: &ModuleRef) -> bool {
-        module.digest.is_none_or(|d| d == self.digest)
-    }
-
-    /// [`Resolved::is_for`], failing as the fetch cache fails a digest that does not
-    /// match: an earlier job resolved the same (URL, timestamp) to other bytes.
-    pub(super) fn check(&self, module: &ModuleRef) -> Result<(), TaskFailure> {
-        match module.digest {
-            Some(expected) if expected != self.digest => Err(TaskFailure::new(
-                FailureKind::FetchError,
-                format!(
-                    "{}: expected {expected}, got {} (the bytes fetched for this URL and \
-                     timestamp)",
-                    module.url, self.digest
-                ),
-            )),
-            _ => Ok(()),
-        }
-    }
-}
 
 /// What a deterministic attempt runs, by digest: its module's, its job's files' and its
 /// whole stdin's (which `launch` has made inline by now). A later attempt must run the
@@ -332,51 +278,10 @@ impl TaskRunner {
         Ok(fetched)
     }
 
-    /// What `module` names, fetched under its own URL and timestamp (through the fetch
-    /// cache: one download per executor however many tasks name it) and compiled, or
-    /// taken from the compiled modules of the same digest.
-    pub(super) async fn resolve_module(&self, module: &ModuleRef) -> Result<Resolved, TaskFailure> {
-        let fetched = self
-            .fetch(
-                &module.url,
-                module.timestamp_ms,
-                module.digest,
-                trust(module.served_by_driver()),
-            )
-            .await?;
-        // The digest of the bytes fetched (equal to the expected one when there was one):
-        // the compiled-module caches are keyed by what was compiled.
-        let digest = fetched.digest;
-        let cell = {
-            let mut modules = self.modules.lock().expect("module cache lock poisoned");
-            modules
-                .get_or_insert(digest, || Arc::new(OnceCell::new()))
-                .clone()
-        };
-        if cell.initialized() {
-            self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        let compiled = cell
-            .get_or_try_init(|| async {
-                self.check_module(&fetched.path).await?;
-                let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
-                let counter = match source {
-                    Source::Compiled => &self.modules_compiled,
-                    Source::DiskCache => &self.compile_cache_hits,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(module = %digest, url = %module.url, ?source, "module ready");
-                Ok::<_, TaskFailure>(Arc::new(compiled))
-            })
-            .await?
-            .clone();
-        Ok(Resolved { digest, compiled })
-    }
-
     /// The module rules the driver checks uploads with, against this executor's engine: a
     /// module by URL reaches the executor unchecked, and one the engine cannot take must
     /// fail as the module's fault (never retried, never counted against the executor).
-    async fn check_module(&self, path: &std::path::Path) -> Result<(), TaskFailure> {
+    pub(super) async fn check_module(&self, path: &std::path::Path) -> Result<(), TaskFailure> {
         let wasm = tokio::fs::read(path).await.map_err(|e| {
             TaskFailure::new(
                 FailureKind::HostError,
