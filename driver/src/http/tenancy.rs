@@ -4,7 +4,8 @@
 //! that no handler can forget it: another tenant's job answers exactly as a job that
 //! does not exist (404, no existence leak), by the same reads (see
 //! [`Driver::job_owned`]). Routes that act on the cluster itself (killing executors,
-//! their logs, `/metrics`) are the admin's (403).
+//! their logs, `/metrics`) or show it (the executors and workers, with their hosts,
+//! pids and every tenant's load) are the admin's (403).
 
 use std::sync::Arc;
 
@@ -38,7 +39,7 @@ pub(super) async fn gate(
     };
     match segments.as_slice() {
         ["metrics"] => Err(admin_only()),
-        ["v1", "executors" | "workers", _, ..] => Err(admin_only()),
+        ["v1", "executors" | "workers", ..] => Err(admin_only()),
         // Executors write results; a tenant writing blocks would fill the data dir with
         // bytes no quota of its own counts.
         ["v1", "blocks", ..] if *method != Method::GET && *method != Method::HEAD => {
