@@ -1,6 +1,7 @@
 //! The submit path's checks, driven through `accept` and its helpers on a driver that
 //! listens nowhere: what a job may give its guests, and which refs the executors may
-//! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin).
+//! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin); and the
+//! tenancy gate's reads of a job's owner, counted and made to fail.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
