@@ -137,8 +137,9 @@ pub fn sample(state: &ClusterState, now: SystemTime) -> Sample {
         s.pending_tasks += u64::from(counts.pending);
         if let Some(tenant) = &job.def.owner.tenant {
             let own = tenants.entry(tenant.clone()).or_default();
-            own.running_tasks += counts.running;
-            own.busy_cores += counts.running * job.def.resources.cores;
+            let cores = counts.running.saturating_mul(job.def.resources.cores);
+            own.running_tasks = own.running_tasks.saturating_add(counts.running);
+            own.busy_cores = own.busy_cores.saturating_add(cores);
             own.pending_tasks += u64::from(counts.pending);
         }
     }
