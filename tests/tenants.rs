@@ -1,5 +1,6 @@
 //! Tenants on one real `flint dev`: what another tenant can see and touch (nothing, on
-//! any route of the OpenAPI document), quotas, fair shares and preemption.
+//! any route of the OpenAPI document, nor its load in the cluster's views), quotas, each
+//! one's share of the event streams, fair shares and preemption.
 
 mod common;
 
@@ -746,5 +747,170 @@ fn a_tenants_escalated_retries_stop_at_its_task_limits() {
         assert_eq!(body["error"]["kind"], "quota_exceeded", "{body}");
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains(limit), "{escalate}: {message}");
+    }
+}
+
+/// `body` with `id` written as `{id}`: answers about two jobs compared as one.
+fn without(body: &Value, id: &str) -> String {
+    body.to_string().replace(id, "{id}")
+}
+
+#[test]
+fn tenant_b_sees_nothing_of_as_running_job_in_the_cluster_views_and_the_gate() {
+    // No task queued ahead on the executor: A's two beyond the cores wait as pending.
+    let s = start(1, 2, "", &["--launch-ahead", "0"]);
+    let admin_only = |(status, body): (u16, Value)| {
+        assert_eq!(
+            (status, body["error"]["kind"].as_str()),
+            (403, Some("admin_only")),
+            "{body}"
+        );
+    };
+    admin_only(s.b.get("/v1/executors"));
+    admin_only(s.b.get("/v1/workers"));
+    // B's history is its own tasks only: it names B, and holds no cores or executors.
+    let quiet = |history: &Value| {
+        assert_eq!(history["tenant"], "b", "{history}");
+        let samples = history["samples"].as_array().unwrap();
+        for sample in samples {
+            let mut keys: Vec<&str> = sample
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            keys.sort_unstable();
+            assert_eq!(
+                keys,
+                ["busy_cores", "pending_tasks", "running_tasks", "t_ms"],
+                "{sample}"
+            );
+            for figure in ["busy_cores", "pending_tasks", "running_tasks"] {
+                assert_eq!(sample[figure], 0, "{history}");
+            }
+        }
+        samples.len()
+    };
+    wait_until(Duration::from_secs(10), "B's first samples", || {
+        quiet(&s.b.get("/v1/cluster/history").1) >= 1
+    });
+
+    // A runs 2 tasks on both cores, with 2 more waiting.
+    let module = s.a.upload(&guests().testkit);
+    let (status, job) = s.a.post_raw(
+        "/v1/jobs",
+        spec(&module, &["sleep", "30000"], &["", "", "", ""]).to_string(),
+    );
+    assert_eq!(status, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    let busy = |history: &Value| {
+        let samples = history["samples"].as_array().unwrap();
+        samples.last().is_some_and(|last| {
+            last["running_tasks"] == 2 && last["busy_cores"] == 2 && last["pending_tasks"] == 2
+        })
+    };
+    // The admin's history and A's own show A's work; B's, sampled at the same moments,
+    // does not move.
+    wait_until(Duration::from_secs(30), "A's job in the history", || {
+        busy(&s.cluster.get("/v1/cluster/history").1) && busy(&s.a.get("/v1/cluster/history").1)
+    });
+    let admins = s.cluster.get("/v1/cluster/history").1;
+    let last = admins["samples"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!((&last["cores"], &last["executors"]), (&json!(2), &json!(1)));
+    assert!(admins.get("tenant").is_none(), "{admins}");
+    let (status, history) = s.b.get("/v1/cluster/history");
+    assert_eq!(status, 200);
+    let t_ms = |h: &Value| h["samples"].as_array().unwrap().last().unwrap()["t_ms"].clone();
+    assert!(
+        t_ms(&history).as_u64() >= t_ms(&admins).as_u64(),
+        "{history}"
+    );
+    quiet(&history);
+    admin_only(s.b.get("/v1/executors"));
+    admin_only(s.b.get("/v1/workers"));
+    // The admin still sees everything.
+    let executors = s.cluster.get("/v1/executors").1;
+    let executor = &executors["items"][0];
+    assert_eq!(executor["running"], 2, "{executors}");
+    assert!(executor["pid"].is_u64(), "{executors}");
+    assert_eq!(s.cluster.get("/v1/workers").0, 200);
+
+    // The gate: A's live job and an absent one answer B alike, on every job route.
+    let none = "job-0190000000007000800000000000000";
+    for (method, path) in [
+        ("get", "/v1/jobs/{id}"),
+        ("get", "/v1/jobs/{id}/tasks"),
+        ("get", "/v1/jobs/{id}/timeline"),
+        ("get", "/v1/jobs/{id}/events"),
+        ("get", "/v1/jobs/{id}/results"),
+        ("get", "/v1/jobs/{id}/tasks/0/log"),
+        ("get", "/v1/jobs/{id}/tasks/0/result"),
+        ("get", "/v1/jobs/{id}/tasks/0/replay"),
+        ("post", "/v1/jobs/{id}/kill"),
+        ("delete", "/v1/jobs/{id}"),
+    ] {
+        let (got, seen) = call(&s.b, method, &path.replace("{id}", &id), &Value::Null);
+        let (absent, unseen) = call(&s.b, method, &path.replace("{id}", none), &Value::Null);
+        assert_eq!(
+            (got, absent),
+            (404, 404),
+            "{method} {path}: {seen} {unseen}"
+        );
+        assert_eq!(
+            without(&seen, &id),
+            without(&unseen, none),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(s.a.get(&format!("/v1/jobs/{id}")).1["state"], "running");
+    assert_eq!(s.a.post_raw(&format!("/v1/jobs/{id}/kill"), "").0, 202);
+}
+
+#[test]
+fn each_tenant_has_its_own_share_of_the_event_streams() {
+    // 6 streams among 2 tenants and the admin: 2 each.
+    let s = start(1, 1, "", &["--max-event-streams", "6"]);
+    let job_of = |api: &Api| {
+        let module = api.upload(&guests().testkit);
+        api.submit(&spec(&module, &["sleep", "30000"], &[""]))
+    };
+    let (a_job, b_job) = (job_of(&s.a), job_of(&s.b));
+    let a_streams: Vec<EventStream> = (0..2)
+        .map(|_| EventStream::open(&s.a, &a_job, Some(A)))
+        .collect();
+    for stream in &a_streams {
+        assert_eq!(stream.status, 200, "{}", stream.head);
+    }
+    // A's next is refused, naming its share; B and the admin still open theirs.
+    let refused = EventStream::open(&s.a, &a_job, Some(A));
+    assert_eq!(refused.status, 503, "{}", refused.head);
+    assert!(
+        refused.head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        refused.head
+    );
+    let body: Value = serde_json::from_str(&refused.body()).unwrap();
+    assert_eq!(body["error"]["kind"], "overloaded", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tenant \"a\" holds its share") && message.contains("2 at once"),
+        "{message}"
+    );
+    let b_stream = EventStream::open(&s.b, &b_job, Some(B));
+    assert_eq!(b_stream.status, 200, "{}", b_stream.head);
+    let admins = EventStream::open(&s.cluster, &a_job, Some(ADMIN));
+    assert_eq!(admins.status, 200, "{}", admins.head);
+    // One of A's closed gives A its place back.
+    drop(a_streams);
+    wait_until(Duration::from_secs(10), "A's place back", || {
+        EventStream::open(&s.a, &a_job, Some(A)).status == 200
+    });
+    for (api, job) in [(&s.a, &a_job), (&s.b, &b_job)] {
+        assert_eq!(api.post_raw(&format!("/v1/jobs/{job}/kill"), "").0, 202);
     }
 }

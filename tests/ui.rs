@@ -7,7 +7,8 @@
 //! kept as test artifacts at `$CARGO_TARGET_DIR/artifacts/ui.png` and `ui-secured.png`
 //! (`target/artifacts/` by default), and of the charts of a job with a retry and a
 //! speculative copy (`ui-timeline.png`, `ui-throughput.png`, `ui-durations.png`,
-//! `ui-cluster.png`) and of a 20,000-task job's timeline (`ui-timeline-20k.png`).
+//! `ui-cluster.png`), of a 20,000-task job's timeline (`ui-timeline-20k.png`), and of
+//! the page with a tenant's token (`ui-tenant.png`).
 
 mod common;
 
@@ -852,7 +853,7 @@ fn the_web_ui_draws_a_20000_task_job_folding_bars_under_a_pixel_into_columns() {
 }
 
 #[test]
-fn the_admin_sees_each_jobs_tenant_and_filters_the_jobs_by_tenant() {
+fn the_admin_sees_each_jobs_tenant_and_filters_them_and_a_tenant_sees_its_own_view() {
     let dir = tempfile::tempdir().unwrap();
     let tenants = dir.path().join("tenants.toml");
     let entry = |name: &str, token: &str| {
@@ -900,4 +901,52 @@ fn the_admin_sees_each_jobs_tenant_and_filters_the_jobs_by_tenant() {
         browser.eval("return [...document.querySelectorAll('#tenant-filter option')].map((o) => o.value).join(',');"),
         json!(",a,b")
     );
+    assert_eq!(
+        browser
+            .eval("return document.getElementById('executors').getAttribute('data-admin-only');"),
+        json!("false")
+    );
+
+    // With b's token the page keeps working: b's job only, the executors said to be
+    // the admin's (the driver answers a tenant 403), and b's own tasks charted.
+    browser.eval("sessionStorage.setItem('flint-token', 'tok-b'); location.reload(); return true;");
+    browser.wait_for_text(&format!("tr[data-job='{b}'] td[data-col='tenant']"), "b");
+    browser.wait_for(
+        "the executors shown as the admin's",
+        "return document.getElementById('executors').getAttribute('data-admin-only') === 'true';",
+    );
+    assert_eq!(
+        browser.text("#executors-body td.empty").as_deref(),
+        Some(
+            "the executors are the admin's to see (the driver's --token); this token is a tenant's"
+        )
+    );
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#jobs-body tr[data-job]').length;"),
+        1
+    );
+    browser.wait_for(
+        "b's own history",
+        "return document.getElementById('cluster').getAttribute('data-tenant') === 'b' \
+                && Number(document.getElementById('cluster-canvas').getAttribute('data-samples')) >= 1;",
+    );
+    assert_eq!(
+        browser.text("#cluster-title").as_deref(),
+        Some("Tasks of tenant b over the last 15 minutes")
+    );
+    assert_eq!(
+        browser.eval("return document.getElementById('cores-legend').hidden;"),
+        true
+    );
+    // Polling goes on, with no error shown.
+    browser.wait_for(
+        "two more polls",
+        "const n = Number(document.body.getAttribute('data-polls')); \
+         window.pollsSeen ??= n; return n >= window.pollsSeen + 2;",
+    );
+    assert_eq!(
+        browser.eval("return document.getElementById('error').style.display;"),
+        json!("none")
+    );
+    save_artifact("ui-tenant.png", &browser.screenshot());
 }

@@ -29,19 +29,36 @@ pub enum JobEvent {
     End(Box<JobView>),
 }
 
-/// The channels of the jobs someone watches, and the bound on open streams.
+/// The channels of the jobs someone watches, and the bounds on open streams: the
+/// driver's, and each holder's share of it.
 pub struct JobEvents {
     channels: Mutex<HashMap<JobId, broadcast::Sender<Arc<JobEvent>>>>,
     /// Jobs with a channel: publishing skips the lock while it is 0.
     watched: AtomicUsize,
     streams: Arc<Semaphore>,
     pub max_streams: usize,
+    /// Streams open per holder (holders with none are not kept).
+    held: Mutex<HashMap<Holder, usize>>,
 }
 
-/// A subscriber's receiver; its channel goes when the last subscriber does.
+/// Whose a stream is: a tenant's (by name), or the admin's (`None`).
+pub type Holder = Option<Arc<str>>;
+
+/// Why a stream was not opened.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The holder has its share open already (the share it was given).
+    Share(usize),
+    /// The driver serves `max_streams` already.
+    Driver,
+}
+
+/// A subscriber's receiver; its channel goes when the last subscriber does, and its
+/// place in its holder's share with it.
 pub struct Subscription {
     events: Arc<JobEvents>,
     job: JobId,
+    holder: Holder,
     pub receiver: broadcast::Receiver<Arc<JobEvent>>,
     _permit: OwnedSemaphorePermit,
 }
@@ -53,12 +70,37 @@ impl JobEvents {
             watched: AtomicUsize::new(0),
             streams: Arc::new(Semaphore::new(max_streams)),
             max_streams,
+            held: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Starts receiving a job's events; `None` when `max_streams` are open already.
-    pub fn subscribe(self: &Arc<Self>, job: &JobId) -> Option<Subscription> {
-        let permit = self.streams.clone().try_acquire_owned().ok()?;
+    /// Each holder's share when `tenants` tenants and the admin share the driver's
+    /// streams: an equal part, so that no one of them opening streams can keep another
+    /// from opening one (at least 1; all of them on a driver without tenants).
+    pub fn share(&self, tenants: usize) -> usize {
+        (self.max_streams / (tenants + 1)).max(1)
+    }
+
+    /// Starts receiving a job's events for `holder`, who may have `share` streams open
+    /// at once; refused past that share, or when the driver's `max_streams` are open.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        job: &JobId,
+        holder: Holder,
+        share: usize,
+    ) -> Result<Subscription, Refused> {
+        {
+            let mut held = self.held();
+            let open = held.entry(holder.clone()).or_default();
+            if *open >= share {
+                return Err(Refused::Share(share));
+            }
+            *open += 1;
+        }
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            self.release(&holder);
+            return Err(Refused::Driver);
+        };
         let mut channels = self.lock();
         let receiver = channels
             .entry(job.clone())
@@ -67,12 +109,34 @@ impl JobEvents {
                 broadcast::channel(EVENTS_PER_JOB).0
             })
             .subscribe();
-        Some(Subscription {
+        Ok(Subscription {
             events: self.clone(),
             job: job.clone(),
+            holder,
             receiver,
             _permit: permit,
         })
+    }
+
+    /// Streams `holder` has open.
+    pub fn held_by(&self, holder: &Holder) -> usize {
+        self.held().get(holder).copied().unwrap_or(0)
+    }
+
+    fn release(&self, holder: &Holder) {
+        let mut held = self.held();
+        if let Some(open) = held.get_mut(holder) {
+            *open -= 1;
+            if *open == 0 {
+                held.remove(holder);
+            }
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Holder, usize>> {
+        self.held
+            .lock()
+            .expect("event stream holders lock poisoned")
     }
 
     /// Whether anyone watches `job`; callers build events only then.
@@ -104,6 +168,7 @@ impl JobEvents {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        self.events.release(&self.holder);
         let mut channels = self.events.lock();
         // This subscription's receiver still counts until the fields drop.
         if channels
@@ -163,7 +228,7 @@ mod tests {
     async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_still_gets_the_end() {
         let events = JobEvents::new(8);
         let job = JobId("job-1".into());
-        let mut slow = events.subscribe(&job).unwrap();
+        let mut slow = events.subscribe(&job, None, 8).unwrap();
         // The publisher never waits for the subscriber, however far behind it is.
         for index in 0..(EVENTS_PER_JOB as u32 * 3) {
             events.publish(&job, task(index));
@@ -190,18 +255,56 @@ mod tests {
     async fn streams_are_bounded_and_a_closed_one_gives_its_place_back() {
         let events = JobEvents::new(2);
         let job = JobId("job-1".into());
-        let first = events.subscribe(&job).unwrap();
-        let second = events.subscribe(&JobId("job-2".into())).unwrap();
-        assert!(events.subscribe(&job).is_none());
+        let first = events.subscribe(&job, None, 2).unwrap();
+        let second = events.subscribe(&JobId("job-2".into()), None, 2).unwrap();
+        assert_eq!(
+            events.subscribe(&job, None, 2).err(),
+            Some(Refused::Share(2))
+        );
         drop(second);
         assert!(!events.is_watched(&JobId("job-2".into())));
-        let third = events.subscribe(&job).unwrap();
+        let third = events.subscribe(&job, None, 2).unwrap();
         drop(first);
         // Another subscriber of job-1 is still there.
         assert!(events.is_watched(&job));
         drop(third);
         assert!(!events.is_watched(&job));
+        assert_eq!(events.held_by(&None), 0);
         // Unwatched jobs' events go nowhere and cost nothing.
         events.publish(&job, task(0));
+    }
+
+    #[tokio::test]
+    async fn a_holder_at_its_share_keeps_no_other_from_opening_one() {
+        let events = JobEvents::new(7);
+        // Two tenants and the admin: 7 / 3 = 2 each.
+        let share = events.share(2);
+        assert_eq!(share, 2);
+        assert_eq!(JobEvents::new(1024).share(0), 1024);
+        assert_eq!(JobEvents::new(2).share(5), 1);
+        let (a, b): (Holder, Holder) = (Some("a".into()), Some("b".into()));
+        let job = JobId("job-1".into());
+        let held: Vec<_> = (0..share)
+            .map(|_| events.subscribe(&job, a.clone(), share).unwrap())
+            .collect();
+        assert_eq!(
+            events.subscribe(&job, a.clone(), share).err(),
+            Some(Refused::Share(2))
+        );
+        let bs = events.subscribe(&job, b.clone(), share).unwrap();
+        let admins = events.subscribe(&job, None, share).unwrap();
+        assert_eq!((events.held_by(&a), events.held_by(&b)), (2, 1));
+        drop(held);
+        assert_eq!(events.held_by(&a), 0);
+        assert!(events.subscribe(&job, a.clone(), share).is_ok());
+        // The driver's own bound still holds over the shares.
+        let tight = JobEvents::new(1);
+        let _one = tight.subscribe(&job, a.clone(), 1).unwrap();
+        assert_eq!(
+            tight.subscribe(&job, b.clone(), 1).err(),
+            Some(Refused::Driver)
+        );
+        assert_eq!(tight.held_by(&b), 0, "a refused stream holds no place");
+        drop((bs, admins));
     }
 }

@@ -15,10 +15,10 @@
 //! | 2 | [`config`] | the driver's settings, validated by whoever parsed them | 0-1 |
 //! | 2 | [`views`] | the JSON views of jobs, tasks and executors | 0-1 |
 //! | 2 | [`admission`] | a `JobSpec` into a job the scheduler can run, or a `Rejection` saying why not | 0-1 |
-//! | 2 | [`events`] | jobs' event channels (what `GET /v1/jobs/{id}/events` streams) | 0-1 |
+//! | 2 | [`events`] | jobs' event channels (what `GET /v1/jobs/{id}/events` streams), each holder's share of the streams | 0-1 |
 //! | 2 | [`metrics`] | the counters fed as tasks end, and `/metrics` rendered from the state | 0-1 |
 //! | 2 | [`executor_logs`] | where the executors a cluster manager launched write their stderr | 0-1 |
-//! | 2 | [`history`] | the cluster sampled once a second (what `GET /v1/cluster/history` shows) | 0-1 |
+//! | 2 | [`history`] | the cluster, and each tenant's part, sampled once a second (what `GET /v1/cluster/history` shows) | 0-1 |
 //! | 2 | [`tenants`] | who shares the driver: tenants' token hashes, weights and limits, read from `--tenants` as it changes; the `Caller` of a request | 0-1 |
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |

@@ -138,7 +138,8 @@ pub async fn run(
     Ok(())
 }
 
-/// A sample of the cluster every second, for `GET /v1/cluster/history`.
+/// A sample of the cluster (and of each tenant's part) every second, for
+/// `GET /v1/cluster/history`.
 async fn history_loop(driver: Arc<Driver>) {
     let mut tick = tokio::time::interval(crate::history::INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -146,7 +147,10 @@ async fn history_loop(driver: Arc<Driver>) {
         tick.tick().await;
         let now = std::time::SystemTime::now();
         let sample = driver.read(|s| crate::history::sample(s, now));
-        driver.history.record(sample);
+        let tenants = driver.tenants.get();
+        driver
+            .history
+            .record(sample, tenants.iter().map(|t| &t.name));
     }
 }
 

@@ -457,6 +457,7 @@ def test_cluster_history(client: Client) -> None:
     assert history.samples, "the driver samples its cluster every interval"
     assert [s.t_ms for s in history.samples] == sorted(s.t_ms for s in history.samples)
     sample = history.samples[-1]
+    assert history.tenant is None, "the admin's is the whole cluster's"
     assert sample.cores == 2 and sample.executors == 2 and sample.t_ms > 0
     assert 0 <= sample.busy_cores <= sample.cores
 

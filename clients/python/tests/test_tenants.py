@@ -219,8 +219,18 @@ def test_what_is_the_admins_is_forbidden_to_a_tenant(admin: Client, as_a: Client
         as_a.metrics()
     assert (caught.value.status, caught.value.kind) == (403, "admin_only")
     assert "flint_" in admin.metrics()
-    # Listing the executors is not acting on them: a tenant may.
-    assert len(as_a.executors()) == 1
+    # The executors and workers show every tenant's load: the admin's alone.
+    for call in (as_a.executors, as_a.workers):
+        with pytest.raises(Forbidden) as caught:
+            call()
+        assert (caught.value.status, caught.value.kind) == (403, "admin_only")
+    assert len(admin.executors()) == 1
+    assert admin.workers() == []
+    # The cluster's history is the whole cluster's to the admin, a tenant's own to it.
+    assert admin.cluster_history().tenant is None
+    mine = as_a.cluster_history()
+    assert mine.tenant == "a"
+    assert all(s.cores is None and s.executors is None for s in mine.samples)
 
 
 def test_tenant_usage(admin: Client, as_a: Client, guests: Guests) -> None:
@@ -258,6 +268,9 @@ async def test_async_tenants(tenancy: Tenancy, guests: Guests) -> None:
             await client.tenant_usage("a")
         with pytest.raises(Forbidden):
             await client.metrics()
+        with pytest.raises(Forbidden):
+            await client.executors()
+        assert (await client.cluster_history()).tenant == "b"
         with pytest.raises(QuotaExceeded, match="max_task_memory_mb is 64"):
             await client.submit(guests.testkit, ["x"], args=["echo"], resources=Resources(memory_mb=128))
         job = await client.submit(guests.testkit, ["z"], args=["echo"], resources=SMALL, priority=1, wait=60)

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -13,8 +13,9 @@ use flint_protocol::{JobId, defaults};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::error::ApiError;
-use crate::events::JobEvent;
+use crate::events::{Holder, JobEvent, Refused};
 use crate::service::Driver;
+use crate::tenants::Caller;
 
 /// A job's events as they happen (server-sent events). First `job` (the job as it is
 /// now), then a `task` event for each task state change (launched, ended, back to
@@ -27,30 +28,21 @@ use crate::service::Driver;
     responses(
         (status = 200, description = "`text/event-stream`: events `job` and `end` carry a JobView, `task` a TaskEvent, `lagged` a LaggedEvent", body = String, content_type = "text/event-stream"),
         (status = 404, description = "no such job", body = ErrorResponse),
-        (status = 503, description = "the driver serves its limit of event streams (`overloaded`)", body = ErrorResponse),
+        (status = 503, description = "`overloaded`: the caller holds its share of the driver's event streams (on a driver with tenants, each tenant and the admin may hold `--max-event-streams` divided by the number of tenants plus one; the message names the share), or the driver serves its limit of them; retry after `Retry-After` seconds", body = ErrorResponse),
     ))]
 pub async fn job_events(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = JobId(id);
+    let tenants = driver.tenants.get().iter().count();
+    let holder = caller.tenant().map(|t| t.name.clone());
+    let share = driver.events.share(tenants);
     // Subscribed before the job is read, so no change falls between the two.
-    let Some(subscription) = driver.events.subscribe(&id) else {
-        let mut response = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            format!(
-                "the driver serves its limit of {} event streams at once (MAX_EVENT_STREAMS); \
-                 retry after {} s",
-                driver.events.max_streams,
-                defaults::RETRY_AFTER_SECS
-            ),
-        )
-        .into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, defaults::RETRY_AFTER_SECS.into());
-        return Ok(response);
+    let subscription = match driver.events.subscribe(&id, holder.clone(), share) {
+        Ok(subscription) => subscription,
+        Err(refused) => return Ok(overloaded(&driver, refused, holder, tenants)),
     };
     let view = driver
         .job_view(&id)?
@@ -90,6 +82,33 @@ pub async fn job_events(
     let keep_alive =
         KeepAlive::new().interval(Duration::from_millis(defaults::EVENT_KEEP_ALIVE_MS));
     Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
+}
+
+/// 503 `overloaded`, naming the limit reached: the caller's share, or the driver's.
+fn overloaded(driver: &Driver, refused: Refused, holder: Holder, tenants: usize) -> Response {
+    let max = driver.events.max_streams;
+    let retry = defaults::RETRY_AFTER_SECS;
+    let message = match refused {
+        Refused::Share(share) if tenants > 0 => {
+            let who = holder.map_or_else(|| "the admin".to_owned(), |t| format!("tenant {t:?}"));
+            format!(
+                "{who} holds its share of the driver's event streams: {share} at once (each of \
+                 the {tenants} tenants and the admin may hold --max-event-streams {max} divided \
+                 by {}); retry after {retry} s",
+                tenants + 1
+            )
+        }
+        Refused::Share(_) | Refused::Driver => format!(
+            "the driver serves its limit of {max} event streams at once (MAX_EVENT_STREAMS); \
+             retry after {retry} s"
+        ),
+    };
+    let mut response =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, retry.into());
+    response
 }
 
 /// One server-sent event: its name, and its data as JSON.

@@ -45,7 +45,8 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
                     "The driver's --token (the admin), or a tenant's token from the \
                      --tenants file: a tenant sees only its own jobs and uploads (another's \
                      answer 404, as if absent) and gets 403 `admin_only` on the cluster's \
-                     own routes. Module and file downloads, blocks and task results \
+                     own routes (`/metrics`, the executors and workers); its cluster history \
+                     counts its own tasks only. Module and file downloads, blocks and task results \
                      (`GET /v1/jobs/{id}/tasks/{index}/result`) also take the cluster secret, \
                      for executors.",
                 ))
@@ -76,9 +77,11 @@ pub fn finish(mut doc: utoipa::openapi::OpenApi) -> Bytes {
             );
             add_error(operation, "400", "the body could not be read");
         }
+        // The executors and workers, listed or acted on: their hosts, pids and task
+        // counts are every tenant's load.
         let admin_only = path == "/metrics"
-            || path.starts_with("/v1/executors/{id}")
-            || path.starts_with("/v1/workers/{id}");
+            || path.starts_with("/v1/executors")
+            || path.starts_with("/v1/workers");
         let all = [
             &mut item.get,
             &mut item.put,

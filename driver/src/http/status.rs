@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::ExecutorId;
@@ -16,16 +16,24 @@ use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
 use crate::metrics;
 use crate::service::Driver;
 use crate::service::ExecutorRefusal;
+use crate::tenants::Caller;
 use crate::views::executor_view;
 
 /// The cluster once a second over the last 15 minutes (running tasks, busy and total
-/// cores, live executors, pending tasks), oldest first; kept in the driver's memory.
+/// cores, live executors, pending tasks), oldest first; kept in the driver's memory. A
+/// tenant is shown its own tasks only (running, the cores they hold, pending), sampled
+/// at the same moments, and neither the cluster's cores nor its executors: nothing in
+/// it depends on another tenant's work.
 #[utoipa::path(get, path = "/v1/cluster/history", tag = "executors",
-    responses((status = 200, description = "samples, oldest first", body = ClusterHistory)))]
+    responses((status = 200, description = "samples, oldest first: the whole cluster's to the admin; to a tenant, its own tasks only (`tenant` names it; no `cores` or `executors`)", body = ClusterHistory)))]
 pub(super) async fn cluster_history(
     State(driver): State<Arc<Driver>>,
+    Extension(caller): Extension<Caller>,
 ) -> axum::Json<ClusterHistory> {
-    axum::Json(driver.history.view())
+    axum::Json(match caller.tenant() {
+        Some(tenant) => driver.history.tenant_view(&tenant.name),
+        None => driver.history.view(),
+    })
 }
 
 /// Liveness: answers while the driver serves requests. Needs no token.
@@ -57,7 +65,8 @@ pub(super) async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoR
 }
 
 /// The executors: cores, free cores, state, heartbeat age and their own figures; with a
-/// cluster manager, what it is asked for.
+/// cluster manager, what it is asked for. The admin's: their hosts, pids and task counts
+/// are every tenant's load (403 `admin_only` to a tenant).
 #[utoipa::path(get, path = "/v1/executors", tag = "executors",
     responses((status = 200, description = "every executor, and the allocation when the driver launches executors", body = ExecutorList)))]
 pub(super) async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::Json<ExecutorList> {
@@ -79,7 +88,8 @@ pub(super) async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::J
 }
 
 /// The standalone workers that registered (`--cluster-manager standalone`): their
-/// cores and memory, what is free, and the executors placed on them.
+/// cores and memory, what is free, and the executors placed on them. The admin's, as
+/// the executors are (403 `admin_only` to a tenant).
 #[utoipa::path(get, path = "/v1/workers", tag = "executors",
     responses((status = 200, description = "every worker this driver has seen, alive or lost", body = List<WorkerView>)))]
 pub(super) async fn list_workers(

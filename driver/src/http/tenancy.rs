@@ -2,8 +2,10 @@
 //! logs, timelines, events, replays, blocks), the uploads it made and the shared ones,
 //! and its own usage. Checked once, in front of every route, by what the path names, so
 //! that no handler can forget it: another tenant's job answers exactly as a job that
-//! does not exist (404, no existence leak). Routes that act on the cluster itself
-//! (killing executors, their logs, `/metrics`) are the admin's (403).
+//! does not exist (404, no existence leak), by the same reads (see
+//! [`Driver::job_owned`]). Routes that act on the cluster itself (killing executors,
+//! their logs, `/metrics`) or show it (the executors and workers, with their hosts,
+//! pids and every tenant's load) are the admin's (403).
 
 use std::sync::Arc;
 
@@ -37,7 +39,7 @@ pub(super) async fn gate(
     };
     match segments.as_slice() {
         ["metrics"] => Err(admin_only()),
-        ["v1", "executors" | "workers", _, ..] => Err(admin_only()),
+        ["v1", "executors" | "workers", ..] => Err(admin_only()),
         // Executors write results; a tenant writing blocks would fill the data dir with
         // bytes no quota of its own counts.
         ["v1", "blocks", ..] if *method != Method::GET && *method != Method::HEAD => {
@@ -46,23 +48,24 @@ pub(super) async fn gate(
         ["v1", "jobs", id, ..] | ["v1", "blocks", id, ..] => {
             let id = JobId((*id).to_owned());
             let lookup = {
-                let driver = driver.clone();
-                let id = id.clone();
-                tokio::task::spawn_blocking(move || driver.job_owner(&id))
+                let (driver, caller, id) = (driver.clone(), caller.clone(), id.clone());
+                tokio::task::spawn_blocking(move || {
+                    driver.job_owned(&id, |owner| caller.sees(owner))
+                })
             };
-            let owner = lookup
+            let owned = lookup
                 .await
                 .map_err(|e| {
                     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
                 })?
                 .map_err(ApiError::from)?;
-            match owner {
-                Some(owner) if caller.sees(owner.as_deref()) => Ok(()),
-                _ if segments[1] == "blocks" => Err(ApiError::not_found(
+            match owned {
+                true => Ok(()),
+                false if segments[1] == "blocks" => Err(ApiError::not_found(
                     "block",
                     format!("no block {}", segments[2..].join("/")),
                 )),
-                _ => Err(ApiError::not_found("job", format!("no job {id}"))),
+                false => Err(ApiError::not_found("job", format!("no job {id}"))),
             }
         }
         // Any method: a HEAD (which axum answers from the GET route) would tell a size.

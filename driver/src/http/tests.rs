@@ -1,18 +1,25 @@
 //! The submit path's checks, driven through `accept` and its helpers on a driver that
 //! listens nowhere: what a job may give its guests, and which refs the executors may
-//! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin).
+//! fetch with the cluster secret ([`ModuleRef::served_by_driver`] and its kin); and the
+//! tenancy gate's reads of a job's owner, counted and made to fail.
 
-use axum::http::StatusCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::http::{Method, StatusCode, Uri};
 use flint_protocol::api::{InputSpec, ResultRef, ResultsRef, TaskState};
 use flint_protocol::{BlockRef, Digest, FetchRef, InputPart, JobId, TaskInput, TaskResult};
 use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
+use super::tenancy::gate;
 use crate::admission::inputs::InputBudget;
-use crate::admission::{Ceiling, accept, decode_input, parse_job_spec};
+use crate::admission::{Catalog, Ceiling, STORAGE, accept, decode_input, parse_job_spec};
 use crate::scheduler::{NewJob, set_state};
 use crate::service::Driver;
+use crate::service::tenancy::TenantCatalog;
 use crate::service::tests::{EMPTY_MODULE, driver};
+use crate::tenants::{Caller, Tenants, hash_token};
 
 fn submit(driver: &Driver, spec: serde_json::Value) -> ApiResult<NewJob> {
     submit_as(driver, spec, &Ceiling::default())
@@ -361,4 +368,112 @@ fn a_deterministic_job_without_a_seed_gets_one_from_its_spec() {
         r#""deterministic": true, "seed": 7"#,
     );
     assert_eq!(seed(&given), 7, "a seed given is kept");
+}
+
+/// Tenants `a` and `b` on a driver that listens nowhere, `a` with a live job `a-live`:
+/// the driver, and `a` and `b` as callers.
+async fn two_tenants_and_a_live_job() -> (tempfile::TempDir, Arc<Driver>, Caller, Caller) {
+    let (dir, driver) = driver();
+    let entry = |name: &str| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\ntokens = [\"{}\"]\n",
+            hash_token(name)
+        )
+    };
+    let file = entry("a") + &entry("b");
+    driver.set_tenants(Tenants::parse(&file, false).unwrap());
+    let tenants = driver.tenants.get();
+    let caller = |name: &str| Caller::Tenant(tenants.get(name).unwrap().clone());
+    let (a, b) = (caller("a"), caller("b"));
+    let mut job = crate::scheduler::tests::job("a-live", 1, 1);
+    job.def.owner.tenant = Some("a".into());
+    driver.submit(job).await.unwrap();
+    (dir, driver, a, b)
+}
+
+/// What the gate answers `caller` for `GET path`, and the store reads of a job's owner
+/// it took.
+async fn through_the_gate(
+    driver: &Arc<Driver>,
+    caller: &Caller,
+    path: &str,
+) -> (Result<(), (StatusCode, &'static str, String)>, u64) {
+    let reads = || driver.owner_reads.count.load(Ordering::Relaxed);
+    let before = reads();
+    let uri: Uri = path.parse().unwrap();
+    let answer = gate(driver, caller, &Method::GET, &uri)
+        .await
+        .map_err(|e| (e.status, e.kind, e.message));
+    (answer, reads() - before)
+}
+
+#[tokio::test]
+async fn another_tenants_live_job_and_an_absent_one_take_the_same_reads_and_answers() {
+    let (_dir, driver, a, b) = two_tenants_and_a_live_job().await;
+    // The owner's own live job is answered from memory.
+    assert_eq!(
+        through_the_gate(&driver, &a, "/v1/jobs/a-live").await,
+        (Ok(()), 0)
+    );
+    // To b, a's live job is as a job that does not exist: the same answer, and the
+    // same one read of the store.
+    let not_found = |id: &str| {
+        let message = format!("no job {id}");
+        (Err((StatusCode::NOT_FOUND, "job_not_found", message)), 1)
+    };
+    for (path, id) in [
+        ("/v1/jobs/a-live", "a-live"),
+        ("/v1/jobs/a-live/tasks/0/log", "a-live"),
+        ("/v1/jobs/absent", "absent"),
+        ("/v1/jobs/absent/tasks/0/log", "absent"),
+    ] {
+        assert_eq!(
+            through_the_gate(&driver, &b, path).await,
+            not_found(id),
+            "{path}"
+        );
+    }
+    let blocks = [
+        through_the_gate(&driver, &b, "/v1/blocks/a-live/0-1-1").await,
+        through_the_gate(&driver, &b, "/v1/blocks/absent/0-1-1").await,
+    ];
+    assert_eq!(blocks[0].1, blocks[1].1);
+    assert_eq!(blocks[0].0.as_ref().unwrap_err().1, "block_not_found");
+    assert_eq!(blocks[0].0.as_ref().unwrap_err().0, StatusCode::NOT_FOUND);
+
+    // A store that cannot be read fails both alike: never 404 for one and 500 for the
+    // other. The owner's own live job still answers from memory.
+    driver.owner_reads.refuse.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for path in ["/v1/jobs/a-live", "/v1/jobs/absent"] {
+        let (answer, reads) = through_the_gate(&driver, &b, path).await;
+        let (status, kind, _) = answer.unwrap_err();
+        answers.push((status, kind, reads));
+    }
+    assert_eq!(
+        answers,
+        [(StatusCode::INTERNAL_SERVER_ERROR, "storage", 1); 2],
+        "a's live job, then none"
+    );
+    assert_eq!(
+        through_the_gate(&driver, &a, "/v1/jobs/a-live").await,
+        (Ok(()), 0)
+    );
+}
+
+#[tokio::test]
+async fn a_job_named_in_a_spec_is_found_as_the_gate_finds_it() {
+    let (_dir, driver, _a, b) = two_tenants_and_a_live_job().await;
+    let catalog = TenantCatalog {
+        driver: &driver,
+        caller: &b,
+    };
+    let find = |id: &str| catalog.job(&JobId(id.into()), |_| ()).map_err(|r| r.kind);
+    assert_eq!((find("a-live"), find("absent")), (Ok(None), Ok(None)));
+    driver.owner_reads.refuse.store(true, Ordering::Relaxed);
+    assert_eq!(
+        (find("a-live"), find("absent")),
+        (Err(STORAGE), Err(STORAGE)),
+        "a store that cannot be read fails both alike"
+    );
 }

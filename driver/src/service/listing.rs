@@ -114,9 +114,7 @@ impl Driver {
         }
         let id = JobId(cursor.to_owned());
         if let Some(owner) = owner
-            && !self
-                .job_owner(&id)?
-                .is_some_and(|tenant| owner.admits(tenant.as_deref()))
+            && !self.job_owned(&id, |tenant| owner.admits(tenant))?
         {
             return Ok(None);
         }

@@ -116,6 +116,8 @@ pub struct Driver {
     pub tenants: Arc<crate::tenants::Registry>,
     /// Who uploaded each module and file.
     upload_owners: tenancy::UploadOwners,
+    #[cfg(test)]
+    pub(crate) owner_reads: tenancy::OwnerReads,
 }
 
 impl Driver {
@@ -183,6 +185,8 @@ impl Driver {
             credentials: Default::default(),
             tenants: Default::default(),
             upload_owners,
+            #[cfg(test)]
+            owner_reads: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -239,13 +243,14 @@ impl Driver {
         Ok(Some(f(&job)))
     }
 
-    /// The tenant of a job held in memory (live, or finished and still kept there).
+    /// The tenant of a job held in memory (live, or finished and still kept there). Both
+    /// places are looked in whatever the first holds, so that a live job and none take
+    /// the same lookups (see [`Driver::job_owned`]).
     fn held_owner(&self, id: &JobId) -> Option<Option<String>> {
         let mut inner = self.lock();
-        if let Some(job) = inner.state.jobs.get(id) {
-            return Some(job.def.owner.tenant.clone());
-        }
-        inner.archive.get(id).map(|j| j.def.owner.tenant.clone())
+        let live = inner.state.jobs.get(id).map(|j| j.def.owner.tenant.clone());
+        let archived = inner.archive.get(id).map(|j| j.def.owner.tenant.clone());
+        live.or(archived)
     }
 
     /// A job as it was submitted (its tasks' inputs, args and env), from the job store,

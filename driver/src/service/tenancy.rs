@@ -8,7 +8,7 @@ use flint_protocol::api::{JobState, TenantUsage};
 use flint_protocol::{Digest, JobId};
 
 use super::Driver;
-use crate::admission::{Catalog, Rejection};
+use crate::admission::{Catalog, Rejection, STORAGE};
 use crate::scheduler::tenancy::{Share, Shares};
 use crate::scheduler::{ClusterState, Job, NewJob};
 use crate::store::blobs::ModuleInfo;
@@ -16,6 +16,26 @@ use crate::store::{SHARED, StoreError, blob_key};
 use crate::tenants::{ADMIN, Caller, Tenant, Tenants};
 
 pub use crate::admission::QUOTA_EXCEEDED;
+
+/// Tests count the reads of a job's owner from the store, and make them fail.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct OwnerReads {
+    pub count: std::sync::atomic::AtomicU64,
+    pub refuse: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl OwnerReads {
+    fn read(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.count.fetch_add(1, Relaxed);
+        match self.refuse.load(Relaxed) {
+            true => Err(StoreError::Db("an I/O error (a test's)".into())),
+            false => Ok(()),
+        }
+    }
+}
 
 /// Who uploaded each module and file: blob key -> tenants (or [`SHARED`]).
 #[derive(Default)]
@@ -67,13 +87,28 @@ impl Driver {
         });
     }
 
-    /// The job's tenant (`Some(None)`: the admin's), `None` when there is no such job:
-    /// from memory, else one point read of the store (never the whole job, so that
-    /// asking for another tenant's job costs what asking for none does).
-    pub fn job_owner(&self, id: &JobId) -> Result<Option<Option<String>>, StoreError> {
-        if let Some(owner) = self.held_owner(id) {
-            return Ok(Some(owner));
+    /// Whether job `id` is one whose owner (`None`: the admin's) `admits`. One held in
+    /// memory that it admits is answered from there; every other case (another
+    /// owner's job, live or finished, or no job at all) takes the same one point read
+    /// of the store (never the whole job), so that asking for another tenant's job
+    /// costs what asking for none does, and a store that fails fails both alike.
+    pub fn job_owned(
+        &self,
+        id: &JobId,
+        admits: impl Fn(Option<&str>) -> bool,
+    ) -> Result<bool, StoreError> {
+        let held = self.held_owner(id);
+        if held.as_ref().is_some_and(|owner| admits(owner.as_deref())) {
+            return Ok(true);
         }
+        let stored = self.stored_owner(id)?;
+        Ok(held.is_none() && stored.is_some_and(|owner| admits(owner.as_deref())))
+    }
+
+    /// A stored job's tenant (`Some(None)`: the admin's), `None` when none is stored.
+    fn stored_owner(&self, id: &JobId) -> Result<Option<Option<String>>, StoreError> {
+        #[cfg(test)]
+        self.owner_reads.read()?;
         Ok(self.store.owner(id)?.map(|o| o.tenant))
     }
 
@@ -377,8 +412,19 @@ impl Catalog for TenantCatalog<'_> {
         Catalog::url_timestamp(self.driver, url, given)
     }
 
+    /// Another tenant's job is found as the gate finds it ([`Driver::job_owned`]): by
+    /// the reads an absent one takes, failing alike when the store does.
     fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, Rejection> {
         let caller = self.caller;
+        if caller.tenant().is_some() {
+            let owned = self
+                .driver
+                .job_owned(id, |owner| caller.sees(owner))
+                .map_err(|e| Rejection::new(STORAGE, e.to_string()))?;
+            if !owned {
+                return Ok(None);
+            }
+        }
         Catalog::job(self.driver, id, |j| {
             caller.sees(j.def.owner.tenant.as_deref()).then(|| f(j))
         })

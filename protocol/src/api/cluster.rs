@@ -6,11 +6,16 @@ use serde::{Deserialize, Serialize};
 use crate::ids::ExecutorId;
 
 /// `GET /v1/cluster/history`: the cluster once a second over the last minutes, oldest
-/// first (kept in the driver's memory: a restart starts it afresh).
+/// first (kept in the driver's memory: a restart starts it afresh). To a tenant, its
+/// own tasks only (`tenant` says whose), without the cluster's cores and executors.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterHistory {
     pub interval_ms: u64,
+    /// The tenant whose tasks the samples count (a tenant's token sees only its own);
+    /// absent: the whole cluster's, as the admin sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub samples: Vec<ClusterSample>,
 }
 
@@ -19,15 +24,20 @@ pub struct ClusterHistory {
 pub struct ClusterSample {
     /// Unix milliseconds.
     pub t_ms: u64,
-    /// Attempts running (or queued) on executors.
+    /// Attempts running (or queued) on executors; in a tenant's history, its tasks
+    /// running.
     pub running_tasks: u32,
-    /// Cores of live executors given to tasks.
+    /// Cores of live executors given to tasks; in a tenant's history, the cores its
+    /// running tasks hold.
     pub busy_cores: u32,
-    /// Cores of live executors.
-    pub cores: u32,
-    /// Executors alive.
-    pub executors: u32,
-    /// Tasks of live jobs waiting for a core.
+    /// Cores of live executors; absent in a tenant's history (the cluster's size follows
+    /// every tenant's load where executors are launched on demand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<u32>,
+    /// Executors alive; absent in a tenant's history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executors: Option<u32>,
+    /// Tasks of live jobs waiting for a core; in a tenant's history, its own.
     pub pending_tasks: u64,
 }
 

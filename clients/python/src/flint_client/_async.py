@@ -280,11 +280,12 @@ class AsyncClient:
     # --- the cluster ------------------------------------------------------------------
 
     async def executors(self) -> ExecutorList:
-        """The executors and the cluster manager's allocation."""
+        """The executors and the cluster manager's allocation (the admin's: a tenant's
+        token raises :class:`~flint_client.Forbidden`)."""
         return await self._drive(core.get_executors())
 
     async def workers(self) -> List[WorkerView]:
-        """The standalone workers that registered."""
+        """The standalone workers that registered (the admin's, as the executors)."""
         return await self._drive(core.get_workers())
 
     async def health(self) -> bool:
@@ -292,7 +293,7 @@ class AsyncClient:
         return await self._drive(core.get_health())
 
     async def cluster_history(self) -> ClusterHistory:
-        """Recent samples of the cluster's load."""
+        """Recent samples of the cluster's load (a tenant's: its own tasks only)."""
         return await self._drive(core.get_cluster_history())
 
     async def openapi(self) -> Dict[str, Any]:

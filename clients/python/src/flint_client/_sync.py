@@ -396,11 +396,13 @@ class Client:
     # --- the cluster ------------------------------------------------------------------
 
     def executors(self) -> ExecutorList:
-        """The executors (iterate the answer) and the cluster manager's allocation."""
+        """The executors (iterate the answer) and the cluster manager's allocation. The
+        admin's to read: a tenant's token raises :class:`~flint_client.Forbidden`."""
         return self._drive(core.get_executors())
 
     def workers(self) -> List[WorkerView]:
-        """The standalone workers that registered, alive or lost."""
+        """The standalone workers that registered, alive or lost. The admin's to read:
+        a tenant's token raises :class:`~flint_client.Forbidden`."""
         return self._drive(core.get_workers())
 
     def health(self) -> bool:
@@ -409,7 +411,8 @@ class Client:
         return self._drive(core.get_health())
 
     def cluster_history(self) -> ClusterHistory:
-        """Recent samples of the cluster's load (running tasks, busy cores, executors)."""
+        """Recent samples of the cluster's load (running tasks, busy cores, executors);
+        with a tenant's token, of that tenant's own tasks only."""
         return self._drive(core.get_cluster_history())
 
     def openapi(self) -> Dict[str, Any]:

@@ -86,9 +86,9 @@ class Unauthorized(FlintError):
 
 class Forbidden(FlintError):
     """403 ``admin_only``: a tenant's token asked for what only the admin (the driver's
-    ``--token``) may do: read ``/metrics``, kill or decommission executors, read their
-    logs, kill a worker's executors, or share an upload with every tenant. The token is
-    right; asking again with it will not help."""
+    ``--token``) may do: read ``/metrics``, list, kill or decommission executors, read
+    their logs, list the workers or kill a worker's executors, or share an upload with
+    every tenant. The token is right; asking again with it will not help."""
 
 
 class NotFound(FlintError):

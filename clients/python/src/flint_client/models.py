@@ -438,22 +438,31 @@ class Timeline:
 class ClusterSample:
     """One sample of :class:`ClusterHistory`: at ``t_ms`` (Unix ms), the attempts
     running (or queued) on executors, the cores given to tasks and all cores of live
-    executors, the executors alive, and the tasks of live jobs waiting for a core."""
+    executors, the executors alive, and the tasks of live jobs waiting for a core.
+
+    In a tenant's history (:attr:`ClusterHistory.tenant` set) the figures are the
+    tenant's own tasks: those running, the cores they hold and those waiting; ``cores``
+    and ``executors`` are ``None`` there (the cluster's size follows every tenant's load
+    where executors are launched on demand)."""
 
     t_ms: int
     running_tasks: int = 0
     busy_cores: int = 0
-    cores: int = 0
-    executors: int = 0
+    cores: Optional[int] = None
+    executors: Optional[int] = None
     pending_tasks: int = 0
 
 
 @dataclass(frozen=True)
 class ClusterHistory:
     """``GET /v1/cluster/history``: the cluster once every ``interval_ms`` over the last
-    minutes, oldest first (kept in the driver's memory: a restart starts it afresh)."""
+    minutes, oldest first (kept in the driver's memory: a restart starts it afresh).
+
+    With a tenant's token it is that tenant's own tasks only, and ``tenant`` names it;
+    ``None`` for the whole cluster, as the admin sees it."""
 
     interval_ms: int = 0
+    tenant: Optional[str] = None
     samples: List[ClusterSample] = field(default_factory=list)
 
 

@@ -51,13 +51,12 @@ impl JobStore {
     }
 
     /// A stored job's owner (the default for a job stored without one), `None` when no
-    /// such job is stored: two point reads, not the job.
+    /// such job is stored: two point reads, not the job, both made whether or not the
+    /// job is there (a tenant asking for another's job and for none must cost the same).
     pub fn owner(&self, id: &JobId) -> Result<Option<Owner>, StoreError> {
         let txn = self.folded_db()?.begin_read().map_err(db_error)?;
         let summaries = txn.open_table(SUMMARIES).map_err(db_error)?;
-        if summaries.get(id.0.as_str()).map_err(db_error)?.is_none() {
-            return Ok(None);
-        }
+        let stored = summaries.get(id.0.as_str()).map_err(db_error)?.is_some();
         let owner = match txn.open_table(JOB_OWNERS) {
             Ok(table) => table
                 .get(id.0.as_str())
@@ -67,7 +66,7 @@ impl JobStore {
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(db_error(e)),
         };
-        Ok(Some(owner.unwrap_or_default()))
+        Ok(stored.then(|| owner.unwrap_or_default()))
     }
 
     /// Every (blob key, owner) row, for the service's map at start.
