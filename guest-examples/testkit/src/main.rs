@@ -21,6 +21,7 @@
 //! | `read PATH`  | writes the bytes of the file at PATH to stdout (e.g. `/files/<name>`) |
 //! | `write PATH` | creates or truncates the file at PATH and writes `flint` into it      |
 //! | `recurse`    | recurses without bound until the wasm stack overflows (a trap); never returns |
+//! | `facts`      | writes what it can learn of its host without reading a file's bytes: argv, environ in order, each preopen's fdstat and stats, its `fd_readdir` entries (`d_next`, `d_ino`) and each entry's stats (see `facts.rs`) |
 //!
 //! Exit codes of its own: 2 for a missing or unknown command, a bad or missing number, a
 //! missing path or unexpected extra arguments (the message on stderr names the valid
@@ -49,8 +50,11 @@ use std::time::Duration;
 
 use flint_sdk::TaskInfo;
 
+#[cfg(target_os = "wasi")]
+mod facts;
+
 const USAGE: &str = "valid commands: noop, echo, sleep MS, slow-first MS, spin, alloc MB, exit N, panic, \
-                     print N, eprint N, env, info, read PATH, write PATH, recurse";
+                     print N, eprint N, env, info, read PATH, write PATH, recurse, facts";
 
 const MIB: usize = 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
@@ -95,6 +99,7 @@ enum Command {
     Read(String),
     Write(String),
     Recurse,
+    Facts,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +166,7 @@ impl Command {
             "read" => Command::Read(path("read", rest)?),
             "write" => Command::Write(path("write", rest)?),
             "recurse" => Command::Recurse,
+            "facts" => Command::Facts,
             other => return Err(UsageError::UnknownCommand(other.to_owned())),
         };
         let expected = usize::from(command.takes_argument());
@@ -203,6 +209,7 @@ impl Command {
             Command::Read(_) => "read",
             Command::Write(_) => "write",
             Command::Recurse => "recurse",
+            Command::Facts => "facts",
         }
     }
 
@@ -253,9 +260,21 @@ impl Command {
             Command::Recurse => {
                 recurse();
             }
+            Command::Facts => flint_sdk::write_result(facts_report()?.as_bytes())?,
         }
         Ok(())
     }
+}
+
+#[cfg(target_os = "wasi")]
+fn facts_report() -> Result<String, &'static str> {
+    Ok(facts::facts())
+}
+
+/// The host unit tests build for the host, where there is no WASI to ask.
+#[cfg(not(target_os = "wasi"))]
+fn facts_report() -> Result<String, &'static str> {
+    Err("facts calls WASI preview 1: it runs as a wasm guest only")
 }
 
 /// Parses the single number argument of `command`.

@@ -33,6 +33,7 @@ fn parses_every_command() {
         Ok(Command::Write("out file".into()))
     );
     assert_eq!(parse(&["recurse"]), Ok(Command::Recurse));
+    assert_eq!(parse(&["facts"]), Ok(Command::Facts));
 }
 
 #[test]
@@ -132,6 +133,10 @@ fn rejects_extra_arguments() {
         parse(&["recurse", "1"]),
         Err(UsageError::ExtraArguments { command: "recurse" })
     );
+    assert_eq!(
+        parse(&["facts", "1"]),
+        Err(UsageError::ExtraArguments { command: "facts" })
+    );
 }
 
 #[test]
@@ -152,6 +157,7 @@ fn usage_names_every_command() {
         "read",
         "write",
         "recurse",
+        "facts",
     ] {
         assert!(USAGE.contains(name), "{name} missing from USAGE");
     }
