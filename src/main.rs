@@ -54,8 +54,9 @@ fn compile_module(args: CompileArgs) -> i32 {
     let result = std::fs::read(&args.input)
         .map_err(|e| (1, format!("reading {}: {e}", args.input.display())))
         .and_then(|wasm| {
-            let engine =
-                flint_executor::sandbox::engine(config).map_err(|e| (1, format!("{e:#}")))?;
+            let kind = flint_executor::sandbox::EngineKind::of(args.deterministic);
+            let engine = flint_executor::sandbox::engine_for(config, kind)
+                .map_err(|e| (1, format!("{e:#}")))?;
             flint_executor::sandbox::precompile(&engine, &wasm)
                 .map_err(|m| (flint_executor::compiler::EXIT_INVALID_MODULE, m))
         })

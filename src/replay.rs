@@ -15,7 +15,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use flint_executor::sandbox::{
-    Kill, RunReport, Sandbox, SandboxConfig, TASK_THREAD_STACK, TaskEnv, TaskRun, fixed_times,
+    EngineKind, Kill, RunReport, Sandbox, SandboxConfig, TASK_THREAD_STACK, TaskEnv, TaskRun,
+    fixed_times,
 };
 use flint_protocol::api::{ReplayBundle, ReplayInputPart, ReplaySource};
 use flint_protocol::{Determinism, Digest, TaskResult, defaults};
@@ -110,7 +111,13 @@ fn run_here(
         fuel: bundle.fuel.is_some(),
     })
     .context("starting the sandbox")?;
-    let compiled = match sandbox.compile(module) {
+    let seed = match (bundle.deterministic, bundle.seed) {
+        (true, Some(seed)) => Some(Determinism { seed }.task_seed(bundle.task)),
+        _ => None,
+    };
+    // A deterministic attempt ran on the executors' engine for deterministic tasks.
+    let kind = EngineKind::of(seed.is_some());
+    let compiled = match sandbox.compile_for(module, kind) {
         Ok(compiled) => compiled,
         Err(failure) => {
             return Ok(RunReport {
@@ -128,10 +135,6 @@ fn run_here(
     let env: Vec<(&str, &str)> = (bundle.env.iter())
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let seed = match (bundle.deterministic, bundle.seed) {
-        (true, Some(seed)) => Some(Determinism { seed }.task_seed(bundle.task)),
-        _ => None,
-    };
     Ok(sandbox.run(
         &compiled,
         TaskRun {

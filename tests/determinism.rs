@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
 
@@ -120,4 +122,118 @@ fn a_deterministic_guest_is_not_told_its_job_or_attempt_and_its_inputs_are_pinne
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(bytes))
+}
+
+/// Runs the testkit's `facts` (what it can read of its host but file bytes) as a
+/// deterministic job over three files: the result, and the executor it ran on.
+fn facts(cluster: &DevCluster, module: &str, files: &Value) -> (Value, Vec<u8>, String) {
+    let mut job = spec(module, &["facts"], &[]);
+    job["deterministic"] = json!(true);
+    job["seed"] = json!(7);
+    job["files"] = files.clone();
+    // Job and task variables with a name in common: the task's wins, once.
+    job["env"] = json!({"Z": "job", "A": "job"});
+    job.as_object_mut().unwrap().remove("inputs");
+    job["tasks"] = json!([{"env": {"A": "task", "M": "task"}}]);
+    let done = cluster.run_job(job);
+    let result = results(cluster, &done).remove(0);
+    let executor = cluster.tasks(&done)[0]["executor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (done, result, executor)
+}
+
+#[test]
+fn a_deterministic_guest_reads_the_same_files_on_two_executors_and_in_replay_p1_and_p2() {
+    let cluster = DevCluster::start(1, 1);
+    let modules = [
+        cluster.upload(&guests().testkit),
+        cluster.upload(&guests().testkit_component),
+    ];
+    // Uploaded in an order that is not the names' order.
+    let mut files = json!({});
+    for (name, bytes) in [("b.txt", "bee"), ("c.txt", "sea!"), ("a.txt", "a")] {
+        files[name] = json!(cluster.upload_file(bytes.as_bytes().to_vec()));
+    }
+    let first: Vec<_> = modules.iter().map(|m| facts(&cluster, m, &files)).collect();
+
+    // Another executor, with its own copy of the files (other inodes, other times).
+    let (status, body) =
+        cluster.post_raw(&format!("/v1/executors/{}/decommission", first[0].2), "");
+    assert_eq!(status, 202, "{body}");
+    common::wait_until(Duration::from_secs(30), "a replacement", || {
+        cluster
+            .executors()
+            .iter()
+            .any(|e| e["state"] == "alive" && e["id"] != first[0].2.as_str())
+    });
+    common::wait_until(Duration::from_secs(30), "the old one gone", || {
+        cluster.alive_executors() == 1
+    });
+    // Every run that differs from the first, named, so that a failure shows them all.
+    let mut differs = Vec::new();
+    for ((module, abi), (job, report, executor)) in modules.iter().zip(["p1", "p2"]).zip(&first) {
+        let (_, again, elsewhere) = facts(&cluster, module, &files);
+        assert_ne!(&elsewhere, executor);
+        if &again != report {
+            differs.push(format!(
+                "{abi} on another executor:\n{}",
+                diff(report, &again)
+            ));
+        }
+        let out = cluster.cli(&["replay", job["id"].as_str().unwrap(), "0"]);
+        if out.stdout != *report || out.status.code() != Some(0) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            differs.push(format!(
+                "{abi} in flint replay ({stderr}):\n{}",
+                diff(report, &out.stdout)
+            ));
+        }
+    }
+    assert!(differs.is_empty(), "{}", differs.join("\n"));
+
+    for (_, report, _) in &first {
+        let text = String::from_utf8_lossy(report);
+        // What it read: fixed times and links, inodes of the paths, names in order.
+        assert!(text.contains("preopen fd=3 name=\"/files\""), "{text}");
+        let stats = text.lines().filter(|l| l.contains(" dev=")).count();
+        let fixed = "nlink=1 ";
+        let times = "atim=946684800000000000 mtim=946684800000000000 ctim=946684800000000000";
+        let fixed_lines = (text.lines())
+            .filter(|l| l.contains(fixed) && l.ends_with(times))
+            .count();
+        assert_eq!((stats, fixed_lines), (8, 8), "{text}");
+        let names: Vec<&str> = (text.lines())
+            .filter_map(|l| l.strip_prefix("  entry "))
+            .map(|l| l.rsplit_once(" name=").unwrap().1)
+            .collect();
+        assert_eq!(
+            names,
+            ["\".\"", "\"..\"", "\"a.txt\"", "\"b.txt\"", "\"c.txt\""],
+            "{text}"
+        );
+        let env: Vec<&str> = text.lines().filter(|l| l.starts_with("env ")).collect();
+        assert_eq!(
+            env,
+            [
+                "env \"A=task\"",
+                "env \"FLINT_TASK_COUNT=1\"",
+                "env \"FLINT_TASK_INDEX=0\"",
+                "env \"M=task\"",
+                "env \"Z=job\""
+            ],
+            "{text}"
+        );
+    }
+}
+
+/// The lines of `b` that are not those of `a` at the same place.
+fn diff(a: &[u8], b: &[u8]) -> String {
+    let (a, b) = (String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+    (a.lines().zip(b.lines()))
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("  - {x}\n  + {y}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use flint_executor::compiler::{CompilerMode, ModuleCompiler, Source};
 use flint_executor::local::LocalRunner;
-use flint_executor::sandbox::{self, Compiled, Sandbox, SandboxConfig};
+use flint_executor::sandbox::{self, Compiled, EngineKind, Sandbox, SandboxConfig};
 use flint_protocol::Digest;
 use wasmtime::{Linker, Module, Store, StoreLimitsBuilder};
 
@@ -167,7 +167,9 @@ fn compile_vs_disk_cache(module: &PathBuf) -> (Duration, Duration) {
         )
         .unwrap();
         let started = Instant::now();
-        let (_, source) = runtime.block_on(compiler.load(digest, module)).unwrap();
+        let (_, source) = runtime
+            .block_on(compiler.load(digest, module, EngineKind::Native))
+            .unwrap();
         let took = started.elapsed();
         assert_eq!(source, expect);
         took

@@ -1,7 +1,9 @@
 //! Turning a module's bytes into something runnable, as cheaply as it can be had:
 //! compiled artifacts on disk, keyed by (SHA-256 of the module, the engine's
 //! compatibility hash), written by this executor and verified by digest before loading;
-//! a miss compiles in a subprocess that is killed at a time bound.
+//! a miss compiles in a subprocess that is killed at a time bound. Each of the
+//! executor's two engines (deterministic tasks have their own) has its own artifacts:
+//! their compatibility hashes differ.
 //!
 //! Why a subprocess: cranelift cannot be interrupted, so a module built to be slow to
 //! compile would otherwise hold a core for as long as it likes. A child process can be
@@ -22,7 +24,7 @@ use std::time::Duration;
 use flint_protocol::{Digest, FailureKind, TaskFailure};
 use sha2::{Digest as _, Sha256};
 
-use crate::sandbox::{Compiled, Sandbox, SandboxConfig};
+use crate::sandbox::{Compiled, EngineKind, Sandbox, SandboxConfig};
 
 /// Exit code of the compiler subprocess when the module itself is at fault.
 pub const EXIT_INVALID_MODULE: i32 = 65;
@@ -32,8 +34,8 @@ pub const EXIT_INVALID_MODULE: i32 = 65;
 pub enum CompilerMode {
     /// In this process, unbounded (tests and embedding).
     InProcess,
-    /// `program args... --slots N --max-memory-bytes M [--fuel] --out OUT INPUT`, killed after
-    /// `timeout`. `flint compile-module` is such a program.
+    /// `program args... --slots N --max-memory-bytes M [--fuel] [--deterministic] --out OUT
+    /// INPUT`, killed after `timeout`. `flint compile-module` is such a program.
     Subprocess {
         program: PathBuf,
         args: Vec<OsString>,
@@ -52,7 +54,6 @@ pub struct ModuleCompiler {
     sandbox: Arc<Sandbox>,
     config: SandboxConfig,
     dir: PathBuf,
-    engine_key: String,
     mode: CompilerMode,
 }
 
@@ -64,34 +65,40 @@ impl ModuleCompiler {
         mode: CompilerMode,
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
-        let mut hasher = Sha256Hasher(Sha256::new());
-        std::hash::Hash::hash(
-            &sandbox.engine().precompile_compatibility_hash(),
-            &mut hasher,
-        );
-        let engine_key = hex::encode(&hasher.0.finalize()[..8]);
         Ok(ModuleCompiler {
             sandbox,
             config,
             dir,
-            engine_key,
             mode,
         })
     }
 
-    /// A runnable module for the wasm at `wasm_path` (whose digest is `digest`).
+    /// Where the artifact of the module `digest` for the engine of `kind` is kept: named
+    /// by the engine's compatibility hash, so that an artifact is only ever loaded into
+    /// an engine configured as the one that wrote it.
+    pub fn artifact_path(&self, digest: Digest, kind: EngineKind) -> Result<PathBuf, TaskFailure> {
+        let mut hasher = Sha256Hasher(Sha256::new());
+        let engine = self.sandbox.engine(kind)?;
+        std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
+        let engine_key = hex::encode(&hasher.0.finalize()[..8]);
+        Ok(self
+            .dir
+            .join(format!("{}-{engine_key}.cwasm", digest.hex())))
+    }
+
+    /// A runnable module for the wasm at `wasm_path` (whose digest is `digest`), on the
+    /// engine of `kind`.
     pub async fn load(
         &self,
         digest: Digest,
         wasm_path: &Path,
+        kind: EngineKind,
     ) -> Result<(Compiled, Source), TaskFailure> {
-        let artifact = self
-            .dir
-            .join(format!("{}-{}.cwasm", digest.hex(), self.engine_key));
+        let artifact = self.artifact_path(digest, kind)?;
         let sandbox = self.sandbox.clone();
         let cached = {
             let artifact = artifact.clone();
-            blocking(move || Ok(load_verified(&sandbox, &artifact))).await?
+            blocking(move || Ok(load_verified(&sandbox, &artifact, kind))).await?
         };
         match cached {
             Some(Ok(compiled)) => return Ok((compiled, Source::DiskCache)),
@@ -105,7 +112,7 @@ impl ModuleCompiler {
                 let wasm = read(wasm_path)?;
                 let sandbox = self.sandbox.clone();
                 blocking(move || {
-                    crate::sandbox::precompile(sandbox.engine(), &wasm)
+                    crate::sandbox::precompile(sandbox.engine(kind)?, &wasm)
                         .map_err(|m| TaskFailure::new(FailureKind::InvalidModule, m))
                 })
                 .await?
@@ -115,12 +122,12 @@ impl ModuleCompiler {
                 args,
                 timeout,
             } => {
-                self.compile_in_child(program, args, *timeout, wasm_path)
+                self.compile_in_child(program, args, *timeout, wasm_path, kind)
                     .await?
             }
         };
         let sandbox = self.sandbox.clone();
-        let compiled = blocking(move || store_and_load(&sandbox, &artifact, bytes)).await?;
+        let compiled = blocking(move || store_and_load(&sandbox, &artifact, bytes, kind)).await?;
         Ok((compiled, Source::Compiled))
     }
 
@@ -130,6 +137,7 @@ impl ModuleCompiler {
         args: &[OsString],
         timeout: Duration,
         wasm_path: &Path,
+        kind: EngineKind,
     ) -> Result<Vec<u8>, TaskFailure> {
         let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
         let out = tempfile::Builder::new()
@@ -144,6 +152,7 @@ impl ModuleCompiler {
             .arg("--max-memory-bytes")
             .arg(self.config.max_memory_bytes.to_string())
             .args(self.config.fuel.then_some("--fuel"))
+            .args((kind == EngineKind::Deterministic).then_some("--deterministic"))
             .arg("--out")
             .arg(&out)
             .arg(wasm_path)
@@ -197,7 +206,11 @@ impl ModuleCompiler {
 
 /// The artifact at `path` if it is there and its bytes match the digest recorded beside
 /// it; a damaged or unrecorded one is removed so that it gets rebuilt.
-fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Result<Compiled, TaskFailure>> {
+fn load_verified(
+    sandbox: &Sandbox,
+    path: &Path,
+    kind: EngineKind,
+) -> Option<Result<Compiled, TaskFailure>> {
     let recorded = std::fs::read_to_string(digest_path(path)).ok()?;
     let bytes = std::fs::read(path).ok()?;
     if Digest::of(&bytes).hex() != recorded.trim() {
@@ -209,12 +222,17 @@ fn load_verified(sandbox: &Sandbox, path: &Path) -> Option<Result<Compiled, Task
     // SAFETY: these bytes are exactly the ones this executor's compiler wrote (their
     // digest was recorded when they were written and was just checked), for an engine
     // with the same compatibility hash (part of the file name).
-    Some(unsafe { sandbox.load_artifact(&bytes) })
+    Some(unsafe { sandbox.load_artifact(&bytes, kind) })
 }
 
 /// Writes the artifact then its digest (each atomically: temp file, fsync, rename), so a
 /// crash in between leaves an artifact without a digest, which is never loaded.
-fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Compiled, TaskFailure> {
+fn store_and_load(
+    sandbox: &Sandbox,
+    path: &Path,
+    bytes: Vec<u8>,
+    kind: EngineKind,
+) -> Result<Compiled, TaskFailure> {
     let host = |m: String| TaskFailure::new(FailureKind::HostError, m);
     let digest = Digest::of(&bytes);
     write_atomically(path, &bytes).map_err(|e| host(format!("storing artifact: {e}")))?;
@@ -222,7 +240,7 @@ fn store_and_load(sandbox: &Sandbox, path: &Path, bytes: Vec<u8>) -> Result<Comp
         .map_err(|e| host(format!("storing artifact digest: {e}")))?;
     // SAFETY: the bytes come from this executor's own compiler for this engine's
     // configuration, and are the ones just hashed and written.
-    unsafe { sandbox.load_artifact(&bytes) }.map_err(|failure| match failure.kind {
+    unsafe { sandbox.load_artifact(&bytes, kind) }.map_err(|failure| match failure.kind {
         // Freshly compiled by this engine, so what the engine will not load (a size the
         // pool cannot hold) is the module's doing: retrying or blaming this executor
         // would change nothing.
@@ -275,5 +293,61 @@ impl Hasher for Sha256Hasher {
     fn finish(&self) -> u64 {
         let digest = self.0.clone().finalize();
         u64::from_le_bytes(digest[..8].try_into().expect("SHA-256 is 32 bytes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODULE: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+
+    #[test]
+    fn each_engine_has_its_own_artifacts_and_never_loads_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm_path = dir.path().join("module.wasm");
+        std::fs::write(&wasm_path, wat::parse_str(MODULE).unwrap()).unwrap();
+        let digest = Digest::of(&std::fs::read(&wasm_path).unwrap());
+        let config = SandboxConfig {
+            slots: 1,
+            max_memory_bytes: 16 << 20,
+            fuel: false,
+        };
+        let sandbox = Arc::new(Sandbox::new(config).unwrap());
+        let artifacts = dir.path().join("artifacts");
+        let compiler =
+            ModuleCompiler::new(sandbox, config, artifacts, CompilerMode::InProcess).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let load = |kind| {
+            let (compiled, source) = runtime
+                .block_on(compiler.load(digest, &wasm_path, kind))
+                .unwrap();
+            let engine = compiler.sandbox.engine(kind).unwrap();
+            assert!(wasmtime::Engine::same(compiled.engine(), engine));
+            source
+        };
+        let (native, deterministic) = (EngineKind::Native, EngineKind::Deterministic);
+        assert_eq!(load(native), Source::Compiled);
+        assert_eq!(load(native), Source::DiskCache);
+        let path = |kind| compiler.artifact_path(digest, kind).unwrap();
+        assert_ne!(
+            path(native),
+            path(deterministic),
+            "the settings are in the key"
+        );
+        // An artifact of the other engine's settings under this engine's name (as a
+        // deterministic task found before the two engines were told apart): refused
+        // by wasmtime's own check, and compiled again.
+        std::fs::copy(path(native), path(deterministic)).unwrap();
+        std::fs::copy(
+            digest_path(&path(native)),
+            digest_path(&path(deterministic)),
+        )
+        .unwrap();
+        assert_eq!(load(deterministic), Source::Compiled);
+        assert_eq!(load(deterministic), Source::DiskCache);
+        assert_eq!(load(native), Source::DiskCache);
     }
 }

@@ -33,7 +33,7 @@ use self::prepare::{JobFiles, trust};
 use self::status::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
 use crate::results::{BlockWriter, ResultTarget};
-use crate::sandbox::{Compiled, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
+use crate::sandbox::{Compiled, EngineKind, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
 
 /// The attempts of one task held here: almost always one, more only when an old
 /// generation's attempt is still winding down beside its replacement.
@@ -242,7 +242,8 @@ impl TaskRunner {
                         desc.input = TaskInput::Inline(runner.assemble(parts).await?);
                     }
                 }
-                let (digest, compiled) = runner.resolve_module(&desc.job.module).await?;
+                let kind = EngineKind::of(desc.job.determinism.is_some());
+                let (digest, compiled) = runner.resolve_module(&desc.job.module, kind).await?;
                 let files = match desc.job.files.is_empty() {
                     true => None,
                     false => Some(runner.job_files(&desc).await?),

@@ -18,13 +18,17 @@
 
 mod config;
 mod determinism;
+mod engines;
+mod files;
 mod link;
+mod p1_files;
+mod p2_files;
 mod spent;
 mod stop;
 mod store;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flint_protocol::{FailureKind, TaskFailure, TaskResult, Usage};
@@ -36,13 +40,15 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 pub use self::config::{
-    EPOCH_TICK, MAX_WASM_STACK, SandboxConfig, TASK_THREAD_STACK, engine, precompile,
+    EPOCH_TICK, EngineKind, MAX_WASM_STACK, SandboxConfig, TASK_THREAD_STACK, engine, engine_for,
+    precompile,
 };
-use self::config::{
-    EpochTicker, INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK,
-};
+use self::config::{INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
+use self::determinism::VirtualClock;
 pub use self::determinism::{EPOCH, fixed_times};
-use self::determinism::{VirtualClock, deterministic_linker};
+use self::engines::Linked;
+use self::files::FixedFiles;
+use self::link::{link_component, link_module};
 use self::spent::Spent;
 use self::stop::{Ended, bounded, on_task_runtime};
 pub use self::stop::{Kill, helper_cpu_us, thread_cpu_us};
@@ -59,6 +65,7 @@ pub struct ModuleCtx {
     limits: TaskLimiter,
     /// A deterministic task's clock, which its `poll_oneoff` moves.
     clock: Option<VirtualClock>,
+    files: FixedFiles,
 }
 
 /// Store state of a preview-2 component task.
@@ -66,6 +73,7 @@ pub struct ComponentCtx {
     wasi: WasiCtx,
     table: ResourceTable,
     limits: TaskLimiter,
+    files: FixedFiles,
 }
 
 impl WasiView for ComponentCtx {
@@ -107,17 +115,21 @@ pub enum Compiled {
     Component(CommandPre<ComponentCtx>),
 }
 
+impl Compiled {
+    /// The engine it was compiled for and linked in.
+    pub fn engine(&self) -> &Engine {
+        match self {
+            Compiled::Module(pre) | Compiled::WaitingModule(pre) => pre.module().engine(),
+            Compiled::Component(pre) => pre.engine(),
+        }
+    }
+}
+
 pub struct Sandbox {
-    engine: Engine,
-    modules: Linker<ModuleCtx>,
-    waiting_modules: Linker<ModuleCtx>,
-    /// Deterministic p1 tasks: `poll_oneoff` moves the virtual clock and returns at once,
-    /// so every module runs on the synchronous path.
-    deterministic_modules: Linker<ModuleCtx>,
-    components: wasmtime::component::Linker<ComponentCtx>,
-    max_memory_bytes: usize,
-    meters_fuel: bool,
-    _ticker: EpochTicker,
+    native: Linked,
+    /// Deterministic tasks' engine (see [`EngineKind`]), made on first use.
+    deterministic: OnceLock<Result<Linked, String>>,
+    config: SandboxConfig,
 }
 
 /// What one attempt is given and allowed.
@@ -182,58 +194,63 @@ fn any_exit_code(linker: &mut Linker<ModuleCtx>) -> wasmtime::Result<()> {
 
 impl Sandbox {
     pub fn new(sandbox: SandboxConfig) -> anyhow::Result<Self> {
-        let engine = engine(sandbox)?;
-        let mut modules = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut modules, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
-        let mut waiting_modules = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut waiting_modules, |ctx: &mut ModuleCtx| {
-            &mut ctx.wasi
-        })?;
-        for linker in [&mut modules, &mut waiting_modules] {
-            any_exit_code(linker)?;
-        }
-        let deterministic_modules = deterministic_linker(&engine)?;
-        let mut components = wasmtime::component::Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut components)?;
-        let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
-            engine,
-            modules,
-            waiting_modules,
-            deterministic_modules,
-            components,
-            max_memory_bytes: sandbox.max_memory_bytes,
-            meters_fuel: sandbox.fuel,
-            _ticker: ticker,
+            native: Linked::new(sandbox, EngineKind::Native)?,
+            deterministic: OnceLock::new(),
+            config: sandbox,
         })
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// The engine of `kind` and its linkers.
+    fn linked(&self, kind: EngineKind) -> Result<&Linked, TaskFailure> {
+        match kind {
+            EngineKind::Native => Ok(&self.native),
+            EngineKind::Deterministic => (self.deterministic)
+                .get_or_init(|| Linked::new(self.config, kind).map_err(|e| format!("{e:#}")))
+                .as_ref()
+                .map_err(|e| {
+                    let message = format!("making the deterministic tasks' engine: {e}");
+                    TaskFailure::new(FailureKind::HostError, message)
+                }),
+        }
+    }
+
+    pub fn engine(&self, kind: EngineKind) -> Result<&Engine, TaskFailure> {
+        self.linked(kind).map(|linked| &linked.engine)
     }
 
     /// The largest linear memory any task may have here.
     pub fn max_memory_bytes(&self) -> usize {
-        self.max_memory_bytes
+        self.config.max_memory_bytes
+    }
+
+    /// [`Sandbox::compile_for`] the engine of tasks that are not deterministic.
+    pub fn compile(&self, wasm: &[u8]) -> Result<Compiled, TaskFailure> {
+        self.compile_for(wasm, EngineKind::Native)
     }
 
     /// Compiles and links in this process. Slow (milliseconds to seconds) and unbounded:
     /// the executor compiles in a subprocess it can stop (see `compiler`); this is for
     /// embedding and benchmarks.
-    pub fn compile(&self, wasm: &[u8]) -> Result<Compiled, TaskFailure> {
-        let artifact = precompile(&self.engine, wasm)
+    pub fn compile_for(&self, wasm: &[u8], kind: EngineKind) -> Result<Compiled, TaskFailure> {
+        let artifact = precompile(self.engine(kind)?, wasm)
             .map_err(|m| TaskFailure::new(FailureKind::InvalidModule, m))?;
         // SAFETY: the artifact was produced by this engine a moment ago.
-        unsafe { self.load_artifact(&artifact) }
+        unsafe { self.load_artifact(&artifact, kind) }
     }
 
-    /// Loads and links a compiled artifact.
+    /// Loads and links a compiled artifact into the engine of `kind`.
     ///
     /// # Safety
     ///
-    /// `artifact` must come from [`precompile`] for an engine with this engine's
+    /// `artifact` must come from [`precompile`] for an engine with that engine's
     /// configuration: wasmtime trusts it completely.
-    pub unsafe fn load_artifact(&self, artifact: &[u8]) -> Result<Compiled, TaskFailure> {
+    pub unsafe fn load_artifact(
+        &self,
+        artifact: &[u8],
+        kind: EngineKind,
+    ) -> Result<Compiled, TaskFailure> {
+        let linked = self.linked(kind)?;
         let host = |e: wasmtime::Error| {
             TaskFailure::new(
                 FailureKind::HostError,
@@ -244,14 +261,14 @@ impl Sandbox {
             Some(Precompiled::Module) => {
                 // SAFETY: forwarded from this function's contract.
                 let module =
-                    unsafe { Module::deserialize(&self.engine, artifact) }.map_err(host)?;
-                self.link_module(&module)
+                    unsafe { Module::deserialize(&linked.engine, artifact) }.map_err(host)?;
+                link_module(linked, &module)
             }
             Some(Precompiled::Component) => {
                 // SAFETY: forwarded from this function's contract.
                 let component =
-                    unsafe { Component::deserialize(&self.engine, artifact) }.map_err(host)?;
-                self.link_component(&component)
+                    unsafe { Component::deserialize(&linked.engine, artifact) }.map_err(host)?;
+                link_component(linked, &component)
             }
             None => Err(TaskFailure::new(
                 FailureKind::HostError,
@@ -263,7 +280,17 @@ impl Sandbox {
     /// Runs one attempt to its end. Blocks the calling thread, which must have a stack of
     /// at least [`TASK_THREAD_STACK`].
     pub fn run(&self, compiled: &Compiled, run: TaskRun<'_>) -> RunReport {
-        if run.fuel.is_some() && !self.meters_fuel {
+        let engine = match self.linked(EngineKind::of(run.seed.is_some())) {
+            Ok(linked) if Engine::same(&linked.engine, compiled.engine()) => &linked.engine,
+            Ok(_) => {
+                return RunReport::refused(TaskFailure::new(
+                    FailureKind::HostError,
+                    "the module was compiled for the other engine (deterministic tasks have their own)",
+                ));
+            }
+            Err(failure) => return RunReport::refused(failure),
+        };
+        if run.fuel.is_some() && !self.config.fuel {
             // The driver places budgeted tasks only on metering executors; should one
             // arrive here anyway, another executor can run it.
             return RunReport::refused(TaskFailure::new(
@@ -283,27 +310,8 @@ impl Sandbox {
         wasi.stdin(MemoryInputPipe::new(run.stdin))
             .stdout(stdout.clone())
             .stderr(stderr.clone())
-            .args(run.args)
-            .envs(run.env);
-        // Which job and attempt this is differs between runs of one task: a
-        // deterministic guest is not told.
-        if clock.is_none() {
-            wasi.env("FLINT_JOB_ID", run.task.job);
-        }
-        wasi.env(
-            "FLINT_TASK_INDEX",
-            itoa::Buffer::new().format(run.task.index),
-        )
-        .env(
-            "FLINT_TASK_COUNT",
-            itoa::Buffer::new().format(run.task.count),
-        );
-        if clock.is_none() {
-            wasi.env(
-                "FLINT_ATTEMPT",
-                itoa::Buffer::new().format(run.task.attempt),
-            );
-        }
+            .args(run.args);
+        determinism::environ(&mut wasi, run.env, &run.task, clock.is_some());
         if let (Some(seed), Some(clock)) = (run.seed, &clock) {
             determinism::apply(&mut wasi, seed, clock);
         }
@@ -327,7 +335,7 @@ impl Sandbox {
                 format!("mounting the job's files from {}: {e:#}", dir.display()),
             ));
         }
-        let memory_bytes = run.memory_bytes.min(self.max_memory_bytes);
+        let memory_bytes = run.memory_bytes.min(self.config.max_memory_bytes);
         let limits = TaskLimiter {
             inner: StoreLimitsBuilder::new()
                 .memory_size(memory_bytes)
@@ -343,35 +351,16 @@ impl Sandbox {
             memory_limit_hit: false,
         };
         let kill = &run.kill;
-        let metered = self.meters_fuel;
+        let metered = self.config.fuel;
         let began = Instant::now();
         let (ended, spent) = match compiled {
-            // A deterministic module's host calls never wait: linked again with the
-            // virtual `poll_oneoff` (a few microseconds) and run on the plain path.
-            Compiled::Module(pre) | Compiled::WaitingModule(pre) if clock.is_some() => {
-                let linked = self.deterministic_modules.instantiate_pre(pre.module());
-                let pre = match linked {
-                    Ok(pre) => pre,
-                    Err(e) => {
-                        return RunReport::refused(TaskFailure::new(
-                            FailureKind::UnknownImport,
-                            format!("cannot link: {e:#}"),
-                        ));
-                    }
-                };
-                let ctx = ModuleCtx {
-                    wasi: wasi.build_p1(),
-                    limits,
-                    clock,
-                };
-                self.run_module(&pre, ctx, deadline, kill, run.fuel)
-            }
             // Not inside the task runtime: the sync WASI calls enter one of their own.
             Compiled::Module(pre) => {
                 let ctx = ModuleCtx {
                     wasi: wasi.build_p1(),
                     limits,
                     clock,
+                    files: FixedFiles::default(),
                 };
                 self.run_module(pre, ctx, deadline, kill, run.fuel)
             }
@@ -380,8 +369,9 @@ impl Sandbox {
                     wasi: wasi.build_p1(),
                     limits,
                     clock,
+                    files: FixedFiles::default(),
                 };
-                let mut store = self.store(ctx, deadline, kill, run.fuel);
+                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
                 let call = async {
                     let instance = pre.instantiate_async(&mut store).await?;
                     let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
@@ -395,8 +385,9 @@ impl Sandbox {
                     wasi: wasi.build(),
                     table: ResourceTable::new(),
                     limits,
+                    files: FixedFiles::default(),
                 };
-                let mut store = self.store(ctx, deadline, kill, run.fuel);
+                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
                 let call = async {
                     let command = pre.instantiate_async(&mut store).await?;
                     // `run` returning its error variant is how a component's main fails.

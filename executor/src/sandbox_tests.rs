@@ -17,10 +17,13 @@ fn sandbox() -> Sandbox {
 }
 
 fn compile(sandbox: &Sandbox, wat: &str) -> Compiled {
+    compile_for(sandbox, wat, EngineKind::Native)
+}
+
+/// For the engine deterministic (seeded) tasks run on.
+fn compile_for(sandbox: &Sandbox, wat: &str, kind: EngineKind) -> Compiled {
     let wasm = wat::parse_str(wat).unwrap();
-    sandbox
-        .compile(&wasm)
-        .unwrap_or_else(|f| panic!("{}: {}", f.kind, f.message))
+    (sandbox.compile_for(&wasm, kind)).unwrap_or_else(|f| panic!("{}: {}", f.kind, f.message))
 }
 
 fn run(sandbox: &Sandbox, compiled: &Compiled, timeout: Duration, kill: Arc<Kill>) -> RunReport {
@@ -374,7 +377,7 @@ fn run_seeded(sandbox: &Sandbox, compiled: &Compiled, seed: Option<[u8; 32]>) ->
 #[test]
 fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in_no_time() {
     let sandbox = sandbox();
-    let compiled = compile(&sandbox, CLOCKS_AND_RANDOM);
+    let compiled = compile_for(&sandbox, CLOCKS_AND_RANDOM, EngineKind::Deterministic);
     let began = Instant::now();
     let first = run_seeded(&sandbox, &compiled, Some([1; 32]));
     assert!(
@@ -404,9 +407,19 @@ fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in
     );
     assert_ne!(other[16..32], first[16..32], "the random bytes do");
     // Unseeded: the host's clocks and entropy, different every run.
+    let compiled = compile(&sandbox, CLOCKS_AND_RANDOM);
     let host = run_seeded(&sandbox, &compiled, None);
     assert_ne!(host[..8], first[..8]);
     assert_ne!(run_seeded(&sandbox, &compiled, None)[16..32], host[16..32]);
+    // A module compiled for one engine does not run on the other.
+    let report = run_with_seed(
+        &sandbox,
+        &compiled,
+        Duration::from_secs(30),
+        Kill::new(),
+        Some([1; 32]),
+    );
+    assert_eq!(failure(&report).kind, FailureKind::HostError);
 }
 
 /// A deterministic guest's `poll_oneoff` with hostile arguments: subscriptions past the
@@ -415,7 +428,7 @@ fn a_seeded_guest_reads_the_same_clocks_and_random_bytes_every_run_and_sleeps_in
 #[test]
 fn a_seeded_guests_poll_oneoff_refuses_bad_pointers_and_counts_with_an_errno() {
     let sandbox = sandbox();
-    let compiled = compile(
+    let compiled = compile_for(
         &sandbox,
         r#"(module
   (import "wasi_snapshot_preview1" "poll_oneoff"
@@ -435,6 +448,7 @@ fn a_seeded_guests_poll_oneoff_refuses_bad_pointers_and_counts_with_an_errno() {
     (i32.store (i32.const 200) (i32.const 1000))
     (i32.store (i32.const 204) (i32.const 4))
     (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#,
+        EngineKind::Deterministic,
     );
     assert_eq!(
         run_seeded(&sandbox, &compiled, Some([3; 32])),
@@ -447,7 +461,7 @@ fn a_seeded_guests_poll_oneoff_refuses_bad_pointers_and_counts_with_an_errno() {
 #[test]
 fn a_seeded_guest_sleeping_forever_ends_at_its_deadline() {
     let sandbox = sandbox();
-    let compiled = compile(
+    let compiled = compile_for(
         &sandbox,
         r#"(module
   (import "wasi_snapshot_preview1" "poll_oneoff"
@@ -460,6 +474,7 @@ fn a_seeded_guest_sleeping_forever_ends_at_its_deadline() {
     (loop $again
       (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
       (br $again))))"#,
+        EngineKind::Deterministic,
     );
     let began = Instant::now();
     let report = run_with_seed(

@@ -18,6 +18,9 @@ pub struct CompileArgs {
     pub max_memory_bytes: usize,
     #[arg(long)]
     pub fuel: bool,
+    /// For the engine of deterministic tasks.
+    #[arg(long)]
+    pub deterministic: bool,
     #[arg(long)]
     pub out: PathBuf,
     pub input: PathBuf,

@@ -3,7 +3,8 @@
 //! executor: the in-memory cache is keyed by that reference first, and only then by
 //! digest, so that references to the same bytes share one compiled module. Knowing a
 //! digest is not being allowed its bytes: a job naming another job's module digest with
-//! a URL of its own gets what that URL gives it, as if the digest were unknown here.
+//! a URL of its own gets what that URL gives it, as if the digest were unknown here. A
+//! compiled module is kept per engine as well: deterministic tasks have their own.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use tokio::sync::OnceCell;
 use super::TaskRunner;
 use super::prepare::trust;
 use crate::compiler::Source;
-use crate::sandbox::Compiled;
+use crate::sandbox::{Compiled, EngineKind};
 
 /// Module references remembered, and compiled modules kept in memory.
 const ENTRIES: usize = 64;
@@ -46,9 +47,9 @@ type CompiledCell = Arc<OnceCell<Arc<Compiled>>>;
 pub(super) struct ModuleCache {
     /// The digest each reference's fetch gave this executor.
     sources: LruCache<ModuleSource, Digest>,
-    /// Compiled modules by digest; a module is compiled (or loaded from the disk cache)
-    /// once however many tasks want it at once.
-    compiled: LruCache<Digest, CompiledCell>,
+    /// Compiled modules by digest and engine; a module is compiled (or loaded from the
+    /// disk cache) once however many tasks want it at once.
+    compiled: LruCache<(Digest, EngineKind), CompiledCell>,
 }
 
 impl Default for ModuleCache {
@@ -65,18 +66,18 @@ impl ModuleCache {
     /// The module `module` resolved to here, compiled, if this executor has it: the
     /// per-task fast path. `None` also when the digest the job names is not what its
     /// reference gave (the fetch then says why).
-    fn ready(&mut self, module: &ModuleRef) -> Option<(Digest, Arc<Compiled>)> {
+    fn ready(&mut self, module: &ModuleRef, kind: EngineKind) -> Option<(Digest, Arc<Compiled>)> {
         let digest = *self.sources.get(&ModuleSource::of(module))?;
         if module.digest.is_some_and(|named| named != digest) {
             return None;
         }
-        let compiled = self.compiled.get(&digest)?.get()?.clone();
+        let compiled = self.compiled.get(&(digest, kind))?.get()?.clone();
         Some((digest, compiled))
     }
 
-    fn cell(&mut self, digest: Digest) -> CompiledCell {
+    fn cell(&mut self, digest: Digest, kind: EngineKind) -> CompiledCell {
         self.compiled
-            .get_or_insert(digest, || Arc::new(OnceCell::new()))
+            .get_or_insert((digest, kind), || Arc::new(OnceCell::new()))
             .clone()
     }
 }
@@ -86,21 +87,24 @@ impl TaskRunner {
         self.modules.lock().expect("module cache lock poisoned")
     }
 
-    /// The compiled module for `module` if this executor has it at hand.
+    /// The compiled module for `module` if this executor has it at hand, for the engine
+    /// of tasks that are not deterministic.
     pub(super) fn ready_module(&self, module: &ModuleRef) -> Option<Arc<Compiled>> {
-        let (_, compiled) = self.lock_modules().ready(module)?;
+        let (_, compiled) = self.lock_modules().ready(module, EngineKind::Native)?;
         self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
         Some(compiled)
     }
 
     /// What `module` names: at hand, or fetched under its own URL and timestamp (through
     /// the fetch cache: one download per executor, however many tasks name it) and
-    /// compiled, or taken from the compiled modules of the same digest.
+    /// compiled, or taken from the compiled modules of the same digest; for the engine of
+    /// `kind`.
     pub(super) async fn resolve_module(
         &self,
         module: &ModuleRef,
+        kind: EngineKind,
     ) -> Result<(Digest, Arc<Compiled>), TaskFailure> {
-        if let Some(ready) = self.lock_modules().ready(module) {
+        if let Some(ready) = self.lock_modules().ready(module, kind) {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(ready);
         }
@@ -114,14 +118,14 @@ impl TaskRunner {
             .await?;
         // The digest of the bytes fetched (equal to the one the job named, if any).
         let digest = fetched.digest;
-        let cell = self.lock_modules().cell(digest);
+        let cell = self.lock_modules().cell(digest, kind);
         if cell.initialized() {
             self.module_cache_hits.fetch_add(1, Ordering::Relaxed);
         }
         let compiled = cell
             .get_or_try_init(|| async {
                 self.check_module(&fetched.path).await?;
-                let (compiled, source) = self.compiler.load(digest, &fetched.path).await?;
+                let (compiled, source) = self.compiler.load(digest, &fetched.path, kind).await?;
                 let counter = match source {
                     Source::Compiled => &self.modules_compiled,
                     Source::DiskCache => &self.compile_cache_hits,
@@ -141,10 +145,12 @@ impl TaskRunner {
     /// Puts an already compiled module in the in-memory cache as what `module` resolves
     /// to, as if a task had fetched and loaded it: for embedders that compile ahead of
     /// time (and vouch for the reference), and for benchmarks of the per-task path alone.
+    /// `compiled` is for the engine of tasks that are not deterministic
+    /// ([`crate::sandbox::Sandbox::compile`]).
     pub fn preload(&self, module: &ModuleRef, digest: Digest, compiled: Compiled) {
         let mut modules = self.lock_modules();
         let cell = Arc::new(OnceCell::new_with(Some(Arc::new(compiled))));
-        modules.compiled.put(digest, cell);
+        modules.compiled.put((digest, EngineKind::Native), cell);
         modules.sources.put(ModuleSource::of(module), digest);
     }
 }

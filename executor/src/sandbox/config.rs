@@ -47,9 +47,35 @@ pub struct SandboxConfig {
     pub fuel: bool,
 }
 
-/// The engine every task of an executor runs in. The compiler subprocess builds its
-/// engine from the same function, so that the artifacts it writes load here.
+/// Which of an executor's two engines a module is compiled for and a task runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// Every task but deterministic ones: the host's own float code.
+    Native,
+    /// Deterministic tasks: every NaN an operation makes is the canonical one, and
+    /// relaxed SIMD takes its deterministic lowering, so that a replay on another CPU
+    /// computes the same bits. Float-heavy code runs up to about 3x slower
+    /// (BENCHMARKS.md), which is why the other tasks do not share it.
+    Deterministic,
+}
+
+impl EngineKind {
+    pub fn of(deterministic: bool) -> EngineKind {
+        match deterministic {
+            true => EngineKind::Deterministic,
+            false => EngineKind::Native,
+        }
+    }
+}
+
+/// The engine most tasks of an executor run in: [`engine_for`] `Native`.
 pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
+    engine_for(sandbox, EngineKind::Native)
+}
+
+/// An engine of an executor. The compiler subprocess builds its engine from the same
+/// function, so that the artifacts it writes load here.
+pub fn engine_for(sandbox: SandboxConfig, kind: EngineKind) -> anyhow::Result<Engine> {
     let slots = sandbox.slots.max(1);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_core_instances(slots * INSTANCES_PER_TASK)
@@ -85,6 +111,11 @@ pub fn engine(sandbox: SandboxConfig) -> anyhow::Result<Engine> {
         // Exactly the proposals the driver accepts at upload, no more and no fewer.
         .wasm_features(WasmFeatures::all(), false)
         .wasm_features(FEATURES, true);
+    if kind == EngineKind::Deterministic {
+        config
+            .relaxed_simd_deterministic(true)
+            .cranelift_nan_canonicalization(true);
+    }
     Ok(Engine::new(&config)?)
 }
 

@@ -12,7 +12,7 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::{Caller, Engine, Linker};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 
-use super::ModuleCtx;
+use super::{ComponentCtx, ModuleCtx, TaskEnv};
 
 /// Where a deterministic guest's wall clock starts: 2000-01-01T00:00:00Z.
 pub const EPOCH: Duration = Duration::from_secs(946_684_800);
@@ -138,7 +138,8 @@ impl rand_core::TryRng for SeededRandom {
 }
 
 /// Gives a deterministic job's files, and their directory, the virtual clock's epoch as
-/// their access and modification times: a guest's `fd_filestat_get` reads no host time.
+/// their access and modification times on the host, as the guest is shown them (the
+/// guest's stats do not depend on it: see `files`, which fixes every host fact).
 pub fn fixed_times<'a>(
     dir: &std::path::Path,
     names: impl IntoIterator<Item = &'a str>,
@@ -165,13 +166,55 @@ pub fn apply(wasi: &mut WasiCtxBuilder, seed: [u8; 32], clock: &VirtualClock) {
         .insecure_random_seed(SeededRandom::insecure_seed(seed));
 }
 
+/// The guest's variables: the job's and the task's, then Flint's. A deterministic guest
+/// gets one value per name (the task's over the job's, as `flint replay`'s bundle has
+/// them), all sorted by name, and is not told its job or attempt (they differ between
+/// runs of one task); any other gets them in the order given, as before.
+pub fn environ(
+    wasi: &mut WasiCtxBuilder,
+    env: &[(&str, &str)],
+    task: &TaskEnv<'_>,
+    deterministic: bool,
+) {
+    let (mut index, mut count) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (index, count) = (index.format(task.index), count.format(task.count));
+    if deterministic {
+        let mut vars: std::collections::BTreeMap<&str, &str> = env.iter().copied().collect();
+        vars.insert("FLINT_TASK_INDEX", index);
+        vars.insert("FLINT_TASK_COUNT", count);
+        for (key, value) in vars {
+            wasi.env(key, value);
+        }
+        return;
+    }
+    wasi.envs(env)
+        .env("FLINT_JOB_ID", task.job)
+        .env("FLINT_TASK_INDEX", index)
+        .env("FLINT_TASK_COUNT", count)
+        .env("FLINT_ATTEMPT", itoa::Buffer::new().format(task.attempt));
+}
+
 /// The p1 linker of deterministic tasks: WASI as for any task, with `proc_exit` taking
-/// any code and a `poll_oneoff` that never waits (see [`poll_oneoff`]).
+/// any code, a `poll_oneoff` that never waits (see [`poll_oneoff`]) and stats and
+/// listings of the job's files that read no host fact (see `files`).
 pub fn deterministic_linker(engine: &Engine) -> wasmtime::Result<Linker<ModuleCtx>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
+    let real = linker.clone();
     super::any_exit_code(&mut linker)?;
     linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
+    super::p1_files::add_to_linker(engine, &mut linker, &real)?;
+    Ok(linker)
+}
+
+/// The component linker of deterministic tasks: preview 2 with stats and listings of
+/// the job's files that read no host fact (see `files`).
+pub fn deterministic_component_linker(
+    engine: &Engine,
+) -> wasmtime::Result<wasmtime::component::Linker<ComponentCtx>> {
+    let mut linker = wasmtime::component::Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    super::p2_files::add_to_linker(&mut linker)?;
     Ok(linker)
 }
 
@@ -274,6 +317,10 @@ fn poll_oneoff(
     data[at..at + 4].copy_from_slice(&(ready.len() as u32).to_le_bytes());
     Ok(ERRNO_SUCCESS)
 }
+
+#[cfg(test)]
+#[path = "determinism_tests.rs"]
+mod host_facts;
 
 #[cfg(test)]
 mod tests {

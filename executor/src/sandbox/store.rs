@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::{InstancePre, Store, UpdateDeadline};
+use wasmtime::{Engine, InstancePre, Store, UpdateDeadline};
 
 use super::spent::Spent;
 use super::stop::Ended;
@@ -20,14 +20,14 @@ impl Sandbox {
         kill: &Arc<Kill>,
         fuel: Option<u64>,
     ) -> (Ended, Spent) {
-        let mut store = self.store(ctx, deadline, kill, fuel);
+        let mut store = self.store(pre.module().engine(), ctx, deadline, kill, fuel);
         let result = pre
             .instantiate(&mut store)
             .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
             .and_then(|start| start.call(&mut store, ()));
         (
             Ended::Returned(result),
-            Spent::of(&mut store, self.meters_fuel),
+            Spent::of(&mut store, self.config.fuel),
         )
     }
 
@@ -36,14 +36,15 @@ impl Sandbox {
     /// kill flag to tell the two apart).
     pub(super) fn store<T: Limited>(
         &self,
+        engine: &Engine,
         data: T,
         deadline: Instant,
         kill: &Arc<Kill>,
         fuel: Option<u64>,
     ) -> Store<T> {
-        let mut store = Store::new(&self.engine, data);
+        let mut store = Store::new(engine, data);
         store.limiter(|ctx| ctx.limits());
-        if self.meters_fuel {
+        if self.config.fuel {
             store
                 .set_fuel(fuel.unwrap_or(u64::MAX))
                 .expect("the engine meters fuel");
