@@ -2,7 +2,7 @@
 //! one run so that the ratio means something on a noisy machine.
 //!
 //! ```sh
-//! cargo bench -p flint-executor --bench task_cost -- [--tasks N] [--rounds R] [--module testkit.wasm] [--component testkit-p2.wasm]
+//! cargo bench -p flint-executor --bench task_cost -- [--tasks N] [--rounds R] [--module testkit.wasm] [--component testkit-p2.wasm] [--floats]
 //! ```
 //!
 //! - floor: a fresh `Store` + instantiate from a cached `InstancePre` + `_start` of a
@@ -14,6 +14,10 @@
 //!   `"accounting": "exact"` jobs run).
 //! - compile vs disk cache: a module compiled from scratch against the same module
 //!   loaded from the verified on-disk artifact by a new executor (a restart).
+//! - floats (`--floats`): a task of 10 million iterations of f64, f32 and f32x4
+//!   arithmetic (`relaxed_madd` among it), plain and deterministic (on the engine of
+//!   deterministic tasks): what a float-heavy guest pays for the settings that make its
+//!   results the same on every host.
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -30,11 +34,40 @@ use wasmtime::{Linker, Module, Store, StoreLimitsBuilder};
 
 const NOOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
 
+/// Multiply-adds, divisions and square roots in f64, f32 and f32x4, 10 million times; the
+/// results are stored so that none of it is dead.
+const FLOATS: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (local $i i32) (local $x f64) (local $y f64) (local $a f32) (local $b f32)
+    (local $v v128) (local $w v128)
+    (local.set $x (f64.const 1.5))
+    (local.set $a (f32.const 1.5))
+    (local.set $v (v128.const f32x4 1 2 3 4))
+    (local.set $w (v128.const f32x4 1 2 3 4))
+    (loop $next
+      (local.set $x (f64.add (f64.mul (local.get $x) (f64.const 0.9999999)) (f64.const 1e-7)))
+      (local.set $y (f64.add (local.get $y)
+        (f64.div (f64.sqrt (local.get $x)) (f64.add (local.get $x) (f64.const 1)))))
+      (local.set $a (f32.add (f32.mul (local.get $a) (f32.const 0.999)) (f32.const 0.001)))
+      (local.set $b (f32.add (local.get $b) (f32.div (local.get $a) (f32.const 3))))
+      (local.set $v (f32x4.add (f32x4.mul (local.get $v) (v128.const f32x4 0.999 0.999 0.999 0.999))
+        (v128.const f32x4 0.001 0.001 0.001 0.001)))
+      (local.set $w (f32x4.relaxed_madd (local.get $w) (v128.const f32x4 0.999 0.999 0.999 0.999)
+        (v128.const f32x4 0.001 0.001 0.001 0.001)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $next (i32.lt_u (local.get $i) (i32.const 10000000))))
+    (f64.store (i32.const 0) (local.get $y))
+    (f32.store (i32.const 8) (local.get $b))
+    (v128.store (i32.const 16) (local.get $v))
+    (v128.store (i32.const 32) (local.get $w))))"#;
+
 struct Args {
     tasks: usize,
     rounds: usize,
     module: Option<PathBuf>,
     component: Option<PathBuf>,
+    floats: bool,
 }
 
 fn parse_args() -> Args {
@@ -43,6 +76,7 @@ fn parse_args() -> Args {
         rounds: 5,
         module: None,
         component: None,
+        floats: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -51,6 +85,7 @@ fn parse_args() -> Args {
             "--rounds" => args.rounds = it.next().and_then(|n| n.parse().ok()).expect("--rounds N"),
             "--module" => args.module = it.next().map(PathBuf::from),
             "--component" => args.component = it.next().map(PathBuf::from),
+            "--floats" => args.floats = true,
             // cargo bench passes --bench; anything else is a mistake worth hearing about.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -108,6 +143,16 @@ fn runner_per_task(tasks: usize, wasm: &[u8], sandbox: Arc<Sandbox>) -> Duration
 /// `Sandbox::run` alone: the WASI context, pipes and limits Flint sets up, without the
 /// task thread hand-off or the status message.
 fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) -> Duration {
+    sandbox_run_seeded(tasks, sandbox, compiled, None)
+}
+
+/// [`sandbox_run_per_task`] of a deterministic task (with `seed`) or a plain one.
+fn sandbox_run_seeded(
+    tasks: usize,
+    sandbox: &Sandbox,
+    compiled: &Compiled,
+    seed: Option<[u8; 32]>,
+) -> Duration {
     let args = ["bench", "noop"];
     let kill = sandbox::Kill::new();
     time_per(tasks, || {
@@ -129,7 +174,7 @@ fn sandbox_run_per_task(tasks: usize, sandbox: &Sandbox, compiled: &Compiled) ->
                 max_log_bytes: 1 << 20,
                 kill: kill.clone(),
                 fuel: None,
-                seed: None,
+                seed,
                 files_dir: None,
                 result_target: None,
             },
@@ -178,6 +223,23 @@ fn compile_vs_disk_cache(module: &PathBuf) -> (Duration, Duration) {
     let mut cached: Vec<Duration> = (0..20).map(|_| load(Source::DiskCache)).collect();
     cached.sort();
     (compile, cached[cached.len() / 2])
+}
+
+/// The float task, plain and deterministic, interleaved: medians in ms per task.
+fn floats(sandbox: &Sandbox, rounds: usize) -> (f64, f64) {
+    let wasm = wat::parse_str(FLOATS).unwrap();
+    let native = sandbox.compile(&wasm).unwrap();
+    let fixed = (sandbox.compile_for(&wasm, EngineKind::Deterministic)).unwrap();
+    let (mut plain, mut deterministic) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(5) {
+        plain.push(sandbox_run_seeded(3, sandbox, &native, None));
+        deterministic.push(sandbox_run_seeded(3, sandbox, &fixed, Some([7; 32])));
+    }
+    let median = |mut r: Vec<Duration>| {
+        r.sort();
+        r[r.len() / 2].as_secs_f64() * 1e3
+    };
+    (median(plain), median(deterministic))
 }
 
 fn us(d: Duration) -> f64 {
@@ -235,6 +297,12 @@ fn main() {
         println!(
             "  p2 testkit noop component, runner, consumer parked: {:.1} us/task",
             us(runner)
+        );
+    }
+    if args.floats {
+        let (plain, deterministic) = floats(&sandbox, args.rounds);
+        println!(
+            "  floats, 10M iterations: plain {plain:.1} ms/task, deterministic {deterministic:.1} ms/task"
         );
     }
     if let Some(module) = &args.module {
