@@ -225,6 +225,20 @@ fn task_env_and_args_follow_the_guest_abi() {
         out.contains("FLINT_TASK_INDEX=1\n") && out.ends_with("ARGS=env job-arg\n"),
         "{out}"
     );
+    // A task's variable is given instead of the job's of the same name, not after it
+    // (a guest's getenv takes the first): the environ holds one `A`, the task's.
+    let job = cluster.run_job(json!({
+        "module": module,
+        "args": ["facts"],
+        "env": {"A": "job", "B": "job"},
+        "tasks": [{"env": {"A": "task"}}],
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let facts = String::from_utf8(cluster.result(&job, 0)).unwrap();
+    let env: Vec<&str> = facts.lines().filter(|l| l.starts_with("env ")).collect();
+    assert!(env.contains(&"env \"A=task\""), "{facts}");
+    assert!(env.contains(&"env \"B=job\""), "{facts}");
+    assert!(!env.contains(&"env \"A=job\""), "{facts}");
 }
 
 #[test]
