@@ -58,7 +58,7 @@ pub(super) struct Position {
 
 /// A record read back at open: where it ends, the version of the file it is in, and
 /// its payload.
-pub(super) type Unfolded = (Position, u8, Vec<u8>);
+pub(super) type ReadBack = (Position, u8, Vec<u8>);
 
 pub(super) struct Journal {
     dir: PathBuf,
@@ -97,7 +97,7 @@ impl Journal {
         dir: &Path,
         mark: Position,
         faults: Arc<Faults>,
-    ) -> Result<(Journal, Vec<Unfolded>), StoreError> {
+    ) -> Result<(Journal, Vec<ReadBack>), StoreError> {
         let mut epochs = list_and(dir, |partial| {
             let _ = std::fs::remove_file(partial);
         })?;
