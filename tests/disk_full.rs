@@ -317,3 +317,53 @@ fn a_full_disk_fails_new_work_cleanly_and_every_accepted_job_survives_it() {
     let job = api.submit(&spec(&module, &["echo"], &["d0"]));
     assert_echoed(&api, &job, &["d0"]);
 }
+
+/// Fills the tmpfs to its last byte from outside the driver; returns the filler's path.
+fn fill(tmpfs: &Tmpfs) -> PathBuf {
+    let filler_path = tmpfs.outside(&tmpfs.data_dir().join("filler"));
+    let mut filler = std::fs::File::create(&filler_path).unwrap();
+    let full = loop {
+        if let Err(e) = filler.write_all(&[0xf1; 1 << 12]) {
+            break e;
+        }
+    };
+    assert_eq!(full.kind(), std::io::ErrorKind::StorageFull, "{full}");
+    filler_path
+}
+
+/// A driver killed with a job only in its journal (commits 10 s apart) starts again on
+/// a disk that is full meanwhile: it folds nothing, deletes nothing, and runs the job;
+/// once there is room, the job is folded and kept across another restart.
+#[test]
+fn a_driver_crashed_with_jobs_in_its_journal_starts_on_a_full_disk_and_runs_them() {
+    let tmpfs = Tmpfs::mount("16m");
+    let (http, executors) = (free_port(), free_port());
+    let slow_commits = ["--commit-interval-ms", "10000"];
+    let mut driver = tmpfs.driver(http, executors, &slow_commits);
+    let api = api(http);
+    let module = api.upload(&guests().testkit);
+    // The first job makes the first commit; the next one waits 10 s for its own.
+    let first = api.submit(&spec(&module, &["echo"], &["w"]));
+    let journaled = api.submit(&spec(&module, &["echo"], &["j0", "j1"]));
+    driver.sigkill();
+    let filler = fill(&tmpfs);
+
+    let driver = tmpfs.driver(http, executors, &slow_commits);
+    let work = tempfile::tempdir().unwrap();
+    let mut first_executor = executor(executors, work.path());
+    api.wait_for_alive_executors(1);
+    assert_echoed(&api, &journaled, &["j0", "j1"]);
+    assert_echoed(&api, &first, &["w"]);
+    let (status, body) = api.post_raw("/v1/jobs", spec(&module, &["echo"], &["x"]).to_string());
+    assert_eq!((status, error(&body).0), (507, "storage_full"), "{body}");
+
+    // Room again; a clean stop folds what it can, and the executor goes with the driver.
+    std::fs::remove_file(&filler).unwrap();
+    driver.stop();
+    assert!(first_executor.wait().unwrap().success());
+    let _driver = tmpfs.driver(http, executors, &slow_commits);
+    let _executor = executor(executors, work.path());
+    api.wait_for_alive_executors(1);
+    assert_echoed(&api, &journaled, &["j0", "j1"]);
+    assert_echoed(&api, &first, &["w"]);
+}

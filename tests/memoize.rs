@@ -246,3 +246,36 @@ fn an_attempt_held_to_less_memory_than_it_asked_records_what_it_ran_with() {
     assert_eq!(status, 200, "{bundle}");
     assert_eq!(bundle["memory_mb"], 200, "{bundle}");
 }
+
+/// A fully memoized job accepted just before a driver crash: its record was synced to
+/// the journal, nothing else of it committed (commits 10 s apart). After the restart
+/// its tasks are still the memoized copies: succeeded, `memoized_from`, no attempt,
+/// and no executor runs them.
+#[test]
+fn a_memoized_task_is_still_the_memoized_copy_after_a_driver_crash() {
+    // The most the flag allows: the second job's record stays in the journal alone.
+    let slow_commits = ["--commit-interval-ms", "10000"];
+    let cluster = DevCluster::start_with(2, 1, &slow_commits);
+    let probe = cluster.upload_wat(PROBE);
+    let mut job = spec(&probe, &[], &["a", "b", "c"]);
+    job["deterministic"] = json!(true);
+    job["seed"] = json!(11);
+    job["memoize"] = json!(true);
+    let first = cluster.run_job(job.clone());
+    let computed = results(&cluster, &first);
+    assert_eq!(finished(&cluster), 3);
+    // Accepted (synced) and answered; the crash comes before any commit interval.
+    let second = cluster.submit_view(&job, "");
+    let id = second["id"].as_str().unwrap().to_owned();
+
+    let cluster = cluster.crash_and_restart_with(2, 1, &slow_commits);
+    let second = cluster.wait_for_job(&id, std::time::Duration::from_secs(60));
+    assert_eq!(results(&cluster, &second), computed);
+    for (index, task) in cluster.tasks(&second).iter().enumerate() {
+        assert_eq!(task["memoized_from"]["job"], first["id"], "{task}");
+        assert_eq!(task["memoized_from"]["task"], index);
+        assert_eq!(task["attempts"], 0, "{task}");
+        assert_eq!(task["state"], "succeeded");
+    }
+    assert_eq!(finished(&cluster), 0, "no executor ran a task of it");
+}

@@ -28,12 +28,15 @@ pub struct JobDef {
     pub created_at_ms: u64,
     /// Not in this record's encoding: stored beside it, in the table `job_options.v1`
     /// (added without a new layout; a job without a value there has the defaults), and
-    /// joined in whenever a job is read.
+    /// joined in whenever a job is read. The job store's journal record (version 2)
+    /// carries it after the record: a change of its encoding needs a new table name and
+    /// a new journal record version.
     #[serde(skip)]
     pub options: JobOptions,
     /// Whose job it is and its priority among that tenant's jobs. Not in this record's
     /// encoding either: stored beside it in `job_owners.v1` (a job without a row there
-    /// is the admin's, at priority 0, as every job before tenants was).
+    /// is the admin's, at priority 0, as every job before tenants was), and carried by
+    /// the journal record as `options` is.
     #[serde(skip)]
     pub owner: Owner,
 }
@@ -72,7 +75,8 @@ pub struct JobOptions {
     /// `"memoize": true`: a task computed before is taken from there.
     pub memoize: bool,
     /// The tasks taken from earlier ones at submission, in task order: (task, the job
-    /// and task whose result it is).
+    /// and task whose result it is). Their ends (the results) are stored with the job's
+    /// record, in its first task-end value.
     pub memoized: Vec<(u32, JobId, u32)>,
 }
 

@@ -321,6 +321,22 @@ impl DevCluster {
     /// [`Self::restart`], with more `flint dev` arguments.
     pub fn restart_with(mut self, executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
         self.stop();
+        self.start_again(executors, cores, dev_args)
+    }
+
+    /// SIGKILLs this `flint dev` (its executors die with it) and starts another on the
+    /// same data dir, as [`Self::restart_with`] does after a clean stop.
+    pub fn crash_and_restart_with(
+        mut self,
+        executors: u32,
+        cores: u32,
+        dev_args: &[&str],
+    ) -> DevCluster {
+        self.child.sigkill();
+        self.start_again(executors, cores, dev_args)
+    }
+
+    fn start_again(self, executors: u32, cores: u32, dev_args: &[&str]) -> DevCluster {
         let DevCluster { data_dir, .. } = self;
         let (executors_arg, cores_arg) = (executors.to_string(), cores.to_string());
         let mut args = vec![

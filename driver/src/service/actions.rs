@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{TaskEvent, TaskState};
-use flint_protocol::{DriverMessage, JobId, TaskId};
+use flint_protocol::records::TaskEndRecord;
+use flint_protocol::{Digest, DriverMessage, JobId, TaskId};
 
 use super::{Deferred, Driver, Inner, archive};
 use crate::events::JobEvent;
@@ -73,19 +74,22 @@ impl Driver {
                 }
                 Action::TaskEnded(task) => {
                     self.publish_task(&inner.state, &task);
+                    let inner = &mut *inner;
                     if let Some(job) = inner.state.jobs.get_mut(&task.job)
                         && let count = job.tasks.len() as u32
                         && let Some(t) = job.tasks.get_mut(task.index as usize)
                     {
                         self.metrics.task_ended(t);
-                        self.store.task_ended(
-                            task.job.clone(),
-                            task.index,
-                            durable::task_end_record(t),
-                        );
-                        if let Some(key) = memo::found(&job.def, task.index, count, t) {
-                            let write = self.store.memo_found(key, task.job.clone(), task.index);
-                            self.memo_writes.fetch_max(write, Ordering::Relaxed);
+                        // A memoized task's end is stored with its job's record.
+                        if !durable::is_memoized(&job.def, task.index) {
+                            let end = durable::task_end_record(t);
+                            let key = memo::found(&job.def, task.index, count, t);
+                            match inner.storing.get_mut(&task.job) {
+                                Some(held) => held.push((task.index, end, key)),
+                                None => {
+                                    self.store_task_end(&task.job, task.index, end, key);
+                                }
+                            }
                         }
                         // Nothing runs an ended task again: its input can go.
                         t.input = flint_protocol::TaskInput::Inline(Vec::new());
@@ -111,7 +115,7 @@ impl Driver {
                     });
                     if let Some((summary, end)) = ended {
                         inner.finished.add(&summary, 1);
-                        let write = match inner.storing.contains(&job) {
+                        let write = match inner.storing.contains_key(&job) {
                             // Its record is still being committed (see `submit_keyed`).
                             true => {
                                 let deferred = Deferred {
@@ -152,13 +156,15 @@ impl Driver {
         let mut last = inner.ending.get(&job.def.id).copied().unwrap_or(0);
         for (index, task) in job.tasks.iter().enumerate() {
             if task.state == TaskState::Killed && task.attempts > 0 {
-                let write = self.store.task_ended(
-                    job.def.id.clone(),
-                    index as u32,
-                    durable::task_end_record(task),
-                );
-                if last != u64::MAX {
-                    last = last.max(write);
+                let end = durable::task_end_record(task);
+                match inner.storing.get_mut(&job.def.id) {
+                    Some(held) => held.push((index as u32, end, None)),
+                    None => {
+                        let write = self.store_task_end(&job.def.id, index as u32, end, None);
+                        if last != u64::MAX {
+                            last = last.max(write);
+                        }
+                    }
                 }
             }
         }
@@ -168,6 +174,23 @@ impl Driver {
             None => last = last.max(self.store.attempts_ended(job.def.id.clone(), attempts)),
         }
         inner.archive(job, last);
+    }
+
+    /// Sends a task's end (and the memo entry it makes, if any) to the job store;
+    /// returns the end's write number.
+    pub(super) fn store_task_end(
+        &self,
+        job: &JobId,
+        index: u32,
+        end: TaskEndRecord,
+        memo: Option<Digest>,
+    ) -> u64 {
+        let write = self.store.task_ended(job.clone(), index, end);
+        if let Some(key) = memo {
+            let write = self.store.memo_found(key, job.clone(), index);
+            self.memo_writes.fetch_max(write, Ordering::Relaxed);
+        }
+        write
     }
 
     /// Tells a job's watchers (if any) a task's new state.

@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::JobView;
-use flint_protocol::records::{AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord};
-use flint_protocol::{DriverMessage, ExecutorId, JobId};
+use flint_protocol::records::{
+    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+};
+use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId};
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::UrlTimestamps;
@@ -54,6 +56,11 @@ struct Link {
     outbox: mpsc::UnboundedSender<DriverMessage>,
 }
 
+/// The task ends (each with the memo entry it makes, if any) of a job whose record is
+/// being committed (`submit_keyed`), held until the record is in: a job never stored
+/// leaves no task end and no memo entry behind.
+type Held = Vec<(u32, TaskEndRecord, Option<Digest>)>;
+
 /// A job's end held back until its record is committed (see `submit_keyed`).
 struct Deferred {
     end: JobEndRecord,
@@ -69,10 +76,11 @@ struct Inner {
     /// Final jobs still in the scheduler's state (their attempts being killed), with
     /// the number of their end's write to the job store.
     ending: HashMap<JobId, u64>,
-    /// Jobs whose record is being committed (`submit_keyed`), and the ends of those
-    /// among them that ended meanwhile, sent once the record is in (with their attempts,
-    /// once archived: the writer skips the attempts of a job it does not hold).
-    storing: std::collections::HashSet<JobId>,
+    /// Jobs whose record is being committed (`submit_keyed`) with their task ends and
+    /// memo entries so far, and the ends of those among them that ended meanwhile, sent
+    /// once the record is in (with their attempts, once archived: the writer skips what
+    /// belongs to a job it does not hold), or dropped if it never is.
+    storing: HashMap<JobId, Held>,
     deferred: HashMap<JobId, Deferred>,
     /// The stored finished jobs' figures, for `/metrics`.
     finished: Totals,
@@ -169,7 +177,7 @@ impl Driver {
                 links: HashMap::new(),
                 archive: archive::Archive::new(archive::CACHE_BYTES),
                 ending: HashMap::new(),
-                storing: Default::default(),
+                storing: HashMap::new(),
                 deferred: HashMap::new(),
                 finished,
             }),

@@ -109,6 +109,7 @@ impl Driver {
         tenant: Option<Arc<Tenant>>,
     ) -> Result<(), SubmitError> {
         let record = durable::job_record(&job);
+        let ends = durable::accepted_ends(&job);
         let id = job.def.id.clone();
         // A tenant's live jobs and tasks are counted where the job joins them, under the
         // state's lock: two submissions at once cannot both pass the last free place.
@@ -118,13 +119,15 @@ impl Driver {
             {
                 return (Err(over), Vec::new());
             }
-            inner.storing.insert(id.clone());
+            inner.storing.insert(id.clone(), Vec::new());
             (Ok(()), inner.state.submit_job(job))
         })?;
         let driver = self.clone();
         let commit = tokio::task::spawn_blocking(move || match &key {
-            Some((key, spec)) => driver.store.put_job(&record, Some((key.as_str(), spec))),
-            None => driver.store.accept_job(record),
+            Some((key, spec)) => driver
+                .store
+                .put_job(&record, &ends, Some((key.as_str(), spec))),
+            None => driver.store.accept_job(record, &ends),
         });
         let stored = match commit.await {
             Ok(stored) => stored,
@@ -133,7 +136,13 @@ impl Driver {
         // A job that ended before its record was committed had its end held back: the
         // writer could otherwise commit the end first and find no job to end.
         let mut inner = self.lock();
-        inner.storing.remove(&id);
+        let held = inner.storing.remove(&id).unwrap_or_default();
+        if stored.is_ok() {
+            // Before the job's end, which the writer stores with (or after) its tasks'.
+            for (index, end, memo) in held {
+                self.store_task_end(&id, index, end, memo);
+            }
+        }
         if let Some(Deferred {
             end,
             summary,

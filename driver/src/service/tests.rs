@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use flint_protocol::JobId;
-use flint_protocol::api::JobState;
+use flint_protocol::api::{JobState, TaskState};
 
 use super::*;
 use crate::admission;
@@ -246,4 +246,80 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
         "the stored one; the killed one has ended"
     );
     assert_eq!(driver.store.load().unwrap().jobs.len(), 1);
+}
+
+/// A memoize job whose task 0 succeeds while its record is held (a slow disk), whose
+/// record is then refused or stored; the rows of it the store holds right before the
+/// record's verdict (with the job's task-0 state then), and once the submission is over.
+async fn end_a_task_while_storing(
+    driver: &Arc<Driver>,
+    refuse: bool,
+) -> (TaskState, Vec<&'static str>, Vec<&'static str>) {
+    let executor = flint_protocol::ExecutorId("exec-1".into());
+    let generation = driver.apply(|s| {
+        s.register_executor(executor.clone(), "h".into(), 2, 1, false)
+            .unwrap()
+    });
+    let mut job = crate::scheduler::tests::job("j", 2, 1);
+    job.def.options.memoize = true;
+    job.def.options.determinism = Some(flint_protocol::Determinism { seed: 1 });
+    let id = job.def.id.clone();
+    driver.store.hold_jobs.store(true, Ordering::Relaxed);
+    let submit = tokio::spawn({
+        let driver = driver.clone();
+        async move { driver.submit(job).await }
+    });
+    let launched = |s: &crate::scheduler::ClusterState| {
+        (s.jobs.get(&id)).is_some_and(|j| j.tasks.iter().all(|t| t.attempts > 0))
+    };
+    while !driver.read(launched) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let attempt = driver.read(|s| s.jobs[&id].tasks[0].attempts);
+    driver.apply(|s| {
+        let mut status = crate::scheduler::tests::status("j", 0, attempt, Ok(()));
+        status.generation = generation;
+        let now = std::time::SystemTime::now();
+        ((), s.status_update(&executor, generation, status, now))
+    });
+    let state = driver.read(|s| s.jobs[&id].tasks[0].state);
+    driver.flush_store();
+    let before = driver.store.rows_of(&id);
+    driver.store.refuse_jobs.store(refuse, Ordering::Relaxed);
+    driver.store.hold_jobs.store(false, Ordering::Relaxed);
+    assert_eq!(submit.await.unwrap().is_err(), refuse);
+    driver.flush_store();
+    (state, before, driver.store.rows_of(&id))
+}
+
+/// A job whose record the store refuses was never accepted: a task of it that ended
+/// while the record was being stored, and the memo entry it made, must not be stored
+/// either (nor the tasks it killed), now or after a restart.
+#[tokio::test]
+async fn a_refused_jobs_task_ends_and_memo_entries_are_never_stored() {
+    let (dir, driver) = driver();
+    let (state, before, after) = end_a_task_while_storing(&driver, true).await;
+    assert_eq!(state, TaskState::Succeeded);
+    assert!(before.is_empty(), "held with the record: {before:?}");
+    assert!(after.is_empty(), "{after:?}");
+    drop(driver);
+    let store = loop {
+        match crate::store::JobStore::open(&dir.path().join("jobs.redb"), Default::default()) {
+            Ok(store) => break store,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    };
+    let id = JobId("j".into());
+    assert!(store.job(&id).unwrap().is_none());
+    assert!(store.rows_of(&id).is_empty());
+}
+
+/// The same task end, of a job whose record is then stored: sent on after the record
+/// (the store keeps no end of a job it does not hold), not lost.
+#[tokio::test]
+async fn a_task_that_ends_while_its_record_is_stored_is_stored_after_it() {
+    let (_dir, driver) = driver();
+    let (_, before, after) = end_a_task_while_storing(&driver, false).await;
+    assert!(before.is_empty(), "{before:?}");
+    assert_eq!(after, ["task_ends", "memo_by_job", "memo"]);
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
-    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord, TaskInputRecord,
+    AttemptRecord, JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+    TaskInputRecord,
 };
 
 use crate::scheduler::{Action, AttemptSpan, ClusterState, Job, NewJob, NewTask, Task};
@@ -25,6 +26,36 @@ pub fn job_record(job: &NewJob) -> JobRecord {
             })
             .collect(),
     }
+}
+
+/// The ends a job's tasks have as it is accepted: its memoized tasks', taken from
+/// earlier ones. Stored with its record, so that after a restart they are the memoized
+/// copies still, never pending (see `insert_job` in the store).
+pub fn accepted_ends(job: &NewJob) -> Vec<(u32, TaskEndRecord)> {
+    (job.tasks.iter().enumerate())
+        .filter_map(|(index, task)| {
+            let result = task.memoized.clone()?;
+            let end = TaskEndRecord {
+                state: TaskState::Succeeded,
+                attempts: 0,
+                executor: None,
+                failure: None,
+                started_at_us: None,
+                finished_at_us: None,
+                result: Some(result),
+                log: Vec::new(),
+            };
+            Some((index as u32, end))
+        })
+        .collect()
+}
+
+/// Whether task `index` of a job was taken from an earlier task at submission: its end
+/// is stored with the job's record (see [`accepted_ends`]), not on its own.
+pub fn is_memoized(def: &JobDef, index: u32) -> bool {
+    (def.options.memoized)
+        .binary_search_by_key(&index, |(task, _, _)| *task)
+        .is_ok()
 }
 
 pub fn task_end_record(task: &Task) -> TaskEndRecord {
@@ -179,6 +210,14 @@ impl ClusterState {
             entry
                 .pending
                 .retain(|&i| !entry.tasks[i as usize].state.is_final());
+            // A job stored before memoized ends were stored with its record may have
+            // lost a memoized task's end in a crash: that task runs, so it is no copy.
+            let tasks = &entry.tasks;
+            entry.def.options.memoized.retain(|(index, _, _)| {
+                tasks
+                    .get(*index as usize)
+                    .is_some_and(|t| t.state == TaskState::Succeeded && t.attempts == 0)
+            });
             // A live job's spans are not stored: its tasks ended so far are shown from
             // their ends.
             entry.note_rebuilt();

@@ -60,7 +60,12 @@ fn launches(actions: &[Action]) -> Vec<(ExecutorId, u32, u32)> {
         .collect()
 }
 
-fn status(job: &str, index: u32, attempt: u32, outcome: Result<(), TaskFailure>) -> TaskStatus {
+pub(crate) fn status(
+    job: &str,
+    index: u32,
+    attempt: u32,
+    outcome: Result<(), TaskFailure>,
+) -> TaskStatus {
     TaskStatus {
         task: TaskId {
             job: JobId(job.into()),

@@ -6,7 +6,8 @@
 //! which also commits task and job ends, a burst of them in one commit (a job with an
 //! idempotency key is committed directly with its key, for a repeat to find). After a
 //! crash, a task whose end was not yet committed runs again: results are kept at least
-//! once and served exactly once.
+//! once and served exactly once. A memoized task's end is stored with its job's record
+//! (it never runs), and nothing of a job whose record was refused is stored.
 //!
 //! The driver holds only live jobs in memory; a finished one is read from here when
 //! asked for ([`JobStore::job`]), so memory follows what runs, not what has run.
@@ -21,11 +22,14 @@ use std::time::Duration;
 
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
-    AttemptRecord, AttemptRecordV1, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
+    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
 };
 use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
 
+mod accept;
+mod faults;
+mod fold;
 mod handle;
 mod index;
 mod journal;
@@ -39,12 +43,11 @@ mod writer;
 pub use index::{JobFilter, JobPage, OwnerFilter};
 pub use owners::SHARED;
 use read::read_job;
-use rows::{delete_job, insert_job};
-use schema::LAYOUT;
+use rows::delete_job;
 pub use schema::blob_key;
 use schema::{
-    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOBS, MEMO, META, NEXT_SEQUENCE, SUMMARIES, create_tables, state_code,
+    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOBS, MEMO, SUMMARIES,
+    state_code,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +133,11 @@ pub struct JobStore {
     journal: Arc<journal::Journal>,
     /// The writer's number for the latest job accepted through the journal.
     last_job: AtomicU64,
+    /// Jobs the journal held at open that the database could not take then (a full
+    /// disk), served from here until the writer folds them.
+    unfolded: std::sync::Mutex<accept::Unfolded>,
+    /// Where tests make the disk fail (nothing, outside tests).
+    faults: Arc<faults::Faults>,
     /// Tests set it to make `put_job` fail as a full or broken disk would.
     #[cfg(test)]
     pub(crate) refuse_jobs: std::sync::atomic::AtomicBool,
@@ -141,52 +149,43 @@ pub struct JobStore {
 
 impl JobStore {
     /// Opens (or creates) the store at `path`, migrating a data dir of the layout before
-    /// (see [`migrate`]). Task and job ends are committed at most once per
-    /// `commit_interval`; zero commits as soon as the previous commit is done.
+    /// (see [`migrate`]) and folding the journal. Task and job ends are committed at most
+    /// once per `commit_interval`; zero commits as soon as the previous commit is done.
     pub fn open(path: &Path, commit_interval: Duration) -> Result<Self, StoreError> {
+        Self::open_with(path, commit_interval, Arc::default())
+    }
+
+    /// [`Self::open`], with the disk failing where `faults` says (tests').
+    pub(crate) fn open_with(
+        path: &Path,
+        commit_interval: Duration,
+        faults: Arc<faults::Faults>,
+    ) -> Result<Self, StoreError> {
         let db = Arc::new(create(path)?);
-        let ancient: Vec<String> = {
-            let txn = db.begin_read().map_err(db_error)?;
-            txn.list_tables()
-                .map_err(db_error)?
-                .map(|t| t.name().to_owned())
-                .filter(|name| ANCIENT_TABLES.contains(&name.as_str()))
-                .collect()
-        };
-        if !ancient.is_empty() {
-            // Refused rather than ignored: those jobs would silently disappear.
-            return Err(StoreError::Db(format!(
-                "{} holds jobs in a layout older than 4 ({}), which this Flint cannot \
-                 migrate; finish them with the Flint that wrote them, or move the data dir away",
-                path.display(),
-                ancient.join(", ")
-            )));
-        }
+        refuse_ancient(&db, path)?;
         migrate::run(&db, &migrate::Hooks::from_env())?;
-        let txn = db.begin_write().map_err(db_error)?;
-        create_tables(&txn)?;
-        let next_sequence = {
-            let mut meta = txn.open_table(META).map_err(db_error)?;
-            // A new data dir (an old one was migrated above, and says so).
-            if meta.get("layout").map_err(db_error)?.is_none() {
-                meta.insert("layout", LAYOUT).map_err(db_error)?;
-            }
-            let next = meta.get(NEXT_SEQUENCE).map_err(db_error)?;
-            next.map_or(0, |v| v.value())
-        };
-        txn.commit().map_err(db_error)?;
-        let journal = Arc::new(writer::fold_journal(&db, path)?);
+        let next_sequence = schema::prepare(&db, &faults)?;
+        let (journal, unfolded) = fold::fold_journal(&db, path, faults.clone())?;
+        let journal = Arc::new(journal);
         let db = Arc::new(handle::Handle::new(
             path.to_owned(),
             Arc::into_inner(db).expect("no other handle yet"),
         ));
-        let writer =
-            writer::Writer::start(db.clone(), journal.clone(), next_sequence, commit_interval)?;
+        let writer = writer::Writer::start(
+            db.clone(),
+            journal.clone(),
+            faults.clone(),
+            next_sequence,
+            commit_interval,
+        )?;
+        let unfolded = accept::Unfolded::hand_over(&writer, unfolded)?;
         Ok(JobStore {
             db,
             writer,
             journal,
-            last_job: AtomicU64::new(0),
+            last_job: AtomicU64::new(unfolded.write()),
+            unfolded: std::sync::Mutex::new(unfolded),
+            faults,
             #[cfg(test)]
             refuse_jobs: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -201,51 +200,6 @@ impl JobStore {
             self.writer.flush();
         }
         self.db.get()
-    }
-
-    /// Tests refuse a job's record as a full disk would, or hold it as a slow one.
-    #[cfg(test)]
-    fn test_disk(&self) -> Result<(), StoreError> {
-        if self.refuse_jobs.load(Ordering::Relaxed) {
-            return Err(StoreError::Db("No space left on device (a test's)".into()));
-        }
-        while self.hold_jobs.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        Ok(())
-    }
-
-    /// Stores an accepted job durably with its idempotency key (if any) and its spec's
-    /// digest, in one transaction. Blocks for the commit: call it off the runtime.
-    pub fn put_job(&self, job: &JobRecord, key: Option<(&str, &Digest)>) -> Result<(), StoreError> {
-        #[cfg(test)]
-        self.test_disk()?;
-        let stored = (|| {
-            let txn = self.db.get()?.begin_write().map_err(db_error)?;
-            insert_job(&txn, job, key)?;
-            txn.commit().map_err(db_error)
-        })();
-        if let Err(e) = &stored
-            && handle::Handle::needs_reopen(e)
-        {
-            // For the next submission's sake: this one is refused either way.
-            let _ = self.db.reopen();
-        }
-        stored
-    }
-
-    /// Stores an accepted job without an idempotency key durably: synced to the journal,
-    /// folded in by the next group commit. Blocks for the sync: call it off the runtime.
-    pub fn accept_job(&self, job: JobRecord) -> Result<(), StoreError> {
-        #[cfg(test)]
-        self.test_disk()?;
-        let bytes = postcard::to_stdvec(&job)?;
-        let write = self.journal.append(bytes, |position, bytes| {
-            self.writer
-                .send(writer::Write::Job(Box::new((job, bytes)), position))
-        })?;
-        self.last_job.fetch_max(write, Ordering::AcqRel);
-        Ok(())
     }
 
     /// Queues a task's end for the next group commit; returns the write's number.
@@ -287,49 +241,6 @@ impl JobStore {
         }))
     }
 
-    /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a
-    /// job stored without them (still running, or finished before they were kept).
-    pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
-        // Written after the job's end, so never before the job is folded.
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
-        let value =
-            |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
-                match txn.open_table(table) {
-                    Ok(table) => Ok(table
-                        .get(id.0.as_str())
-                        .map_err(db_error)?
-                        .map(|v| v.value().to_vec())),
-                    Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-                    Err(e) => Err(db_error(e)),
-                }
-            };
-        if let Some(bytes) = value(JOB_ATTEMPTS)? {
-            return Ok(Some(postcard::from_bytes(&bytes)?));
-        }
-        let Some(bytes) = value(JOB_ATTEMPTS_V1)? else {
-            return Ok(None);
-        };
-        let old: Vec<AttemptRecordV1> = postcard::from_bytes(&bytes)?;
-        Ok(Some(
-            old.into_iter()
-                .map(|a| AttemptRecord {
-                    task: a.task,
-                    attempt: a.attempt,
-                    executor: a.executor,
-                    start_us: a.start_us,
-                    end_us: a.end_us,
-                    outcome: a.outcome,
-                    speculative: a.speculative,
-                    // Not kept then.
-                    memory_mb: 0,
-                    timeout_ms: 0,
-                    usage: None,
-                    pins: None,
-                })
-                .collect(),
-        ))
-    }
-
     /// Whether the write numbered `write` (and every one before it) is committed.
     pub fn is_durable(&self, write: u64) -> bool {
         self.writer.committed() >= write
@@ -351,7 +262,9 @@ impl JobStore {
     /// idempotency key, for rebuilding the scheduler's state at start. Finished jobs
     /// stay on disk.
     pub fn load(&self) -> Result<Stored, StoreError> {
-        let txn = self.folded_db()?.begin_read().map_err(db_error)?;
+        let db = self.folded_db()?;
+        let unfolded = self.unfolded_jobs();
+        let txn = db.begin_read().map_err(db_error)?;
         let jobs = txn.open_table(JOBS).map_err(db_error)?;
         let mut keys = Vec::new();
         for entry in txn
@@ -384,6 +297,16 @@ impl JobStore {
                 stored.push(job);
             }
         }
+        // Jobs a full disk kept from being folded at open (none otherwise).
+        for job in unfolded {
+            if jobs
+                .get(job.job.def.id.0.as_str())
+                .map_err(db_error)?
+                .is_none()
+            {
+                stored.push(job);
+            }
+        }
         Ok(Stored { jobs: stored, keys })
     }
 
@@ -391,12 +314,14 @@ impl JobStore {
     pub fn job(&self, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
         // Folding on a miss only: a finished job is never in the journal alone.
         let txn = self.db.get()?.begin_read().map_err(db_error)?;
-        match read_job(&txn, &id.0)? {
+        let found = match read_job(&txn, &id.0)? {
             None if !self.is_durable(self.last_job.load(Ordering::Acquire)) => {
-                read_job(&self.folded_db()?.begin_read().map_err(db_error)?, &id.0)
+                read_job(&self.folded_db()?.begin_read().map_err(db_error)?, &id.0)?
             }
-            found => Ok(found),
-        }
+            found => found,
+        };
+        // One a full disk kept from being folded at open is served as accepted.
+        Ok(found.or_else(|| self.unfolded_job(id)))
     }
 
     /// A stored job's summary.
@@ -487,6 +412,26 @@ impl JobStore {
 /// ever ran; the pages a running job touches (its record, its latest task ends, the
 /// index tails) fit in a few MiB.
 const PAGE_CACHE_BYTES: usize = 32 << 20;
+
+/// Refuses a data dir of a layout too old to migrate: its jobs would silently disappear.
+fn refuse_ancient(db: &Database, path: &Path) -> Result<(), StoreError> {
+    let txn = db.begin_read().map_err(db_error)?;
+    let ancient: Vec<String> = txn
+        .list_tables()
+        .map_err(db_error)?
+        .map(|t| t.name().to_owned())
+        .filter(|name| ANCIENT_TABLES.contains(&name.as_str()))
+        .collect();
+    if ancient.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Db(format!(
+        "{} holds jobs in a layout older than 4 ({}), which this Flint cannot migrate; \
+         finish them with the Flint that wrote them, or move the data dir away",
+        path.display(),
+        ancient.join(", ")
+    )))
+}
 
 /// Opens the database at `path`, with the driver's page cache.
 fn create(path: &Path) -> Result<Database, StoreError> {

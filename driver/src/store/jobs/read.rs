@@ -1,15 +1,21 @@
 //! Reading a stored job back from its tables: its record, the latest end of each task,
-//! its end, and a summary rebuilt from those. Shared by the store's reads and the
-//! migration's write transaction, hence generic over the table type.
+//! its end, and a summary rebuilt from those (shared by the store's reads and the
+//! migration's write transaction, hence generic over the table type); and a finished
+//! job's attempts, from whichever table version holds them.
 
 use std::collections::BTreeMap;
 
-use flint_protocol::records::{JobRecord, JobSummaryRecord, TaskEndRecord};
-use redb::{ReadableTable, WriteTransaction};
+use flint_protocol::JobId;
+use flint_protocol::records::{
+    AttemptRecord, AttemptRecordV1, JobRecord, JobSummaryRecord, TaskEndRecord,
+};
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use super::rows::queued_summary;
-use super::schema::{JOB_ENDS, JOB_OPTIONS, JOB_OWNERS, JOBS, TASK_ENDS};
-use super::{StoreError, StoredJob, db_error};
+use super::schema::{
+    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ENDS, JOB_OPTIONS, JOB_OWNERS, JOBS, TASK_ENDS,
+};
+use super::{JobStore, StoreError, StoredJob, db_error};
 
 /// A job's record, task ends (the latest end of each task) and end, as committed.
 pub(super) fn read_job(
@@ -110,4 +116,49 @@ pub(super) fn summary_of(stored: &StoredJob) -> JobSummaryRecord {
         summary.counts.running = 0;
     }
     summary
+}
+
+impl JobStore {
+    /// A finished job's attempts, as [`Self::attempts_ended`] stored them; `None` for a
+    /// job stored without them (still running, or finished before they were kept).
+    pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
+        // Written after the job's end, so never before the job is folded.
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let value =
+            |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
+                match txn.open_table(table) {
+                    Ok(table) => Ok(table
+                        .get(id.0.as_str())
+                        .map_err(db_error)?
+                        .map(|v| v.value().to_vec())),
+                    Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+                    Err(e) => Err(db_error(e)),
+                }
+            };
+        if let Some(bytes) = value(JOB_ATTEMPTS)? {
+            return Ok(Some(postcard::from_bytes(&bytes)?));
+        }
+        let Some(bytes) = value(JOB_ATTEMPTS_V1)? else {
+            return Ok(None);
+        };
+        let old: Vec<AttemptRecordV1> = postcard::from_bytes(&bytes)?;
+        Ok(Some(
+            old.into_iter()
+                .map(|a| AttemptRecord {
+                    task: a.task,
+                    attempt: a.attempt,
+                    executor: a.executor,
+                    start_us: a.start_us,
+                    end_us: a.end_us,
+                    outcome: a.outcome,
+                    speculative: a.speculative,
+                    // Not kept then.
+                    memory_mb: 0,
+                    timeout_ms: 0,
+                    usage: None,
+                    pins: None,
+                })
+                .collect(),
+        ))
+    }
 }

@@ -5,13 +5,13 @@
 
 use flint_protocol::Digest;
 use flint_protocol::api::{JobState, TaskCounts};
-use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, JobSummaryRecord};
+use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
-    BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS, JOB_ATTEMPTS,
-    JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOB_OWNERS, JOBS, MEMO, MEMO_BY_JOB,
-    SUMMARIES, TASK_ENDS, blob_key, state_code,
+    ACCEPTED_SEQUENCE, BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS,
+    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOB_OWNERS, JOBS, MEMO,
+    MEMO_BY_JOB, SUMMARIES, TASK_ENDS, blob_key, state_code,
 };
 use super::{Deleted, StoreError, db_error};
 
@@ -46,19 +46,28 @@ pub(super) fn queued_summary(job: &JobRecord) -> JobSummaryRecord {
     }
 }
 
+/// Stores an accepted job: its record, the ends its tasks had at acceptance (memoized
+/// tasks), its options, owner and idempotency key, its summary and index entries.
 pub(super) fn insert_job(
     txn: &WriteTransaction,
     job: &JobRecord,
+    ends: &[(u32, TaskEndRecord)],
     key: Option<(&str, &Digest)>,
 ) -> Result<(), StoreError> {
-    insert_encoded(txn, job, &postcard::to_stdvec(job)?, key)
+    let ends = match ends.is_empty() {
+        true => None,
+        false => Some(postcard::to_stdvec(ends)?),
+    };
+    insert_encoded(txn, job, &postcard::to_stdvec(job)?, ends.as_deref(), key)
 }
 
-/// [`insert_job`] with the record already encoded (`bytes`, as the journal holds it).
+/// [`insert_job`] with the record and the ends already encoded (`bytes` and `ends`, as
+/// the journal holds them).
 pub(super) fn insert_encoded(
     txn: &WriteTransaction,
     job: &JobRecord,
     bytes: &[u8],
+    ends: Option<&[u8]>,
     key: Option<(&str, &Digest)>,
 ) -> Result<(), StoreError> {
     let id = job.def.id.0.as_str();
@@ -66,6 +75,14 @@ pub(super) fn insert_encoded(
         .map_err(db_error)?
         .insert(id, bytes)
         .map_err(db_error)?;
+    if let Some(ends) = ends {
+        // Stored with the record, so that a memoized task is never pending after a
+        // restart, whatever else was committed.
+        txn.open_table(TASK_ENDS)
+            .map_err(db_error)?
+            .insert((id, ACCEPTED_SEQUENCE), ends)
+            .map_err(db_error)?;
+    }
     if !job.def.options.is_default() {
         let options = postcard::to_stdvec(&job.def.options)?;
         txn.open_table(JOB_OPTIONS)

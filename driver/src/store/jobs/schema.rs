@@ -6,8 +6,13 @@
 
 use flint_protocol::Digest;
 use flint_protocol::api::JobState;
-use redb::{TableDefinition, WriteTransaction};
+use std::collections::HashSet;
 
+use redb::{
+    Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle, WriteTransaction,
+};
+
+use super::faults::Faults;
 use super::{StoreError, db_error};
 
 /// The layout this driver writes, in the `meta` table under `layout`.
@@ -15,6 +20,10 @@ pub const LAYOUT: u64 = 5;
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The next task-end value's sequence number (they are keyed by job and sequence).
 pub(super) const NEXT_SEQUENCE: &str = "next_task_end_sequence";
+/// The sequence of a job's task-end value written with its record: the ends its tasks
+/// had when it was accepted (memoized tasks). The writer numbers its values from 1, so
+/// this one comes first in the job's range and is never overwritten.
+pub(super) const ACCEPTED_SEQUENCE: u64 = 0;
 
 // v2: task inputs may be fetched (url / result inputs) and results may be blocks.
 // v3: a job's module may be a URL, its digest and size unknown.
@@ -118,4 +127,62 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(BLOB_REFS).map_err(db_error)?;
     txn.open_table(META).map_err(db_error)?;
     Ok(())
+}
+
+/// Whether `tables` (the names a data dir holds) has every table [`create_tables`] makes.
+fn has_every_table(tables: &HashSet<String>) -> bool {
+    let has = |name: &str| tables.contains(name);
+    has(JOBS.name())
+        && has(JOB_ENDS.name())
+        && has(SUMMARIES.name())
+        && has(BY_CREATED.name())
+        && has(BY_FINISHED.name())
+        && has(TASK_ENDS.name())
+        && has(JOB_ATTEMPTS.name())
+        && has(JOB_OPTIONS.name())
+        && has(JOB_OWNERS.name())
+        && has(UPLOAD_OWNERS.name())
+        && has(MEMO.name())
+        && has(MEMO_BY_JOB.name())
+        && has(IDEMPOTENCY_KEYS.name())
+        && has(JOB_KEYS.name())
+        && has(BY_STATE.name())
+        && has(BY_NAME.name())
+        && has(BLOB_REFS.name())
+        && has(META.name())
+}
+
+/// Makes the tables and the layout a data dir lacks (a new one, or one from before a
+/// table was added), and returns the writer's next task-end sequence (never
+/// [`ACCEPTED_SEQUENCE`]). A data dir with all of them is not written to: a driver
+/// whose disk is full still starts.
+pub(super) fn prepare(db: &Database, faults: &Faults) -> Result<u64, StoreError> {
+    let txn = db.begin_read().map_err(db_error)?;
+    let tables: HashSet<String> = txn
+        .list_tables()
+        .map_err(db_error)?
+        .map(|t| t.name().to_owned())
+        .collect();
+    if has_every_table(&tables) {
+        let meta = txn.open_table(META).map_err(db_error)?;
+        if meta.get("layout").map_err(db_error)?.is_some() {
+            let next = meta.get(NEXT_SEQUENCE).map_err(db_error)?;
+            return Ok(next.map_or(0, |v| v.value()).max(ACCEPTED_SEQUENCE + 1));
+        }
+    }
+    drop(txn);
+    faults.commit()?;
+    let txn = db.begin_write().map_err(db_error)?;
+    create_tables(&txn)?;
+    let next = {
+        let mut meta = txn.open_table(META).map_err(db_error)?;
+        // A new data dir (an old one was migrated before this, and says so).
+        if meta.get("layout").map_err(db_error)?.is_none() {
+            meta.insert("layout", LAYOUT).map_err(db_error)?;
+        }
+        let next = meta.get(NEXT_SEQUENCE).map_err(db_error)?;
+        next.map_or(0, |v| v.value())
+    };
+    txn.commit().map_err(db_error)?;
+    Ok(next.max(ACCEPTED_SEQUENCE + 1))
 }

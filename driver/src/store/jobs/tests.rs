@@ -61,13 +61,13 @@ fn a_jobs_idempotency_key_is_stored_with_it_and_comes_back_after_a_reopen() {
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
     let spec = Digest::of(b"{\"module\":\"m\"}");
     store
-        .put_job(&record("keyed"), Some(("retry-1", &spec)))
+        .put_job(&record("keyed"), &[], Some(("retry-1", &spec)))
         .unwrap();
-    store.put_job(&record("plain"), None).unwrap();
+    store.put_job(&record("plain"), &[], None).unwrap();
     store.refuse_jobs.store(true, Ordering::Relaxed);
     let other = Digest::of(b"other");
     store
-        .put_job(&record("refused"), Some(("retry-2", &other)))
+        .put_job(&record("refused"), &[], Some(("retry-2", &other)))
         .unwrap_err();
     store.refuse_jobs.store(false, Ordering::Relaxed);
 
@@ -112,7 +112,9 @@ fn a_data_dir_written_before_the_key_table_opens_with_no_keys() {
 
     // The table is there now: keys go in, and one naming no stored job is not loaded.
     let spec = Digest::of(b"spec");
-    store.put_job(&record("new"), Some(("k", &spec))).unwrap();
+    store
+        .put_job(&record("new"), &[], Some(("k", &spec)))
+        .unwrap();
     let db = store.db.get().unwrap();
     let txn = db.begin_write().unwrap();
     txn.open_table(IDEMPOTENCY_KEYS)
@@ -132,7 +134,7 @@ fn ends_within_the_commit_interval_share_a_commit() {
     let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3)).unwrap();
     let new = crate::scheduler::tests::job("j", 20, 1);
     store
-        .put_job(&crate::store::durable::job_record(&new), None)
+        .put_job(&crate::store::durable::job_record(&new), &[], None)
         .unwrap();
     let job = JobId("j".into());
     // 20 ends over about 100 ms, far less than the interval: the first is committed
@@ -156,7 +158,7 @@ fn a_flush_commits_at_once_whatever_the_interval() {
     let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::from_secs(3600)).unwrap();
     let new = crate::scheduler::tests::job("j", 3, 1);
     store
-        .put_job(&crate::store::durable::job_record(&new), None)
+        .put_job(&crate::store::durable::job_record(&new), &[], None)
         .unwrap();
     let job = JobId("j".into());
     store.task_ended(job.clone(), 0, end(1, 1));
@@ -177,7 +179,7 @@ fn task_ends_come_back_after_a_reopen_latest_first_and_split_when_large() {
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
     let new = crate::scheduler::tests::job("j", 4, 1);
     store
-        .put_job(&crate::store::durable::job_record(&new), None)
+        .put_job(&crate::store::durable::job_record(&new), &[], None)
         .unwrap();
     let job = JobId("j".into());
     // 700 KiB results: two of them pass BATCH_VALUE_BYTES, so the commit splits.
@@ -236,8 +238,10 @@ fn a_finished_job_is_not_loaded_at_start_but_read_when_asked_for() {
     let path = dir.path().join("jobs.redb");
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
     let done = record_at("done", "a", 1);
-    store.put_job(&done, None).unwrap();
-    store.put_job(&record_at("live", "a", 2), None).unwrap();
+    store.put_job(&done, &[], None).unwrap();
+    store
+        .put_job(&record_at("live", "a", 2), &[], None)
+        .unwrap();
     let id = JobId("done".into());
     store.task_ended(id.clone(), 0, end(1, 1));
     store.task_ended(id.clone(), 1, end(1, 2));
@@ -284,8 +288,10 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
         priority: 3,
     };
     let spec = Digest::of(b"spec");
-    store.put_job(&gone, Some(("key-1", &spec))).unwrap();
-    store.put_job(&record_at("kept", "n", 2), None).unwrap();
+    store.put_job(&gone, &[], Some(("key-1", &spec))).unwrap();
+    store
+        .put_job(&record_at("kept", "n", 2), &[], None)
+        .unwrap();
     let id = JobId("gone".into());
     for index in 0..2 {
         store.task_ended(id.clone(), index, end(1, 10));
@@ -384,7 +390,7 @@ fn listing_uses_the_indexes_newest_first_with_filters_and_pages() {
         let name = if i % 2 == 0 { "even" } else { "odd" };
         let id = format!("j{i:02}");
         let record = record_at(&id, name, i * 10);
-        store.put_job(&record, None).unwrap();
+        store.put_job(&record, &[], None).unwrap();
         let state = if i % 2 == 0 {
             JobState::Succeeded
         } else {
@@ -492,8 +498,8 @@ fn blob_refs_count_the_stored_jobs_that_name_an_upload() {
     };
     let mut b = a.clone();
     b.def.id = JobId("b".into());
-    store.put_job(&a, None).unwrap();
-    store.put_job(&b, None).unwrap();
+    store.put_job(&a, &[], None).unwrap();
+    store.put_job(&b, &[], None).unwrap();
     assert_eq!(store.blob_refs(&digest, false).unwrap(), 2);
     assert_eq!(
         store.blob_refs(&digest, true).unwrap(),
@@ -636,12 +642,12 @@ fn a_migration_stopped_midway_is_finished_by_the_next_open() {
 fn after_a_failed_write_the_store_reopens_its_file_and_takes_writes_again() {
     let dir = tempfile::tempdir().unwrap();
     let store = JobStore::open(&dir.path().join("jobs.redb"), Duration::ZERO).unwrap();
-    store.put_job(&record("before"), None).unwrap();
+    store.put_job(&record("before"), &[], None).unwrap();
     let old = Arc::as_ptr(&store.db.get().unwrap());
     store.db.reopen().unwrap();
     assert_ne!(Arc::as_ptr(&store.db.get().unwrap()), old, "a new handle");
     // Writes and reads go on, by callers and the writer thread alike.
-    store.put_job(&record("after"), None).unwrap();
+    store.put_job(&record("after"), &[], None).unwrap();
     store.task_ended(JobId("after".into()), 0, end(1, 1));
     store.flush();
     assert_eq!(
@@ -691,7 +697,9 @@ fn a_finished_jobs_attempts_come_back_after_a_reopen_and_none_for_a_job_not_stor
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.redb");
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
-    store.put_job(&record_at("done", "a", 1), None).unwrap();
+    store
+        .put_job(&record_at("done", "a", 1), &[], None)
+        .unwrap();
     let id = JobId("done".into());
     assert_eq!(store.attempts(&id).unwrap(), None, "none before its end");
     let attempts = vec![attempt(0, 1), attempt(1, 1), attempt(1, 2)];
@@ -725,8 +733,10 @@ fn a_jobs_options_are_stored_beside_it_and_a_job_without_any_has_the_defaults() 
         memoize: true,
         memoized: vec![(1, JobId("earlier".into()), 3)],
     };
-    store.put_job(&asked, None).unwrap();
-    store.put_job(&record_at("plain", "a", 2), None).unwrap();
+    store.put_job(&asked, &[], None).unwrap();
+    store
+        .put_job(&record_at("plain", "a", 2), &[], None)
+        .unwrap();
     let store = reopen(store, &path);
     let job = |id: &str| store.job(&JobId(id.into())).unwrap().unwrap().job;
     assert_eq!(job("asked").def.options, asked.def.options);
@@ -748,7 +758,7 @@ fn attempts_stored_before_usage_was_kept_are_read_from_the_old_table_without_it(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.redb");
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
-    store.put_job(&record_at("old", "a", 1), None).unwrap();
+    store.put_job(&record_at("old", "a", 1), &[], None).unwrap();
     let old = vec![flint_protocol::records::AttemptRecordV1 {
         task: 0,
         attempt: 1,
@@ -781,8 +791,12 @@ fn a_memo_entry_is_the_first_stored_computation_and_goes_with_its_job() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.redb");
     let store = JobStore::open(&path, Duration::ZERO).unwrap();
-    store.put_job(&record_at("first", "a", 1), None).unwrap();
-    store.put_job(&record_at("second", "a", 2), None).unwrap();
+    store
+        .put_job(&record_at("first", "a", 1), &[], None)
+        .unwrap();
+    store
+        .put_job(&record_at("second", "a", 2), &[], None)
+        .unwrap();
     let (key, other) = (Digest::of(b"key"), Digest::of(b"other"));
     store.memo_found(key, JobId("first".into()), 0);
     store.memo_found(key, JobId("second".into()), 4);
@@ -832,10 +846,16 @@ fn a_jobs_owner_comes_back_with_it_and_listings_by_owner_see_only_theirs() {
         };
         r
     };
-    store.put_job(&owned("a1", 1, Some("a")), None).unwrap();
-    store.put_job(&owned("b1", 2, Some("b")), None).unwrap();
-    store.put_job(&owned("admin1", 3, None), None).unwrap();
-    store.put_job(&owned("a2", 4, Some("a")), None).unwrap();
+    store
+        .put_job(&owned("a1", 1, Some("a")), &[], None)
+        .unwrap();
+    store
+        .put_job(&owned("b1", 2, Some("b")), &[], None)
+        .unwrap();
+    store.put_job(&owned("admin1", 3, None), &[], None).unwrap();
+    store
+        .put_job(&owned("a2", 4, Some("a")), &[], None)
+        .unwrap();
     let store = reopen(store, &path);
     let a1 = store.job(&JobId("a1".into())).unwrap().unwrap();
     assert_eq!(a1.job.def.owner.tenant.as_deref(), Some("a"));
@@ -890,4 +910,69 @@ fn upload_owners_are_kept_across_a_reopen_and_forgotten_with_the_blob() {
         store.upload_owners().unwrap(),
         [(key(true), SHARED.to_owned())]
     );
+}
+
+impl JobStore {
+    /// The tables that hold a row of `job` (its task ends, memo entries, timeline),
+    /// committed so far: for tests that a job never stored left nothing behind.
+    pub(crate) fn rows_of(&self, job: &JobId) -> Vec<&'static str> {
+        let txn = self.db.get().unwrap().begin_read().unwrap();
+        let id = job.0.as_str();
+        let mut rows = Vec::new();
+        let ends = txn.open_table(TASK_ENDS).unwrap();
+        if ends
+            .range((id, 0)..=(id, u64::MAX))
+            .unwrap()
+            .next()
+            .is_some()
+        {
+            rows.push("task_ends");
+        }
+        let by_job = txn.open_table(MEMO_BY_JOB).unwrap();
+        if by_job
+            .range((id, 0)..=(id, u32::MAX))
+            .unwrap()
+            .next()
+            .is_some()
+        {
+            rows.push("memo_by_job");
+        }
+        let memo = txn.open_table(MEMO).unwrap();
+        if memo.iter().unwrap().any(|e| e.unwrap().1.value().0 == id) {
+            rows.push("memo");
+        }
+        if txn
+            .open_table(JOB_ATTEMPTS)
+            .unwrap()
+            .get(id)
+            .unwrap()
+            .is_some()
+        {
+            rows.push("job_attempts");
+        }
+        rows
+    }
+}
+
+/// Task ends, memo entries and timelines of a job the database does not hold (never
+/// stored, or deleted meanwhile) would outlive it: nothing would ever delete them.
+#[test]
+fn ends_memo_entries_and_timelines_of_a_job_never_stored_are_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    store.put_job(&record("stored"), &[], None).unwrap();
+    for id in ["stored", "never-stored"] {
+        let job = JobId(id.into());
+        store.task_ended(job.clone(), 0, end(1, 1));
+        store.memo_found(Digest::of(id.as_bytes()), job.clone(), 0);
+        store.attempts_ended(job, vec![attempt(0, 1)]);
+    }
+    store.flush();
+    let store = reopen(store, &path);
+    assert_eq!(
+        store.rows_of(&JobId("stored".into())),
+        ["task_ends", "memo_by_job", "memo", "job_attempts"]
+    );
+    assert!(store.rows_of(&JobId("never-stored".into())).is_empty());
 }

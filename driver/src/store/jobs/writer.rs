@@ -13,15 +13,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flint_protocol::records::{
-    AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
-};
+use flint_protocol::records::{AttemptRecord, JobEndRecord, JobSummaryRecord, TaskEndRecord};
 use flint_protocol::{Digest, JobId};
 use redb::{Database, ReadableTable};
 
+use super::faults::Faults;
+use super::fold::set_mark;
 use super::handle::Handle;
+use super::journal::record::Journaled;
 use super::journal::{Journal, Position};
-
 use super::rows::{end_job, insert_encoded};
 use super::schema::{JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS};
 use super::{StoreError, db_error};
@@ -37,8 +37,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub(super) enum Write {
-    /// An accepted job's record, and its encoding synced to the journal at this position.
-    Job(Box<(JobRecord, Vec<u8>)>, Position),
+    /// An accepted job as synced to the journal, ending at this position.
+    Job(Box<Journaled>, Position),
     TaskEnd(JobId, u32, TaskEndRecord),
     JobEnd(JobId, JobEndRecord, Box<JobSummaryRecord>),
     Attempts(JobId, Vec<AttemptRecord>),
@@ -73,6 +73,7 @@ impl Writer {
     pub(super) fn start(
         db: Arc<Handle>,
         journal: Arc<Journal>,
+        faults: Arc<Faults>,
         next_sequence: u64,
         commit_interval: Duration,
     ) -> Result<Self, StoreError> {
@@ -85,6 +86,7 @@ impl Writer {
                 let mut loop_ = WriteLoop {
                     db: &db,
                     journal: &journal,
+                    faults: &faults,
                     queue: &queue,
                     next_sequence,
                     commit_interval,
@@ -132,6 +134,7 @@ impl Writer {
 struct WriteLoop<'a> {
     db: &'a Handle,
     journal: &'a Journal,
+    faults: &'a Faults,
     queue: &'a mpsc::Receiver<(u64, Write)>,
     next_sequence: u64,
     commit_interval: Duration,
@@ -188,9 +191,10 @@ impl WriteLoop<'_> {
                     .syncs
                     .lock()
                     .expect("no panic under the sync lock");
-                self.db
-                    .get()
-                    .and_then(|db| commit(&db, &batch, &mut self.next_sequence))
+                self.faults.commit().and_then(|()| {
+                    let db = self.db.get()?;
+                    commit(&db, &batch, &mut self.next_sequence)
+                })
             };
             self.state.commits.fetch_add(1, Ordering::Relaxed);
             if let Ok(folded) = &committed {
@@ -230,7 +234,11 @@ impl WriteLoop<'_> {
                     for write in unwritten.rev() {
                         self.held.push_front(write);
                     }
-                    self.wait_before_retry(retry);
+                    if !self.wait_before_retry(retry) {
+                        // The store is gone: what is held is lost, as in a crash (the
+                        // journal keeps its jobs), rather than retried forever.
+                        return;
+                    }
                     retry = (retry * 2).min(RETRY_MAX);
                     last_commit = None;
                 }
@@ -240,21 +248,22 @@ impl WriteLoop<'_> {
 
     /// Waits `retry`, answering flushes meanwhile (they would otherwise wait as long as
     /// the disk stays full): a clean stop on a full disk loses the ends it could not
-    /// write, as a crash would, and their tasks run again.
-    fn wait_before_retry(&mut self, retry: Duration) {
+    /// write, as a crash would, and their tasks run again. False once the store is
+    /// dropped.
+    fn wait_before_retry(&mut self, retry: Duration) -> bool {
         let until = Instant::now() + retry;
         loop {
             let now = Instant::now();
             if now >= until {
-                return;
+                return true;
             }
             match self.queue.recv_timeout(until - now) {
                 Ok((_, Write::Flush(done))) => {
                     let _ = done.try_send(());
                 }
                 Ok(write) => self.held.push_back(write),
-                Err(mpsc::RecvTimeoutError::Timeout) => return,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => return true,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
             }
         }
     }
@@ -264,164 +273,133 @@ impl WriteLoop<'_> {
 type JobValue<'a> = (&'a JobId, Vec<(u32, &'a TaskEndRecord)>, usize);
 
 /// Commits a batch; returns the journal position it folded up to, if it held jobs.
+/// Task ends, memo entries and timelines are stored only for a job the database holds
+/// (once the batch's own jobs are in): those of a job never stored (its record was
+/// refused) or deleted meanwhile would outlive it, as nothing would ever delete them.
 fn commit(
     db: &Database,
     batch: &[(u64, Write)],
     next_sequence: &mut u64,
 ) -> Result<Option<Position>, StoreError> {
     let txn = db.begin_write().map_err(db_error)?;
-    let mut sequence = *next_sequence;
     // Jobs first: the rest of the batch may end them.
     let mut folded = None;
     for (_, write) in batch {
         if let Write::Job(job, position) = write {
-            insert_encoded(&txn, &job.0, &job.1, None)?;
+            insert_encoded(&txn, &job.job, job.record_bytes(), job.ends_bytes(), None)?;
             folded = Some(*position);
         }
     }
     if let Some(mark) = folded {
         set_mark(&txn, mark)?;
     }
-    {
-        let mut ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
-        // One value per job per commit (split when large), in the order the ends came.
-        let mut values: Vec<JobValue> = Vec::new();
-        let mut value_of: HashMap<&JobId, usize> = HashMap::new();
-        let mut put = |job: &JobId, value: &[(u32, &TaskEndRecord)]| {
-            let bytes = postcard::to_stdvec(value)?;
-            ends.insert((job.0.as_str(), sequence), bytes.as_slice())
-                .map_err(db_error)?;
-            sequence += 1;
-            Ok::<_, StoreError>(())
-        };
-        let mut job_ends = Vec::new();
-        let mut timelines = Vec::new();
-        let mut memos = Vec::new();
-        for (_, write) in batch {
-            match write {
-                Write::TaskEnd(job, index, end) => {
-                    let at = *value_of.entry(job).or_insert_with(|| {
-                        values.push((job, Vec::new(), 0));
-                        values.len() - 1
-                    });
-                    let (_, value, bytes) = &mut values[at];
-                    value.push((*index, end));
-                    *bytes +=
-                        64 + end.log.len() + end.result.as_ref().map_or(0, |r| r.len() as usize);
-                    if *bytes >= VALUE_BYTES {
-                        put(job, value)?;
-                        value.clear();
-                        *bytes = 0;
-                    }
-                }
-                Write::JobEnd(job, end, summary) => job_ends.push((job, end, summary)),
-                Write::Attempts(job, attempts) => timelines.push((job, attempts)),
-                Write::Memo(key, job, index) => memos.push((key, job, *index)),
-                Write::Job(..) | Write::Flush(_) => {}
-            }
-        }
-        for (job, value, _) in &values {
-            if !value.is_empty() {
-                put(job, value)?;
-            }
-        }
-        drop(ends);
-        // After the task ends: a job's end is stored with (or after) its tasks'.
-        for (job, end, summary) in job_ends {
+    let sequence = put_task_ends(&txn, batch, *next_sequence)?;
+    // After the task ends: a job's end is stored with (or after) its tasks'.
+    for (_, write) in batch {
+        if let Write::JobEnd(job, end, summary) = write {
             end_job(&txn, &job.0, end, summary)?;
         }
-        let mut attempts = txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
-        let jobs = txn.open_table(JOBS).map_err(db_error)?;
-        for (job, value) in timelines {
-            // A job deleted (or never stored) before this commit: nothing would ever
-            // delete its timeline.
-            if jobs.get(job.0.as_str()).map_err(db_error)?.is_none() {
-                continue;
-            }
-            let bytes = postcard::to_stdvec(value)?;
-            attempts
-                .insert(job.0.as_str(), bytes.as_slice())
-                .map_err(db_error)?;
-        }
-        let mut memo = txn.open_table(MEMO).map_err(db_error)?;
-        let mut memo_by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
-        for (key, job, index) in memos {
-            // The first computation keeps the entry while its job is stored. The job
-            // itself may not be committed yet (its tasks can end first): an entry whose
-            // job never is, or was deleted meanwhile, finds nothing at lookup and gives
-            // way to the next computation.
-            let held = memo
-                .get(key.0.as_slice())
-                .map_err(db_error)?
-                .map(|v| v.value().0.to_owned());
-            if let Some(holder) = held
-                && jobs.get(holder.as_str()).map_err(db_error)?.is_some()
-            {
-                continue;
-            }
-            memo.insert(key.0.as_slice(), (job.0.as_str(), index))
-                .map_err(db_error)?;
-            memo_by_job
-                .insert((job.0.as_str(), index), key.0.as_slice())
-                .map_err(db_error)?;
-        }
-        drop((attempts, jobs, memo, memo_by_job));
-        txn.open_table(META)
-            .map_err(db_error)?
-            .insert(NEXT_SEQUENCE, sequence)
-            .map_err(db_error)?;
     }
+    put_timelines_and_memos(&txn, batch)?;
+    txn.open_table(META)
+        .map_err(db_error)?
+        .insert(NEXT_SEQUENCE, sequence)
+        .map_err(db_error)?;
     txn.commit().map_err(db_error)?;
     *next_sequence = sequence;
     Ok(folded)
 }
 
-const JOURNAL_EPOCH: &str = "journal_epoch";
-const JOURNAL_END: &str = "journal_end";
-
-/// Stores in `txn` how far the journal is folded.
-fn set_mark(txn: &redb::WriteTransaction, mark: Position) -> Result<(), StoreError> {
-    let mut meta = txn.open_table(META).map_err(db_error)?;
-    meta.insert(JOURNAL_EPOCH, mark.epoch).map_err(db_error)?;
-    meta.insert(JOURNAL_END, mark.end).map_err(db_error)?;
-    Ok(())
+/// The batch's task ends, one value per job per commit (split when large), in the
+/// order they came, numbered from `sequence`; returns the next number.
+fn put_task_ends(
+    txn: &redb::WriteTransaction,
+    batch: &[(u64, Write)],
+    mut sequence: u64,
+) -> Result<u64, StoreError> {
+    let jobs = txn.open_table(JOBS).map_err(db_error)?;
+    let mut ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
+    let mut values: Vec<JobValue> = Vec::new();
+    let mut value_of: HashMap<&JobId, Option<usize>> = HashMap::new();
+    let mut put = |job: &JobId, value: &[(u32, &TaskEndRecord)]| {
+        let bytes = postcard::to_stdvec(value)?;
+        ends.insert((job.0.as_str(), sequence), bytes.as_slice())
+            .map_err(db_error)?;
+        sequence += 1;
+        Ok::<_, StoreError>(())
+    };
+    for (_, write) in batch {
+        let Write::TaskEnd(job, index, end) = write else {
+            continue;
+        };
+        let at = match value_of.get(job) {
+            Some(at) => *at,
+            None => {
+                let stored = jobs.get(job.0.as_str()).map_err(db_error)?.is_some();
+                let at = stored.then(|| {
+                    values.push((job, Vec::new(), 0));
+                    values.len() - 1
+                });
+                value_of.insert(job, at);
+                at
+            }
+        };
+        let Some(at) = at else { continue };
+        let (_, value, bytes) = &mut values[at];
+        value.push((*index, end));
+        *bytes += 64 + end.log.len() + end.result.as_ref().map_or(0, |r| r.len() as usize);
+        if *bytes >= VALUE_BYTES {
+            put(job, value)?;
+            value.clear();
+            *bytes = 0;
+        }
+    }
+    for (job, value, _) in &values {
+        if !value.is_empty() {
+            put(job, value)?;
+        }
+    }
+    Ok(sequence)
 }
 
-/// Opens the journal beside the database at `path` and folds into the database every
-/// record past its mark (jobs accepted before a crash or stop that no group commit
-/// folded), then deletes the files that held them.
-pub(super) fn fold_journal(db: &Database, path: &std::path::Path) -> Result<Journal, StoreError> {
-    let mark = {
-        use redb::ReadableDatabase;
-        let txn = db.begin_read().map_err(db_error)?;
-        let meta = txn.open_table(META).map_err(db_error)?;
-        let get = |key| {
-            meta.get(key)
-                .map_err(db_error)
-                .map(|v| v.map_or(0, |v| v.value()))
-        };
-        Position {
-            epoch: get(JOURNAL_EPOCH)?,
-            end: get(JOURNAL_END)?,
+/// The batch's timelines and memo entries, each of a job the database holds.
+fn put_timelines_and_memos(
+    txn: &redb::WriteTransaction,
+    batch: &[(u64, Write)],
+) -> Result<(), StoreError> {
+    let mut attempts = txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
+    let jobs = txn.open_table(JOBS).map_err(db_error)?;
+    let stored = |job: &str| Ok::<_, StoreError>(jobs.get(job).map_err(db_error)?.is_some());
+    let mut memo = txn.open_table(MEMO).map_err(db_error)?;
+    let mut memo_by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
+    for (_, write) in batch {
+        match write {
+            Write::Attempts(job, value) if stored(&job.0)? => {
+                let bytes = postcard::to_stdvec(value)?;
+                attempts
+                    .insert(job.0.as_str(), bytes.as_slice())
+                    .map_err(db_error)?;
+            }
+            Write::Memo(key, job, index) if stored(&job.0)? => {
+                // The first computation keeps the entry while its job is stored; an
+                // entry whose job was deleted meanwhile gives way to the next one.
+                let held = memo
+                    .get(key.0.as_slice())
+                    .map_err(db_error)?
+                    .map(|v| v.value().0.to_owned());
+                if let Some(holder) = held
+                    && stored(&holder)?
+                {
+                    continue;
+                }
+                memo.insert(key.0.as_slice(), (job.0.as_str(), *index))
+                    .map_err(db_error)?;
+                memo_by_job
+                    .insert((job.0.as_str(), *index), key.0.as_slice())
+                    .map_err(db_error)?;
+            }
+            _ => {}
         }
-    };
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
-    };
-    let (journal, unfolded) = Journal::open(dir, mark)?;
-    if let Some((last, _)) = unfolded.last() {
-        let txn = db.begin_write().map_err(db_error)?;
-        for (_, bytes) in &unfolded {
-            insert_encoded(&txn, &postcard::from_bytes(bytes)?, bytes, None)?;
-        }
-        set_mark(&txn, *last)?;
-        txn.commit().map_err(db_error)?;
-        tracing::info!(
-            jobs = unfolded.len(),
-            "job journal: folded the jobs accepted since the last commit"
-        );
     }
-    journal.folded(journal.start());
-    Ok(journal)
+    Ok(())
 }
