@@ -673,26 +673,48 @@ fn failure_of(api: &Api, job: &Value) -> (String, String) {
 #[test]
 fn a_tenant_that_knows_anothers_module_digest_cannot_run_it_through_the_executors_cache() {
     let s = start(1, 1, "", &[]);
-    // A's private module has run on the only executor: it is compiled there.
+    // A's private module, file and input have been on the only executor: the module
+    // compiled there, the file and input in its fetch cache.
     let module = s.a.upload(&guests().testkit);
-    let job = s.a.run_job(spec(&module, &["echo"], &["a's"]));
+    let secret = b"a's private file".to_vec();
+    let file = s.a.upload_file(secret.clone());
+    let mut job = spec(&module, &["read", "/files/f"], &["a's"]);
+    job["files"] = json!({"f": file});
+    let job = s.a.run_job(job);
     assert_eq!(job["state"], "succeeded", "{job}");
-    let digest = module.strip_prefix("sha256:").unwrap();
     let absent = "0".repeat(64);
-    // B names a URL that does not resolve, with A's digest and with one nobody has.
-    let by_url = |sha256: &str| {
-        json!({"module": "http://no-such-host.invalid/m.wasm", "module_sha256": sha256,
+    let nowhere = "http://no-such-host.invalid/x";
+    // B names a URL that does not resolve, with A's digest and with one nobody has:
+    // for the module, a file and an input.
+    let module_by = |sha256: &str| {
+        json!({"module": nowhere, "module_sha256": sha256,
                "args": ["echo"], "inputs": [{"text": "b's"}], "max_failures": 1})
     };
-    let (kind, with_as) = failure_of(&s.b, &s.b.run_job(by_url(digest)));
-    let (absent_kind, with_absent) = failure_of(&s.b, &s.b.run_job(by_url(&absent)));
-    assert_eq!(kind, "fetch_error", "{with_as}");
-    assert_eq!(absent_kind, "fetch_error", "{with_absent}");
-    assert_eq!(
-        with_as.replace(digest, &absent),
-        with_absent,
-        "the same failure, whichever digest was named"
-    );
+    let b_module = s.b.upload(&guests().testkit);
+    let file_by = |sha256: &str| {
+        json!({"module": b_module, "args": ["read", "/files/f"], "inputs": [{"text": ""}],
+               "files": {"f": {"url": nowhere, "sha256": sha256}}, "max_failures": 1})
+    };
+    let input_by = |sha256: &str| {
+        json!({"module": b_module, "args": ["echo"], "max_failures": 1,
+               "inputs": [{"url": nowhere, "sha256": sha256}]})
+    };
+    let cases: [(&dyn Fn(&str) -> Value, &str); 3] = [
+        (&module_by, module.strip_prefix("sha256:").unwrap()),
+        (&file_by, file.strip_prefix("sha256:").unwrap()),
+        (&input_by, file.strip_prefix("sha256:").unwrap()),
+    ];
+    for (spec_by, digest) in cases {
+        let (kind, with_as) = failure_of(&s.b, &s.b.run_job(spec_by(digest)));
+        let (absent_kind, with_absent) = failure_of(&s.b, &s.b.run_job(spec_by(&absent)));
+        assert_eq!(kind, "fetch_error", "{with_as}");
+        assert_eq!(absent_kind, "fetch_error", "{with_absent}");
+        assert_eq!(
+            with_as.replace(digest, &absent),
+            with_absent,
+            "the same failure, whichever digest was named"
+        );
+    }
 }
 
 #[test]
