@@ -350,10 +350,10 @@ impl TaskRunner {
         );
         // A name the task sets too is given once, with the task's value: a guest's
         // `getenv` takes the first of two, which was the job's.
-        let overridden: std::collections::HashSet<&str> =
-            task_env.iter().map(|(k, _)| k.as_str()).collect();
+        let overridden: Option<std::collections::HashSet<&str>> =
+            (!task_env.is_empty()).then(|| task_env.iter().map(|(k, _)| k.as_str()).collect());
         let env: smallvec::SmallVec<[(&str, &str); 8]> = (job.env.iter())
-            .filter(|(k, _)| !overridden.contains(k.as_str()))
+            .filter(|(k, _)| overridden.as_ref().is_none_or(|o| !o.contains(k.as_str())))
             .chain(&task_env)
             .filter(|(k, _)| !k.starts_with("FLINT_"))
             .map(|(k, v)| (k.as_str(), v.as_str()))

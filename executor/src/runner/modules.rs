@@ -23,7 +23,7 @@ use crate::sandbox::{Compiled, EngineKind};
 const ENTRIES: usize = 64;
 
 /// A module as a job names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 struct ModuleSource {
     url: String,
     timestamp_ms: u64,
@@ -39,6 +39,58 @@ impl ModuleSource {
             timestamp_ms: module.timestamp_ms,
             by_driver: module.served_by_driver(),
         }
+    }
+}
+
+/// What a source is known by, so that the per-task lookup hashes a launch's own
+/// `ModuleRef` where it stands instead of copying its URL into a key first.
+trait SourceKey {
+    fn parts(&self) -> (&str, u64, bool);
+}
+
+impl SourceKey for ModuleSource {
+    fn parts(&self) -> (&str, u64, bool) {
+        (&self.url, self.timestamp_ms, self.by_driver)
+    }
+}
+
+impl SourceKey for ModuleRef {
+    fn parts(&self) -> (&str, u64, bool) {
+        (&self.url, self.timestamp_ms, self.served_by_driver())
+    }
+}
+
+impl std::hash::Hash for dyn SourceKey + '_ {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
+    }
+}
+
+impl PartialEq for dyn SourceKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn SourceKey + '_ {}
+
+impl std::hash::Hash for ModuleSource {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self as &dyn SourceKey).hash(state);
+    }
+}
+
+impl PartialEq for ModuleSource {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for ModuleSource {}
+
+impl<'a> std::borrow::Borrow<dyn SourceKey + 'a> for ModuleSource {
+    fn borrow(&self) -> &(dyn SourceKey + 'a) {
+        self
     }
 }
 
@@ -67,7 +119,7 @@ impl ModuleCache {
     /// per-task fast path. `None` also when the digest the job names is not what its
     /// reference gave (the fetch then says why).
     fn ready(&mut self, module: &ModuleRef, kind: EngineKind) -> Option<(Digest, Arc<Compiled>)> {
-        let digest = *self.sources.get(&ModuleSource::of(module))?;
+        let digest = *self.sources.get(module as &dyn SourceKey)?;
         if module.digest.is_some_and(|named| named != digest) {
             return None;
         }
@@ -152,5 +204,41 @@ impl TaskRunner {
         let cell = Arc::new(OnceCell::new_with(Some(Arc::new(compiled))));
         modules.compiled.put((digest, EngineKind::Native), cell);
         modules.sources.put(ModuleSource::of(module), digest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module(url: &str, timestamp_ms: u64, size: Option<u64>) -> ModuleRef {
+        ModuleRef {
+            digest: None,
+            url: url.into(),
+            timestamp_ms,
+            size,
+        }
+    }
+
+    #[test]
+    fn a_reference_is_found_by_itself_alone_and_its_digest_must_match() {
+        let mut cache = ModuleCache::default();
+        let url = "http://driver/v1/modules/sha256:aa";
+        let upload = module(url, 5, Some(10));
+        let digest = Digest::of(b"module");
+        cache.sources.put(ModuleSource::of(&upload), digest);
+        let found = |cache: &mut ModuleCache, m: &ModuleRef| {
+            cache.sources.get(m as &dyn SourceKey).copied()
+        };
+        assert_eq!(found(&mut cache, &upload), Some(digest));
+        // The same place named by a job (fetched without the secret), another
+        // timestamp, another URL: none of them is this reference.
+        assert_eq!(found(&mut cache, &module(url, 5, None)), None);
+        assert_eq!(found(&mut cache, &module(url, 6, Some(10))), None);
+        assert_eq!(found(&mut cache, &module("http://x/m", 5, Some(10))), None);
+        // A digest the job names that its reference did not give: not ready here.
+        let mut named = upload.clone();
+        named.digest = Some(Digest::of(b"another"));
+        assert!(cache.ready(&named, EngineKind::Native).is_none());
     }
 }
