@@ -699,7 +699,8 @@ fn a_tenant_that_knows_anothers_module_digest_cannot_run_it_through_the_executor
         json!({"module": b_module, "args": ["echo"], "max_failures": 1,
                "inputs": [{"url": nowhere, "sha256": sha256}]})
     };
-    let cases: [(&dyn Fn(&str) -> Value, &str); 3] = [
+    type SpecBy<'a> = &'a dyn Fn(&str) -> Value;
+    let cases: [(SpecBy, &str); 3] = [
         (&module_by, module.strip_prefix("sha256:").unwrap()),
         (&file_by, file.strip_prefix("sha256:").unwrap()),
         (&input_by, file.strip_prefix("sha256:").unwrap()),
