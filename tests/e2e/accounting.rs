@@ -3,10 +3,9 @@
 //! status` and `/metrics`; and retries that learn, which give a task that ran out of
 //! memory or time a bigger budget, attempt by attempt.
 
-mod common;
-
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec};
 
 const MIB: u64 = 1 << 20;
 

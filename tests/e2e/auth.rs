@@ -2,14 +2,13 @@
 //! port, module downloads); refusals change nothing in the driver; a driver listening
 //! beyond loopback will not start without them.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{DevCluster, FLINT, Process, guests, process, spec};
 use serde_json::Value;
+
+use crate::common::{DevCluster, FLINT, Process, guests, process, spec};
 
 const TOKEN: &str = "api-token-for-tests";
 const SECRET: &str = "cluster-secret-for-tests";

@@ -1,10 +1,9 @@
 //! End to end: the API answers bad requests with a 4xx and a JSON error naming the
 //! problem, and nothing breaks.
 
-mod common;
-
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec};
 
 fn assert_error(response: (u16, Value), status: u16, kind: &str, mentions: &str) {
     let (got, body) = response;

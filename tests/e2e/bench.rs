@@ -3,11 +3,9 @@
 //! (BENCHMARKS.md). Their numbers are not checked here: a debug build on a shared
 //! machine says nothing.
 
-mod common;
-
 use std::process::Command;
 
-use common::{FLINT, guests};
+use crate::common::{FLINT, guests};
 
 fn bench(args: &[&str]) -> String {
     let out = Command::new(FLINT)

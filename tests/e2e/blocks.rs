@@ -2,10 +2,9 @@
 //! results, and job files fetched by URL once per executor (counted at a real HTTP
 //! server on loopback).
 
-mod common;
-
-use common::{DevCluster, Origin, Reply, guests, peak_rss, sha256_hex, signal};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, Origin, Reply, guests, peak_rss, sha256_hex, signal};
 
 #[test]
 fn large_results_come_back_byte_exact_and_outlive_their_executors() {

@@ -4,10 +4,9 @@
 //! results) and must arrive in order and intact; and a spec naming results that cannot
 //! be read is refused with a kind that says why, before anything runs.
 
-mod common;
-
-use common::{DevCluster, guests, sha256_hex};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, sha256_hex};
 
 const MIB: usize = 1 << 20;
 

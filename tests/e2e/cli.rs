@@ -2,12 +2,11 @@
 //! its progress display (plain lines on a pipe, a live bar on a terminal), `--json` on the
 //! other client commands, shell completions, and the message when no driver answers.
 
-mod common;
-
 use std::process::Command;
 
-use common::{DevCluster, FLINT, free_port, guests, text};
 use serde_json::Value;
+
+use crate::common::{DevCluster, FLINT, free_port, guests, text};
 
 #[test]
 fn submit_mounts_files_saves_results_and_prints_json_for_scripts() {

@@ -1,11 +1,9 @@
 //! End to end: the cluster's processes: registration, duplicate ids, clean stops.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     DevCluster, FLINT, free_port, guests, process, process_exists, signal, spec, wait_until,
 };
 

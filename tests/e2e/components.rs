@@ -1,10 +1,9 @@
 //! End to end: wasm32-wasip2 command components run under the same guest ABI, limits and
 //! outcomes as preview-1 modules.
 
-mod common;
-
-use common::{DevCluster, guests, spec};
 use serde_json::json;
+
+use crate::common::{DevCluster, guests, spec};
 
 #[test]
 fn components_follow_the_same_abi_and_outcomes_as_modules() {

@@ -2,15 +2,15 @@
 //! and seeded random bytes, so two runs of a task write the same bytes; the same job
 //! without the flag does not. Each attempt records the digests of what it ran.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
 
+use crate::common;
+use crate::common::{DevCluster, guests, spec};
+
 /// The probe: clocks, random bytes and a 2 s sleep, written to stdout (see the file).
-const PROBE: &str = include_str!("wat/clocks_and_random.wat");
+const PROBE: &str = include_str!("../wat/clocks_and_random.wat");
 
 fn results(cluster: &DevCluster, job: &Value) -> Vec<Vec<u8>> {
     assert_eq!(job["state"], "succeeded", "{job}");

@@ -8,15 +8,15 @@
 //! job it accepted is still there with its results, after a restart on the same tmpfs
 //! too.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Api, Process, free_port, guests, process, spec, wait_until};
 use serde_json::Value;
+
+use crate::common;
+use crate::common::{Api, Process, free_port, guests, process, spec, wait_until};
 
 /// A tmpfs of its own size, mounted over an empty temp dir in a mount namespace only
 /// its holder process (and what enters it) sees; gone with the holder.

@@ -3,15 +3,14 @@
 //! 4xx, slow-header and slow-body clients cut off by their timeouts, and requests past
 //! the concurrency limit answered 503 with `Retry-After`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{DevCluster, guests, spec, wait_until};
 use flint_protocol::defaults;
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec, wait_until};
 
 /// Sends `head` (and `body`) on a fresh connection and returns the status line's code
 /// and the whole answer.

@@ -3,12 +3,12 @@
 //! order, the job's end last, then the stream closes; a late subscriber gets the end at
 //! once; the token guards the route and the number of open streams is bounded.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{DevCluster, EventStream, guests};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, EventStream, guests};
 
 const TOKEN: &str = "events-token";
 

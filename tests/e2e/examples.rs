@@ -2,10 +2,10 @@
 //! job's files, a large generated result checked by SHA-256, the C and Zig examples,
 //! and wordcount as map + reduce through a chained job.
 
-mod common;
-
-use common::{DevCluster, c_wc, guests, sha256_hex, splitmix_stream, zig_sha256};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, c_wc, guests, sha256_hex, splitmix_stream, zig_sha256};
 
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap()

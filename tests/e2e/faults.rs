@@ -3,14 +3,14 @@
 //! namespace, joined to the driver by a veth pair, its packets dropped by iptables),
 //! guests spinning on every core without a false alarm, and speculative copies.
 
-mod common;
-
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use common::netns::Lan;
-use common::{DevCluster, Process, guests, is_final, process, wait_until};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::netns::Lan;
+use crate::common::{DevCluster, Process, guests, is_final, process, wait_until};
 
 /// The driver's listen addresses and flags for tests whose executors connect over a
 /// real network interface. Kept in one place so that the flags a driver listening beyond

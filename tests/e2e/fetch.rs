@@ -5,13 +5,13 @@
 //! in the cache), and a cached blob changed on disk (refetched, not served). The server
 //! is a real HTTP server on loopback that counts the requests for each path.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{DevCluster, Origin, Reply, guests, sha256_hex};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, Origin, Reply, guests, sha256_hex};
 
 /// The one task's error of a failed single-task job.
 fn failure(cluster: &DevCluster, spec: Value) -> (String, String) {

@@ -1,10 +1,9 @@
 //! End to end: a job's named files, uploaded once, mounted read-only at `/files/<name>`
 //! for every task; nothing outside them is reachable and nothing in them is writable.
 
-mod common;
-
-use common::{DevCluster, Origin, Reply, guests};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, Origin, Reply, guests};
 
 fn job_with_files(module: &str, files: Value, tasks: Vec<Vec<&str>>) -> Value {
     json!({

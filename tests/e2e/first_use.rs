@@ -2,14 +2,13 @@
 //! driver with a token, `--wait` following the job as it runs, and `--wait --json` for a
 //! script that wants the results themselves. Each test is named after what broke.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{DevCluster, EventStream, FLINT, guests, spec, text};
 use serde_json::Value;
+
+use crate::common::{DevCluster, EventStream, FLINT, guests, spec, text};
 
 fn testkit() -> String {
     guests().testkit.to_str().unwrap().to_owned()

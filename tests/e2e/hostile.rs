@@ -11,13 +11,13 @@
 //! their deadline, one asleep forever is killed and gives its core back, and modules the
 //! engine cannot take are refused at upload without excluding anyone.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DevCluster, guests, spec, wait_until};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, guests, spec, wait_until};
 
 /// The corpus's cluster: 2 executors of 3 cores (task slots, not CPUs: on 2 CPUs the
 /// spinning guests share them, and their deadlines are wall-clock ones).

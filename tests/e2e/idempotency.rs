@@ -4,14 +4,13 @@
 //! the key is refused naming the job; keys that break the rule are refused before
 //! anything runs; and a key outlives a driver crash, as its job does.
 
-mod common;
-
 use std::process::Stdio;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use common::{Api, DevCluster, Process, free_port, guests, process, wait_until};
 use serde_json::{Value, json};
+
+use crate::common::{Api, DevCluster, Process, free_port, guests, process, wait_until};
 
 /// POSTs `body` to `/v1/jobs{query}` with each of `keys` as an `Idempotency-Key` header.
 fn post_with_keys(api: &Api, query: &str, keys: &[&[u8]], body: &str) -> (u16, Value) {

@@ -1,12 +1,12 @@
 //! End to end: a real `flint dev` (driver + executor processes) driven over HTTP.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, guests, spec};
 
 /// An independent word count to check the guest against: lowercase, split on anything
 /// that is not alphanumeric.

@@ -1,20 +1,18 @@
 //! End to end: the `kubernetes` cluster manager against a simulated Kubernetes API server
-//! (tests/common/kube_sim.rs: a real one cannot run here). First the simulator's own
+//! (tests/e2e/common/kube_sim.rs: a real one cannot run here). First the simulator's own
 //! tests, over plain HTTP, with `/bin/sh` as what every container runs; then the driver
 //! (`flint driver --cluster-manager kubernetes --kubeconfig ...`, a real process)
 //! creating executor pods that the simulator runs as real `flint executor` processes:
 //! scaling with the work, evictions, OOM kills, unschedulable pods, dropped watches and
 //! 410s, 429s, and the driver's stop and death.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::kube_sim::KubeSim;
-use common::{DevCluster, FLINT, guests, process_exists, signal, spec, wait_until};
+use crate::common::kube_sim::KubeSim;
+use crate::common::{DevCluster, FLINT, guests, process_exists, signal, spec, wait_until};
 
 const NS: &str = "flint";
 

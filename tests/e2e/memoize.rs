@@ -2,10 +2,9 @@
 //! result from an earlier task that ran the same, without running it; deleting that
 //! earlier job takes its entries with it.
 
-mod common;
-
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec};
 
 /// A p1 command that writes its clocks and 16 random bytes: the same bytes for the same
 /// task of a deterministic job, whoever runs it.

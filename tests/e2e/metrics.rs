@@ -4,13 +4,11 @@
 //! figures (fetch cache hits and misses, compiled-module cache hits on disk) grow as
 //! later jobs reuse a file and a module.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{DevCluster, Process, guests, process, spec, wait_until};
+use crate::common::{DevCluster, Process, guests, process, spec, wait_until};
 
 /// Every sample of a scrape: `name{labels}` -> value.
 fn scrape(cluster: &DevCluster) -> HashMap<String, f64> {

@@ -6,14 +6,13 @@
 //! (`FLINT_TEST_MIGRATION_ABORT_AFTER`, one value or job per commit with
 //! `FLINT_TEST_MIGRATION_CHUNK=1`) still ends with the data dir migrated.
 
-mod common;
-
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{DevCluster, Process, process};
 use serde_json::json;
+
+use crate::common::{DevCluster, Process, process};
 
 /// A copy of the fixture (which stays as it is in the repository) and its jobs by role.
 fn fixture() -> (tempfile::TempDir, Vec<(String, String)>) {

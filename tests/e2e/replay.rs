@@ -3,10 +3,9 @@
 //! the same thing: a failed deterministic task fails again with the same error and the
 //! same log, byte for byte; a plain one reads other clocks and says so.
 
-mod common;
-
-use common::{DevCluster, guests, spec};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec};
 
 /// A p1 command that writes its clocks and 16 random bytes to stderr, then exits 3.
 const FAILING_PROBE: &str = r#"(module

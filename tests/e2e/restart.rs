@@ -3,15 +3,15 @@
 //! executors (standalone processes) find the new driver by themselves. A driver stopped
 //! cleanly keeps every task end, even those still waiting for a group commit.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Api, Process, free_port, guests, process, wait_until};
 use serde_json::Value;
+
+use crate::common;
+use crate::common::{Api, Process, free_port, guests, process, wait_until};
 
 /// Appends to `<dir>/<name>.log`, kept with the test's temp dir for a failure's post mortem.
 fn log(dir: &Path, name: &str) -> Stdio {

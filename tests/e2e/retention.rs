@@ -4,15 +4,14 @@
 //! chained job naming a deleted job refused with `unknown_result`, an upload still named
 //! by a kept job surviving `--blob-retention` while an unused one goes, and finished
 //! jobs served from the job store across a restart. The S3 block store's side is in
-//! tests/s3.rs; the job store's tables are checked one by one in the driver's unit tests.
-
-mod common;
+//! tests/e2e/s3.rs; the job store's tables are checked one by one in the driver's unit tests.
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::{DevCluster, guests, spec, wait_until};
 use serde_json::{Value, json};
+
+use crate::common::{DevCluster, guests, spec, wait_until};
 
 fn delete(cluster: &DevCluster, id: &str) -> (u16, Value) {
     let response = cluster

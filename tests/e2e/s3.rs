@@ -11,17 +11,16 @@
 //! `$CARGO_TARGET_DIR/venv-moto/bin/moto_server`; without it these tests fail and say
 //! how to install it, rather than pass without having tested anything.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
+use serde_json::{Value, json};
+
+use crate::common::{
     DevCluster, Process, free_port, guests, sha256_hex, signal, splitmix_stream, wait_until,
 };
-use serde_json::{Value, json};
 
 /// A moto server on a free loopback port; killed on drop.
 struct Moto {

@@ -3,12 +3,12 @@
 //! it (same pid, same registration), and a well-behaved job running beside it finishes
 //! with the right results.
 
-mod common;
-
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DevCluster, guests, peak_rss, spec};
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{DevCluster, guests, peak_rss, spec};
 
 /// Runs `hostile` next to a wordcount job on a 2 x 1-core cluster; returns the hostile
 /// job's only task after checking that the cluster came through unharmed.

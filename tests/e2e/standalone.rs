@@ -5,15 +5,13 @@
 //! and replaced; a SIGKILLed worker takes its executors with it and the replacements
 //! come from the other workers; every result is there, once.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::netns::{Host, Lan};
-use common::{
+use crate::common::netns::{Host, Lan};
+use crate::common::{
     DevCluster, FLINT, Process, guests, process_exists, sha256_hex, signal, spec, wait_until,
 };
 

@@ -3,13 +3,12 @@
 //! is replaced, one that fails at every start stops being replaced at the failure limit,
 //! and the reason is shown by `/v1/executors`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{DevCluster, guests, process_exists, signal, spec, wait_until};
+use crate::common;
+use crate::common::{DevCluster, guests, process_exists, signal, spec, wait_until};
 
 fn executor(cluster: &DevCluster, id: &str) -> Option<Value> {
     cluster.executors().into_iter().find(|e| e["id"] == id)

@@ -2,15 +2,14 @@
 //! any route of the OpenAPI document, nor its load in the cluster's views), quotas, each
 //! one's share of the event streams, fair shares and preemption.
 
-mod common;
-
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 const ADMIN: &str = "admin-token";
 const A: &str = "token-of-a";

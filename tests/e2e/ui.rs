@@ -10,16 +10,15 @@
 //! `ui-cluster.png`), of a 20,000-task job's timeline (`ui-timeline-20k.png`), and of
 //! the page with a tenant's token (`ui-tenant.png`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::origin::{Origin, Reply};
-use common::{Api, DevCluster, Process, free_port, guests, sha256_hex, spec, wait_until};
 use serde_json::{Value, json};
+
+use crate::common::origin::{Origin, Reply};
+use crate::common::{Api, DevCluster, Process, free_port, guests, sha256_hex, spec, wait_until};
 
 /// A chromedriver process and one headless Chromium session; both end on drop.
 struct Browser {

@@ -18,7 +18,6 @@ pub struct Api {
     pub http: String,
     /// Sends the driver's `--token` (if it was given one) with every request.
     pub client: reqwest::blocking::Client,
-    pub token: Option<String>,
 }
 
 impl Api {
@@ -38,7 +37,6 @@ impl Api {
                 .default_headers(headers)
                 .build()
                 .unwrap(),
-            token,
         }
     }
 

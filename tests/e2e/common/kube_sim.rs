@@ -9,7 +9,7 @@
 //!   there (create), `GET` and `DELETE /api/v1/namespaces/{ns}/pods/{name}`, and the
 //!   all-namespaces `GET /api/v1/pods`; `GET /version`. Anything else: 404 (405 for a
 //!   known path and another method) with a v1 `Status`, as every error is. Any bearer
-//!   token is accepted, and recorded ([`KubeSim::bearer_tokens`]).
+//!   token is accepted.
 //! - One global resourceVersion, bumped by every change and carried by every object and
 //!   list; equality-based `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`) and
 //!   `fieldSelector` (`path=v`, `path!=v` on any field of the object) on lists and
@@ -135,7 +135,6 @@ struct State {
     secrets: HashMap<Key, BTreeMap<String, String>>,
     created: Vec<Value>,
     requests: Vec<(String, String, u16)>,
-    tokens: Vec<String>,
     failures: Vec<Failure>,
     unschedulable: Option<String>,
     /// Bumped by `drop_watches`: a watch opened under another generation ends.
@@ -425,11 +424,6 @@ impl KubeSim {
     pub fn requests(&self) -> Vec<(String, String, u16)> {
         self.shared.lock().requests.clone()
     }
-
-    /// The distinct bearer tokens requests carried, in the order first seen.
-    pub fn bearer_tokens(&self) -> Vec<String> {
-        self.shared.lock().tokens.clone()
-    }
 }
 
 impl Drop for KubeSim {
@@ -658,14 +652,6 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
     let verb = route.verb();
     {
         let mut st = shared.lock();
-        if let Some(value) = request.headers().get(header::AUTHORIZATION)
-            && let Ok(value) = value.to_str()
-        {
-            let token = value.strip_prefix("Bearer ").unwrap_or(value).to_owned();
-            if !st.tokens.contains(&token) {
-                st.tokens.push(token);
-            }
-        }
         if let Some(code) = st.take_failure(&verb) {
             st.requests.push((verb, target, code));
             return injected_failure(code);

@@ -1,7 +1,6 @@
 //! Test helpers, each defined once: the guest fixtures, a real `flint dev` cluster driven
 //! over HTTP, the processes a test starts itself, a loopback origin for fetches, test
 //! data, an event-stream reader and a simulated Kubernetes API server.
-#![allow(dead_code)] // each test binary uses its own subset
 
 pub mod cluster;
 pub mod data;
@@ -14,12 +13,10 @@ pub mod sse;
 
 use std::time::{Duration, Instant};
 
-// Each test binary uses its own subset of these too.
-#[allow(unused_imports)]
 pub use self::{
     cluster::{Api, DevCluster, is_final, spec},
     data::{sha256_hex, splitmix_stream, text},
-    guests::{Guests, c_wc, guests, zig_sha256},
+    guests::{c_wc, guests, zig_sha256},
     origin::{Origin, Reply},
     process::{Process, free_port, peak_rss, process_exists, signal},
     sse::EventStream,

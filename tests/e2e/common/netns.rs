@@ -2,6 +2,10 @@
 //! bridge in this one, which holds the LAN's first address. Nothing leaves the machine.
 
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// LANs this process has made, for unique names.
+static LANS_MADE: AtomicU32 = AtomicU32::new(0);
 
 fn ip(args: &[&str]) {
     let output = Command::new("ip").args(args).output().expect("running ip");
@@ -24,13 +28,16 @@ pub struct Lan {
 pub struct Host {
     /// The namespace, for `ip netns exec`.
     pub netns: String,
-    pub address: String,
 }
 
 impl Lan {
     pub fn create(hosts: usize) -> Lan {
-        let n = std::process::id() % 100_000;
-        let subnet = format!("10.214.{}", n % 250);
+        // Named after the process and, as the tests of one binary share a process under
+        // `cargo test`, after how many LANs it made before: two at once must not share
+        // a bridge, an interface name or a subnet.
+        let made = LANS_MADE.fetch_add(1, Ordering::Relaxed);
+        let n = format!("{}x{made}", std::process::id() % 100_000);
+        let subnet = format!("10.214.{}", (std::process::id() + made) % 250);
         let bridge = format!("flb{n}");
         let gateway = format!("{subnet}.1");
         let mut lan = Lan {
@@ -48,7 +55,6 @@ impl Lan {
             ip(&["netns", "add", &netns]);
             lan.hosts.push(Host {
                 netns: netns.clone(),
-                address: address.clone(),
             });
             ip(&[
                 "link", "add", &outside, "type", "veth", "peer", "name", &inside,
