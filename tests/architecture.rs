@@ -2,7 +2,10 @@
 //! (a file that long holds more than one responsibility: split it by what it does, not
 //! by where line 500 falls), and the binary crate's top-level modules (`src/x.rs` or
 //! `src/x/`) never name each other in a circle, so each command can be read, and
-//! changed, from the modules it names downward.
+//! changed, from the modules it names downward. And the package's tests stay two
+//! binaries: this one, and every end-to-end scenario as a module of `tests/e2e/main.rs`
+//! (each test binary links the driver, the executor and wasmtime once more), with no
+//! file there left undeclared (it would never be compiled, so its tests never run).
 //!
 //! Like `driver/tests/architecture.rs`, this reads source text, not the compiler's view:
 //! every `crate::` path outside comments and string literals counts (in `use` lists,
@@ -358,4 +361,105 @@ fn the_cycle_finder_ignores_comments_strings_and_tests() {
     ];
     assert_eq!(cycle_in(&files), None);
     assert!(cycle_in(&[files[0], files[1], ("b.rs", "use crate::a;\n")]).is_some());
+}
+
+/// The test binaries cargo makes of `tests/`: a `.rs` file directly in it, or a folder
+/// with a `main.rs`; given as `architecture.rs` and `e2e/`.
+const TEST_BINARIES: &[&str] = &["architecture.rs", "e2e/"];
+
+/// The test binaries cargo would make of the folder `tests`, named as in [`TEST_BINARIES`],
+/// sorted.
+fn test_binaries(tests: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(tests)
+        .unwrap_or_else(|e| panic!("{}: {e}", tests.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?.to_owned();
+            match path.is_dir() {
+                true => path.join("main.rs").is_file().then(|| format!("{name}/")),
+                false => name.ends_with(".rs").then_some(name),
+            }
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The module files under `dir` that the module file `root` (and, below it, each module
+/// it declares) does not declare: `x.rs` or `x/mod.rs` beside a root that has no `mod x;`.
+fn undeclared_modules(dir: &Path, root: &Path) -> Vec<PathBuf> {
+    let source =
+        std::fs::read_to_string(root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
+    let declared = declared_modules(&code_of(&source));
+    let mut found = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let (module, file, below) = match path.is_dir() {
+            true => (name, path.join("mod.rs"), path.clone()),
+            false => match name.strip_suffix(".rs") {
+                Some(module) => (module, path.clone(), dir.join(module)),
+                None => continue,
+            },
+        };
+        if !file.is_file() || file == root {
+            continue;
+        }
+        if !declared.contains(module) {
+            found.push(file);
+        } else if below.is_dir() {
+            found.extend(undeclared_modules(&below, &file));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_end_to_end_tests_are_one_binary_that_declares_every_file_under_it() {
+    let tests = workspace().join("tests");
+    assert_eq!(
+        test_binaries(&tests),
+        TEST_BINARIES,
+        "a test binary beside tests/e2e/ links the workspace and wasmtime once more: make \
+         the scenario a module of tests/e2e/main.rs (its helpers in tests/e2e/common/)"
+    );
+    let e2e = tests.join("e2e");
+    let undeclared = undeclared_modules(&e2e, &e2e.join("main.rs"));
+    assert!(
+        undeclared.is_empty(),
+        "files under tests/e2e/ that no module declares, so their tests never run: {undeclared:?}"
+    );
+}
+
+#[test]
+fn an_undeclared_module_file_is_found_at_any_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |path: &str, text: &str| {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("main.rs", "mod a;\nmod common;\n// mod c;\n");
+    write("a.rs", "#[test]\nfn t() {}\n");
+    write("common/mod.rs", "pub mod x;\n");
+    write("common/x.rs", "");
+    write("common/y.rs", "");
+    write("c.rs", "");
+    write("wat/probe.wat", "(module)");
+    let found = undeclared_modules(dir.path(), &dir.path().join("main.rs"));
+    assert_eq!(
+        found,
+        [dir.path().join("c.rs"), dir.path().join("common/y.rs")]
+    );
+    write("common/y.rs.orig", "");
+    write("main.rs", "mod a;\nmod c;\npub(crate) mod common;\n");
+    write("common/mod.rs", "pub mod x;\npub mod y;\n");
+    assert!(undeclared_modules(dir.path(), &dir.path().join("main.rs")).is_empty());
+    assert_eq!(test_binaries(dir.path()), ["a.rs", "c.rs", "main.rs"]);
 }
