@@ -5,7 +5,7 @@
 //!
 //! Written by hand rather than with `prometheus-client`: that crate encodes OpenMetrics
 //! (`application/openmetrics-text`, a closing `# EOF`, its own `_total` and unit rules),
-//! which changes the exposition scrapers and `tests/metrics.rs` read today (text format
+//! which changes the exposition scrapers and `tests/e2e/metrics.rs` read today (text format
 //! 0.0.4); and most figures here are read from the state at scrape time, which it would
 //! take a custom collector per family to express.
 

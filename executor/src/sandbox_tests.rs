@@ -357,7 +357,7 @@ fn fuel_is_counted_where_metered_and_the_same_for_the_same_work() {
 }
 
 /// The probe of deterministic mode: 40 bytes of clocks, random bytes and the monotonic
-/// clock after a 2 s sleep in `poll_oneoff` (shared with tests/determinism.rs).
+/// clock after a 2 s sleep in `poll_oneoff` (shared with tests/e2e/determinism.rs).
 const CLOCKS_AND_RANDOM: &str = include_str!("../../tests/wat/clocks_and_random.wat");
 
 fn run_seeded(sandbox: &Sandbox, compiled: &Compiled, seed: Option<[u8; 32]>) -> Vec<u8> {

@@ -17,8 +17,8 @@ use flint_protocol::{DriverMessage, ExecutorMessage, Hello, HelloReply};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// One input, as the cargo-fuzz target and the corpus replay (tests/fuzz_corpora.rs) give it:
-/// panics where a property fails.
+/// One input, as the cargo-fuzz target and the corpus replay
+/// (tests/e2e/fuzz_corpora.rs) give it: panics where a property fails.
 pub fn check_input(data: &[u8]) {
     let Some((&selector, bytes)) = data.split_first() else {
         return;

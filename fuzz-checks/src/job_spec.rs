@@ -12,8 +12,8 @@
 
 use flint_protocol::api::JobSpec;
 
-/// One input, as the cargo-fuzz target and the corpus replay (tests/fuzz_corpora.rs) give it:
-/// panics where a property fails.
+/// One input, as the cargo-fuzz target and the corpus replay
+/// (tests/e2e/fuzz_corpora.rs) give it: panics where a property fails.
 pub fn check_input(data: &[u8]) {
     let Ok(spec) = serde_json::from_slice::<JobSpec>(data) else {
         return;

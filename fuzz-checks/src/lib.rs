@@ -1,7 +1,7 @@
 //! What each fuzz target checks, as plain functions: `check_input(&[u8])` per target, a
 //! panic where a property fails. Two harnesses drive them: the cargo-fuzz targets of
 //! `fuzz/` (each one line, for long libFuzzer runs: `scripts/fuzz`), and the corpus
-//! replay in the root workspace's tests (`tests/fuzz_corpora.rs`: every seed of
+//! replay in the root workspace's tests (`tests/e2e/fuzz_corpora.rs`: every seed of
 //! `fuzz/corpus/` and mutants of it, in an ordinary test build), so that the checks
 //! run on every `./scripts/test` without an instrumented build of their own.
 //!

@@ -15,8 +15,8 @@
 use arbitrary::Unstructured;
 use flint_module_rules::{Limit, Limits, check, check_limits};
 
-/// One input, as the cargo-fuzz target and the corpus replay (tests/fuzz_corpora.rs) give it:
-/// panics where a property fails.
+/// One input, as the cargo-fuzz target and the corpus replay
+/// (tests/e2e/fuzz_corpora.rs) give it: panics where a property fails.
 pub fn check_input(data: &[u8]) {
     let Some((&shape, rest)) = data.split_first() else {
         return;

@@ -33,8 +33,8 @@ fn sandbox() -> &'static Sandbox {
     })
 }
 
-/// One input, as the cargo-fuzz target and the corpus replay (tests/fuzz_corpora.rs) give it:
-/// panics where a property fails.
+/// One input, as the cargo-fuzz target and the corpus replay
+/// (tests/e2e/fuzz_corpora.rs) give it: panics where a property fails.
 pub fn check_input(data: &[u8]) {
     let Some((&shape, rest)) = data.split_first() else {
         return;

@@ -24,8 +24,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use flint_fetch_cache::{Refusal, UrlPolicy};
 use url::{Host, Url};
 
-/// One input, as the cargo-fuzz target and the corpus replay (tests/fuzz_corpora.rs) give it:
-/// panics where a property fails.
+/// One input, as the cargo-fuzz target and the corpus replay
+/// (tests/e2e/fuzz_corpora.rs) give it: panics where a property fails.
 pub fn check_input(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;

@@ -1,6 +1,6 @@
 ;; A p1 command that writes 40 bytes to stdout: the realtime and monotonic clocks
 ;; (clock_time_get), 16 bytes of random_get, and the monotonic clock again after a 2 s
-;; sleep in poll_oneoff. The probe of deterministic mode: tests/determinism.rs runs it on
+;; sleep in poll_oneoff. The probe of deterministic mode: tests/e2e/determinism.rs runs it on
 ;; a cluster, the executor's sandbox tests in process.
 (module
   (import "wasi_snapshot_preview1" "clock_time_get"
