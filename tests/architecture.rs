@@ -4,8 +4,8 @@
 //! `src/x/`) never name each other in a circle, so each command can be read, and
 //! changed, from the modules it names downward. And the package's tests stay two
 //! binaries: this one, and every end-to-end scenario as a module of `tests/e2e/main.rs`
-//! (each test binary links the driver, the executor and wasmtime once more), with no
-//! file there left undeclared (it would never be compiled, so its tests never run).
+//! (each test binary is one more link of every dependency it uses), with no file there
+//! left undeclared (it would never be compiled, so its tests never run).
 //!
 //! Like `driver/tests/architecture.rs`, this reads source text, not the compiler's view:
 //! every `crate::` path outside comments and string literals counts (in `use` lists,
@@ -426,8 +426,8 @@ fn the_end_to_end_tests_are_one_binary_that_declares_every_file_under_it() {
     assert_eq!(
         test_binaries(&tests),
         TEST_BINARIES,
-        "a test binary beside tests/e2e/ links the workspace and wasmtime once more: make \
-         the scenario a module of tests/e2e/main.rs (its helpers in tests/e2e/common/)"
+        "a test binary beside tests/e2e/ is one more link of its dependencies: make the \
+         scenario a module of tests/e2e/main.rs (its helpers in tests/e2e/common/)"
     );
     let e2e = tests.join("e2e");
     let undeclared = undeclared_modules(&e2e, &e2e.join("main.rs"));

@@ -1,9 +1,11 @@
 //! Flint's end-to-end tests as one test binary: each module is a scenario (named for
 //! what it tests) against real `flint` processes, and `common` holds the helpers they
 //! share, defined once. One binary rather than one per file, as wasmtime's `tests/all`:
-//! every test binary links the driver, the executor and wasmtime, so one link instead of
-//! 35 (BENCHMARKS.md, "One end-to-end test binary"). `tests/architecture.rs` keeps it
-//! that way: a file here that this root does not declare would never run, so it fails.
+//! each test binary links its own copy of every dependency it uses (tokio, reqwest,
+//! axum; wasmtime and the driver for the fuzz checks), so one link instead of 35 and
+//! `tests/common` compiled once (BENCHMARKS.md, "One end-to-end test binary").
+//! `tests/architecture.rs` keeps it that way, and fails on a file here that this root
+//! does not declare (it would never be compiled, so its tests would never run).
 //!
 //! One scenario: `cargo nextest run --test e2e tenants::` (or `cargo test --test e2e
 //! tenants::`). nextest runs each test in a process of its own; `cargo test` runs them as
