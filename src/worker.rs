@@ -15,10 +15,11 @@ use anyhow::Context;
 use flint_driver::cluster_manager::runner::{ExecutorCommand, spawn_executor};
 use flint_protocol::codec::FrameCodec;
 use flint_protocol::exit::ProcessExit;
+use flint_protocol::handshake::{HelloError, greet};
 use flint_protocol::messages::{
     DriverToWorker, WorkerExecutorState, WorkerMessage, WorkerRegistration,
 };
-use flint_protocol::{ExecutorId, ExecutorMessage, Hello, HelloReply};
+use flint_protocol::{ExecutorId, ExecutorMessage};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -216,24 +217,13 @@ impl Worker {
             .await
             .map_err(|e| unreachable(format!("connecting to {}: {e}", self.driver_addr)))?;
         let _ = stream.set_nodelay(true);
-        let mut hello = Framed::new(stream, FrameCodec::<HelloReply, Hello>::default());
-        hello
-            .send(Hello::new(self.args.cluster_secret.clone()))
-            .await
-            .map_err(|e| unreachable(format!("hello: {e}")))?;
-        match hello.next().await {
-            Some(Ok(HelloReply {
-                accepted: Ok(()), ..
-            })) => {}
-            Some(Ok(HelloReply {
-                accepted: Err(reason),
-                ..
-            })) => return Err(Failure::Refused(reason)),
-            Some(Err(e)) => return Err(unreachable(format!("hello: {e}"))),
-            None => return Err(unreachable("closed during hello".into())),
-        }
         let mut conn: Framed<TcpStream, FrameCodec<DriverToWorker, ExecutorMessage>> =
-            hello.map_codec(|c| c.retype());
+            greet(stream, self.args.cluster_secret.clone())
+                .await
+                .map_err(|e| match e {
+                    HelloError::Refused(reason) => Failure::Refused(reason),
+                    broken @ HelloError::Broken(_) => unreachable(broken.to_string()),
+                })?;
         let registration = WorkerRegistration {
             worker_id: self.id.clone(),
             host: self.host.clone(),
