@@ -15,10 +15,11 @@ use anyhow::Context;
 use flint_driver::cluster_manager::runner::{ExecutorCommand, spawn_executor};
 use flint_protocol::codec::FrameCodec;
 use flint_protocol::exit::ProcessExit;
+use flint_protocol::handshake::{HelloError, greet};
 use flint_protocol::messages::{
     DriverToWorker, WorkerExecutorState, WorkerMessage, WorkerRegistration,
 };
-use flint_protocol::{ExecutorId, ExecutorMessage, Hello, HelloReply};
+use flint_protocol::{ExecutorId, ExecutorMessage};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -152,41 +153,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
             driver = worker.driver_url,
             "registered with driver"
         );
-        let mut heartbeat = tokio::time::interval(every);
-        let ended = loop {
-            tokio::select! {
-                frame = conn.next() => match frame {
-                    Some(Ok(order)) => {
-                        if let Some(update) = worker.obey(order)
-                            && conn.send(update).await.is_err()
-                        {
-                            break "writing to the driver failed".to_owned();
-                        }
-                    }
-                    Some(Err(e)) => break format!("reading from the driver: {e}"),
-                    None => break "the driver closed the connection".to_owned(),
-                },
-                Some((id, exit)) = exited.recv() => {
-                    worker.running.remove(&id);
-                    tracing::info!(executor = %id, exit = exit.describe(), "executor exited");
-                    let update = WorkerMessage::ExecutorStateChanged {
-                        executor_id: id,
-                        state: WorkerExecutorState::Exited(exit),
-                    };
-                    if conn.send(update).await.is_err() {
-                        break "writing to the driver failed".to_owned();
-                    }
-                }
-                _ = heartbeat.tick() => {
-                    if conn.send(WorkerMessage::Heartbeat).await.is_err() {
-                        break "writing to the driver failed".to_owned();
-                    }
-                }
-                _ = cleanup.tick() => worker.clean_old_apps(),
-                () = &mut shutdown => {
-                    worker.stop_all().await;
-                    return Ok(0);
-                }
+        let ended = match worker
+            .serve(&mut conn, every, &mut exited, &mut cleanup, &mut shutdown)
+            .await
+        {
+            Session::Lost(reason) => reason,
+            Session::Shutdown => {
+                worker.stop_all().await;
+                return Ok(0);
             }
         };
         tracing::warn!(
@@ -207,6 +181,61 @@ enum Failure {
     Unreachable(String),
 }
 
+/// How a registered session with the driver ended.
+enum Session {
+    Lost(String),
+    Shutdown,
+}
+
+impl Worker {
+    /// Obeys the driver's orders and reports executor exits and heartbeats until the
+    /// connection is lost or the worker is asked to shut down.
+    async fn serve(
+        &mut self,
+        conn: &mut Connection,
+        every: Duration,
+        exited: &mut mpsc::UnboundedReceiver<(ExecutorId, ProcessExit)>,
+        cleanup: &mut tokio::time::Interval,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Session {
+        let mut heartbeat = tokio::time::interval(every);
+        let failed = || Session::Lost("writing to the driver failed".to_owned());
+        loop {
+            tokio::select! {
+                frame = conn.next() => match frame {
+                    Some(Ok(order)) => {
+                        if let Some(update) = self.obey(order)
+                            && conn.send(update).await.is_err()
+                        {
+                            return failed();
+                        }
+                    }
+                    Some(Err(e)) => return Session::Lost(format!("reading from the driver: {e}")),
+                    None => return Session::Lost("the driver closed the connection".to_owned()),
+                },
+                Some((id, exit)) = exited.recv() => {
+                    self.running.remove(&id);
+                    tracing::info!(executor = %id, exit = exit.describe(), "executor exited");
+                    let update = WorkerMessage::ExecutorStateChanged {
+                        executor_id: id,
+                        state: WorkerExecutorState::Exited(exit),
+                    };
+                    if conn.send(update).await.is_err() {
+                        return failed();
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if conn.send(WorkerMessage::Heartbeat).await.is_err() {
+                        return failed();
+                    }
+                }
+                _ = cleanup.tick() => self.clean_old_apps(),
+                () = &mut *shutdown => return Session::Shutdown,
+            }
+        }
+    }
+}
+
 impl Worker {
     /// Connects, says hello and registers: the connection and the heartbeat interval
     /// the driver wants.
@@ -216,24 +245,13 @@ impl Worker {
             .await
             .map_err(|e| unreachable(format!("connecting to {}: {e}", self.driver_addr)))?;
         let _ = stream.set_nodelay(true);
-        let mut hello = Framed::new(stream, FrameCodec::<HelloReply, Hello>::default());
-        hello
-            .send(Hello::new(self.args.cluster_secret.clone()))
-            .await
-            .map_err(|e| unreachable(format!("hello: {e}")))?;
-        match hello.next().await {
-            Some(Ok(HelloReply {
-                accepted: Ok(()), ..
-            })) => {}
-            Some(Ok(HelloReply {
-                accepted: Err(reason),
-                ..
-            })) => return Err(Failure::Refused(reason)),
-            Some(Err(e)) => return Err(unreachable(format!("hello: {e}"))),
-            None => return Err(unreachable("closed during hello".into())),
-        }
         let mut conn: Framed<TcpStream, FrameCodec<DriverToWorker, ExecutorMessage>> =
-            hello.map_codec(|c| c.retype());
+            greet(stream, self.args.cluster_secret.clone())
+                .await
+                .map_err(|e| match e {
+                    HelloError::Refused(reason) => Failure::Refused(reason),
+                    broken @ HelloError::Broken(_) => unreachable(broken.to_string()),
+                })?;
         let registration = WorkerRegistration {
             worker_id: self.id.clone(),
             host: self.host.clone(),

@@ -4,7 +4,7 @@
 //! # Layers
 //!
 //! Each module may use only the modules of a lower rank (or its own); `http` and
-//! `cluster`, the two front ends, never use each other; nothing uses `server`.
+//! `executor_port`, the two front ends, never use each other; nothing uses `server`.
 //! `driver/tests/architecture.rs` reads the sources and fails when a file breaks this.
 //!
 //! | rank | module | holds | may use |
@@ -22,7 +22,7 @@
 //! | 2 | [`tenants`] | who shares the driver: tenants' token hashes, weights and limits, read from `--tenants` as it changes; the `Caller` of a request | 0-1 |
 //! | 3 | [`service`] | [`Driver`]: the state behind its lock, the actions it carries out, submit, register, lose, heartbeat | 0-2 |
 //! | 4 | [`http`] | routes, the one `ApiError`, the edge's bounds, auth, OpenAPI, the SSE route, the UI | 0-3 |
-//! | 4 | [`cluster`] | the executor listener: hello, registration, frames in and out | 0-3 |
+//! | 4 | [`executor_port`] | the listener executors and workers dial: hello, registration, frames in and out | 0-3 |
 //! | 4 | [`cluster_manager`] | who launches executors (`local`, `standalone`, `kubernetes`), the supervisor that keeps the target and replaces what exits, dynamic allocation's arithmetic | 0-3 |
 //! | 4 | [`credentials`] | the object-store credentials pushed to executors, read from their file as it changes | 0-3 |
 //! | 5 | [`server`] | [`run`]: the listeners, the revive loop; where the parts are joined | all |
@@ -35,12 +35,12 @@
 //! imports the executor.
 
 pub mod admission;
-pub mod cluster;
 pub mod cluster_manager;
 pub mod config;
 pub mod credentials;
 pub mod events;
 pub mod executor_logs;
+pub mod executor_port;
 pub mod history;
 pub mod http;
 pub mod metrics;

@@ -46,7 +46,7 @@ pub async fn run(
     // Dropping `run` (its caller gone) stops the listeners too, as a stop would.
     let _stop_on_drop = stop.clone().drop_guard();
     let executor_addr = listeners.executors.local_addr()?;
-    let executor_server = tokio::spawn(crate::cluster::serve(
+    let executor_server = tokio::spawn(crate::executor_port::serve(
         listeners.executors,
         driver.clone(),
         stop.clone(),

@@ -1,6 +1,6 @@
 //! The driver's layers, kept by a test (as ArchUnit keeps a Java codebase's): every file
 //! under `driver/src` may name (`crate::...`) only modules of its own rank or below, the
-//! two rank-4 front ends (`http`, `cluster`) never name each other, and the scheduler
+//! two rank-4 front ends (`http`, `executor_port`) never name each other, and the scheduler
 //! stays pure. The ranks are the table at the top of `driver/src/lib.rs`; this test is
 //! that table's enforcement, so the two change together.
 //!
@@ -25,7 +25,7 @@ const RANKS: &[(&str, u8)] = &[
     ("watched", 1),
     ("service", 3),
     ("http", 4),
-    ("cluster", 4),
+    ("executor_port", 4),
     ("cluster_manager", 4),
     ("credentials", 4),
     ("server", 5),
@@ -135,7 +135,7 @@ fn violations(relative: &Path, source: &str) -> Vec<String> {
                  a layer may only use the layers below it"
             )),
             Some(theirs) if theirs == rank && rank == 4 => found.push(format!(
-                "{at}: `{first}` names `crate::{module}`: http and cluster never use each other"
+                "{at}: `{first}` names `crate::{module}`: http and executor_port never use each other"
             )),
             Some(theirs) if theirs == rank => found.push(format!(
                 "{at}: `{first}` names `crate::{module}` of its own rank {rank}: modules of one \
@@ -231,7 +231,10 @@ fn the_checker_catches_an_upward_import_in_each_form() {
         assert_eq!(violations(store, source).len(), 1, "{source}");
     }
     let http = Path::new("http/jobs.rs");
-    assert_eq!(violations(http, "use crate::cluster::serve;\n").len(), 1);
+    assert_eq!(
+        violations(http, "use crate::executor_port::serve;\n").len(),
+        1
+    );
     assert!(
         violations(
             http,

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::codec::{FrameCodec, write_batched};
+use flint_protocol::handshake::{HelloError, greet};
 use flint_protocol::messages::ExecutorConfig;
-use flint_protocol::{
-    DriverMessage, ExecutorId, ExecutorMessage, Hello, HelloReply, JobTemplate, TaskDescription,
-};
+use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage, JobTemplate, TaskDescription};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -371,24 +370,12 @@ async fn connect(options: &ExecutorOptions, timeout: Duration) -> Result<Connect
         }
     };
     let _ = stream.set_nodelay(true);
-    let mut hello = Framed::new(stream, FrameCodec::<HelloReply, Hello>::default());
-    let lost = |e: String| ExitReason::DriverUnreachable(format!("hello: {e}"));
-    hello
-        .send(Hello::new(options.cluster_secret.clone()))
+    greet(stream, options.cluster_secret.clone())
         .await
-        .map_err(|e| lost(e.to_string()))?;
-    match hello.next().await {
-        Some(Ok(HelloReply {
-            accepted: Ok(()), ..
-        })) => {}
-        Some(Ok(HelloReply {
-            accepted: Err(reason),
-            ..
-        })) => return Err(ExitReason::RegistrationRefused(reason)),
-        Some(Err(e)) => return Err(lost(e.to_string())),
-        None => return Err(lost("driver closed the connection".into())),
-    }
-    Ok(hello.map_codec(|c| c.retype()))
+        .map_err(|e| match e {
+            HelloError::Refused(reason) => ExitReason::RegistrationRefused(reason),
+            broken @ HelloError::Broken(_) => ExitReason::DriverUnreachable(broken.to_string()),
+        })
 }
 
 async fn register(

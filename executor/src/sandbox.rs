@@ -16,6 +16,7 @@
 //! [`config`] holds the engine's configuration (shared with the compiler
 //! subprocess), [`stop`] how an attempt is killed or cut off at its deadline.
 
+mod attempt;
 mod config;
 mod determinism;
 mod engines;
@@ -29,32 +30,27 @@ mod store;
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flint_protocol::{FailureKind, TaskFailure, TaskResult, Usage};
 use wasmtime::component::{Component, ResourceTable};
-use wasmtime::{Engine, InstancePre, Linker, Module, Precompiled, StoreLimitsBuilder};
+use wasmtime::{Engine, InstancePre, Linker, Module, Precompiled};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
-use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use self::config::{
     EPOCH_TICK, EngineKind, MAX_WASM_STACK, SandboxConfig, TASK_THREAD_STACK, engine, engine_for,
     precompile,
 };
-use self::config::{INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
 use self::determinism::VirtualClock;
 pub use self::determinism::{EPOCH, fixed_times};
 use self::engines::Linked;
 use self::files::FixedFiles;
 use self::link::{link_component, link_module};
-use self::spent::Spent;
-use self::stop::{Ended, bounded, on_task_runtime};
 pub use self::stop::{Kill, helper_cpu_us, thread_cpu_us};
-use crate::outcome::{TaskLimiter, classify, run_limits_text};
-use crate::pipes::{CappedPipe, Overflow};
-use crate::results::{ResultPipe, ResultTarget};
+use crate::outcome::TaskLimiter;
+use crate::results::ResultTarget;
 
 /// Random bytes one `random_get` / `get-random-bytes` call may ask for.
 pub const MAX_RANDOM_BYTES: u64 = 4 << 20;
@@ -274,201 +270,6 @@ impl Sandbox {
                 FailureKind::HostError,
                 "not a compiled artifact of this wasmtime",
             )),
-        }
-    }
-
-    /// Runs one attempt to its end. Blocks the calling thread, which must have a stack of
-    /// at least [`TASK_THREAD_STACK`].
-    pub fn run(&self, compiled: &Compiled, run: TaskRun<'_>) -> RunReport {
-        let engine = match self.linked(EngineKind::of(run.seed.is_some())) {
-            Ok(linked) if Engine::same(&linked.engine, compiled.engine()) => &linked.engine,
-            Ok(_) => {
-                return RunReport::refused(TaskFailure::new(
-                    FailureKind::HostError,
-                    "the module was compiled for the other engine (deterministic tasks have their own)",
-                ));
-            }
-            Err(failure) => return RunReport::refused(failure),
-        };
-        if run.fuel.is_some() && !self.config.fuel {
-            // The driver places budgeted tasks only on metering executors; should one
-            // arrive here anyway, another executor can run it.
-            return RunReport::refused(TaskFailure::new(
-                FailureKind::HostError,
-                "the task has a fuel budget but this executor does not meter fuel (--fuel)",
-            ));
-        }
-        let deadline = Instant::now() + run.timeout;
-        let stopped: crate::results::Stopped = {
-            let kill = run.kill.clone();
-            Arc::new(move || kill.is_killed() || Instant::now() >= deadline)
-        };
-        let stdout = ResultPipe::new(run.max_output_bytes, run.result_target, stopped);
-        let stderr = CappedPipe::new(run.max_log_bytes, Overflow::Truncate);
-        let clock = run.seed.map(|_| VirtualClock::default());
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.stdin(MemoryInputPipe::new(run.stdin))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .args(run.args);
-        determinism::environ(&mut wasi, run.env, &run.task, clock.is_some());
-        if let (Some(seed), Some(clock)) = (run.seed, &clock) {
-            determinism::apply(&mut wasi, seed, clock);
-        }
-        let sync_module = matches!(compiled, Compiled::Module(_))
-            || (clock.is_some() && matches!(compiled, Compiled::WaitingModule(_)));
-        wasi
-            // One `random_get` is a host call no deadline can cut short: a small cap
-            // keeps each one to milliseconds (past it the call traps).
-            .max_random_size(MAX_RANDOM_BYTES)
-            // Off where a guest can wait: with it on, wasmtime-wasi sleeps a lone
-            // relative clock subscription of `poll_oneoff` in `std::thread::sleep`, where
-            // no deadline or kill can reach it (a guest slept 2^64-1 ns past its kill).
-            // File reads then go to the runtime's blocking pool, and a stopped attempt
-            // leaves them behind. A module without `poll_oneoff` reads its files inline.
-            .allow_blocking_current_thread(sync_module);
-        if let Some(dir) = run.files_dir
-            && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
-        {
-            return RunReport::refused(TaskFailure::new(
-                FailureKind::HostError,
-                format!("mounting the job's files from {}: {e:#}", dir.display()),
-            ));
-        }
-        let memory_bytes = run.memory_bytes.min(self.config.max_memory_bytes);
-        let limits = TaskLimiter {
-            inner: StoreLimitsBuilder::new()
-                .memory_size(memory_bytes)
-                .instances(INSTANCES_PER_TASK as usize)
-                .memories(MEMORIES_PER_TASK as usize)
-                .tables(TABLES_PER_TASK as usize)
-                .table_elements(TABLE_ELEMENTS)
-                .trap_on_grow_failure(true)
-                .build(),
-            memory_bytes,
-            memory_used: 0,
-            memory_peak: 0,
-            memory_limit_hit: false,
-        };
-        let kill = &run.kill;
-        let metered = self.config.fuel;
-        let began = Instant::now();
-        let (ended, spent) = match compiled {
-            // Not inside the task runtime: the sync WASI calls enter one of their own.
-            Compiled::Module(pre) => {
-                let ctx = ModuleCtx {
-                    wasi: wasi.build_p1(),
-                    limits,
-                    clock,
-                    files: FixedFiles::default(),
-                };
-                self.run_module(pre, ctx, deadline, kill, run.fuel)
-            }
-            Compiled::WaitingModule(pre) => {
-                let ctx = ModuleCtx {
-                    wasi: wasi.build_p1(),
-                    limits,
-                    clock,
-                    files: FixedFiles::default(),
-                };
-                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
-                let call = async {
-                    let instance = pre.instantiate_async(&mut store).await?;
-                    let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
-                    start.call_async(&mut store, ()).await
-                };
-                let ended = on_task_runtime(bounded(call, deadline, kill));
-                (ended, Spent::of(&mut store, metered))
-            }
-            Compiled::Component(pre) => {
-                let ctx = ComponentCtx {
-                    wasi: wasi.build(),
-                    table: ResourceTable::new(),
-                    limits,
-                    files: FixedFiles::default(),
-                };
-                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
-                let call = async {
-                    let command = pre.instantiate_async(&mut store).await?;
-                    // `run` returning its error variant is how a component's main fails.
-                    command
-                        .wasi_cli_run()
-                        .call_run(&mut store)
-                        .await?
-                        .map_err(|()| wasmtime_wasi::I32Exit(1).into())
-                };
-                let ended = on_task_runtime(bounded(call, deadline, kill));
-                (ended, Spent::of(&mut store, metered))
-            }
-        };
-        let wall = began.elapsed();
-        let limits_text =
-            || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
-        let result = match ended {
-            Ended::Returned(result) => Ok(result),
-            Ended::Killed => Err(TaskFailure::new(FailureKind::Killed, "killed")),
-            Ended::Deadline => Err(TaskFailure::new(
-                FailureKind::Timeout,
-                format!(
-                    "ran past its {} time limit (blocked in a host call)",
-                    limits_text().timeout()
-                ),
-            )),
-        };
-        let outcome = match result {
-            Err(failure) => Err(failure),
-            Ok(Ok(())) => Ok(()),
-            // Stopped inside a write that waited on the block store.
-            Ok(Err(_)) if stdout.was_stopped() => Err(match run.kill.is_killed() {
-                true => TaskFailure::new(FailureKind::Killed, "killed"),
-                false => TaskFailure::new(
-                    FailureKind::Timeout,
-                    format!(
-                        "ran past its {} time limit (writing its result)",
-                        limits_text().timeout()
-                    ),
-                ),
-            }),
-            Ok(Err(_)) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
-                FailureKind::HostError,
-                format!("storing the result: {why}"),
-            )),
-            Ok(Err(e)) => classify(
-                e,
-                spent.memory_limit_hit,
-                stdout.overflowed(),
-                run.kill.is_killed(),
-                &limits_text(),
-            ),
-        };
-        let (mut log, log_truncated) = stderr.into_contents();
-        if log_truncated {
-            // Whoever reads the log must see that it is not the whole story.
-            log.extend_from_slice(
-                format!("\n[flint: log truncated at {} bytes]\n", run.max_log_bytes).as_bytes(),
-            );
-        }
-        let output_bytes = stdout.written();
-        let outcome = match outcome {
-            Ok(()) => stdout.into_result(),
-            Err(failure) => {
-                stdout.abort();
-                Err(failure)
-            }
-        };
-        let fuel_given = run.fuel.unwrap_or(u64::MAX);
-        RunReport {
-            outcome,
-            log,
-            log_truncated,
-            usage: Usage {
-                fuel: spent.fuel.map(|left| fuel_given.saturating_sub(left)),
-                wall_us: wall.as_micros() as u64,
-                peak_memory_bytes: spent.memory_peak as u64,
-                output_bytes,
-                ..Usage::default()
-            },
-            pins: None,
         }
     }
 }

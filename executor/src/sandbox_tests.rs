@@ -3,6 +3,8 @@
 //! module rules accept. Bounds on elapsed time are loose on purpose: they tell "stopped
 //! at its deadline" from "ran its 8 s sleep to the end", not how fast the machine is.
 
+use std::time::Instant;
+
 use flint_module_rules::Limits;
 
 use super::*;

@@ -7,6 +7,7 @@
 //! - [`messages`]: the driver <-> executor messages, named after Spark's
 //!   CoarseGrainedClusterMessages, and the versioned [`Hello`] that opens a connection.
 //! - [`codec`]: length-delimited frames of postcard-encoded messages.
+//! - `handshake` (with `codec`): the hello that opens a connection, both ends of it.
 //! - [`api`]: the JSON shapes of the HTTP API (`JobSpec`, job / task / executor views).
 //! - [`records`]: what the driver's job store keeps on disk.
 //! - [`exit`]: the executor's exit codes and what an exit means (Spark's ExecutorExitCode).
@@ -19,6 +20,8 @@ pub mod api;
 pub mod codec;
 pub mod defaults;
 pub mod exit;
+#[cfg(feature = "codec")]
+pub mod handshake;
 pub mod ids;
 pub mod messages;
 pub mod records;

@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{TaskEvent, TaskState};
 use flint_protocol::records::TaskEndRecord;
-use flint_protocol::{Digest, DriverMessage, JobId, TaskId};
+use flint_protocol::{Digest, DriverMessage, ExecutorId, JobId, TaskId, TaskLaunch};
 
 use super::{Deferred, Driver, Inner, archive};
 use crate::events::JobEvent;
@@ -38,20 +38,7 @@ impl Driver {
                     executor,
                     job,
                     launch,
-                } => {
-                    // Made from the launch itself, not the state, which may be further on.
-                    let event = self.events.is_watched(&job).then(|| TaskEvent {
-                        index: launch.index,
-                        state: TaskState::Running,
-                        attempt: launch.attempt,
-                        executor: Some(executor.clone()),
-                        error: None,
-                    });
-                    inner.send(&executor, DriverMessage::LaunchTask(launch));
-                    if let Some(event) = event {
-                        self.events.publish(&job, JobEvent::Task(event));
-                    }
-                }
+                } => self.launch(&mut inner, &job, executor, launch),
                 Action::Kill {
                     executor,
                     task,
@@ -72,67 +59,9 @@ impl Driver {
                 Action::TaskRequeued { job, event } => {
                     self.events.publish(&job, JobEvent::Task(event));
                 }
-                Action::TaskEnded(task) => {
-                    self.publish_task(&inner.state, &task);
-                    let inner = &mut *inner;
-                    if let Some(job) = inner.state.jobs.get_mut(&task.job)
-                        && let count = job.tasks.len() as u32
-                        && let Some(t) = job.tasks.get_mut(task.index as usize)
-                    {
-                        self.metrics.task_ended(t);
-                        // A memoized task's end is stored with its job's record.
-                        if !durable::is_memoized(&job.def, task.index) {
-                            let end = durable::task_end_record(t);
-                            let key = memo::found(&job.def, task.index, count, t);
-                            match inner.storing.get_mut(&task.job) {
-                                Some(held) => held.push((task.index, end, key)),
-                                None => {
-                                    self.store_task_end(&task.job, task.index, end, key);
-                                }
-                            }
-                        }
-                        // Nothing runs an ended task again: its input can go.
-                        t.input = flint_protocol::TaskInput::Inline(Vec::new());
-                        t.args = Vec::new();
-                        t.env = Vec::new();
-                    }
-                }
+                Action::TaskEnded(task) => self.task_ended(&mut inner, &task),
                 Action::JobFinished(job) => {
-                    for (executor, key) in inner.state.forget_job(&job) {
-                        inner.send(&executor, DriverMessage::ForgetJob { key });
-                    }
-                    let ended = inner.state.jobs.get(&job).map(|j| {
-                        match &j.error {
-                            Some((kind, message)) => {
-                                tracing::warn!(job = %job, state = ?j.state, kind, message, "job ended")
-                            }
-                            None => tracing::info!(job = %job, state = ?j.state, "job ended"),
-                        }
-                        let summary = durable::job_summary(j);
-                        let end = durable::job_end_record(j);
-                        self.publish_end(j);
-                        (summary, end)
-                    });
-                    if let Some((summary, end)) = ended {
-                        inner.finished.add(&summary, 1);
-                        let write = match inner.storing.contains_key(&job) {
-                            // Its record is still being committed (see `submit_keyed`).
-                            true => {
-                                let deferred = Deferred {
-                                    end,
-                                    summary,
-                                    attempts: None,
-                                };
-                                inner.deferred.insert(job.clone(), deferred);
-                                u64::MAX
-                            }
-                            false => self.store.job_ended(job.clone(), end, summary),
-                        };
-                        inner.ending.insert(job.clone(), write);
-                        if let Some(j) = inner.state.retire_job(&job) {
-                            self.archive_job(&mut inner, j);
-                        }
-                    }
+                    self.job_finished(&mut inner, &job);
                     finished = true;
                 }
             }
@@ -146,6 +75,96 @@ impl Driver {
             self.jobs_finished.send_modify(|n| *n += 1);
         }
         result
+    }
+
+    fn launch(
+        &self,
+        inner: &mut Inner,
+        job: &JobId,
+        executor: ExecutorId,
+        launch: Box<TaskLaunch>,
+    ) {
+        // Made from the launch itself, not the state, which may be further on.
+        let event = self.events.is_watched(job).then(|| TaskEvent {
+            index: launch.index,
+            state: TaskState::Running,
+            attempt: launch.attempt,
+            executor: Some(executor.clone()),
+            error: None,
+        });
+        inner.send(&executor, DriverMessage::LaunchTask(launch));
+        if let Some(event) = event {
+            self.events.publish(job, JobEvent::Task(event));
+        }
+    }
+
+    /// A task's end: told to its watchers, counted, sent to the job store (or held while
+    /// its job's record commits), and its input dropped.
+    fn task_ended(&self, inner: &mut Inner, task: &TaskId) {
+        self.publish_task(&inner.state, task);
+        let Some(job) = inner.state.jobs.get_mut(&task.job) else {
+            return;
+        };
+        let count = job.tasks.len() as u32;
+        let Some(t) = job.tasks.get_mut(task.index as usize) else {
+            return;
+        };
+        self.metrics.task_ended(t);
+        // A memoized task's end is stored with its job's record.
+        if !durable::is_memoized(&job.def, task.index) {
+            let end = durable::task_end_record(t);
+            let key = memo::found(&job.def, task.index, count, t);
+            match inner.storing.get_mut(&task.job) {
+                Some(held) => held.push((task.index, end, key)),
+                None => {
+                    self.store_task_end(&task.job, task.index, end, key);
+                }
+            }
+        }
+        // Nothing runs an ended task again: its input can go.
+        t.input = flint_protocol::TaskInput::Inline(Vec::new());
+        t.args = Vec::new();
+        t.env = Vec::new();
+    }
+
+    /// A job's end: executors told to forget it, its watchers told, its end stored (or
+    /// deferred while its record commits), and the job archived once drained.
+    fn job_finished(&self, inner: &mut Inner, job: &JobId) {
+        for (executor, key) in inner.state.forget_job(job) {
+            inner.send(&executor, DriverMessage::ForgetJob { key });
+        }
+        let Some((summary, end)) = inner.state.jobs.get(job).map(|j| {
+            match &j.error {
+                Some((kind, message)) => {
+                    tracing::warn!(job = %job, state = ?j.state, kind, message, "job ended")
+                }
+                None => tracing::info!(job = %job, state = ?j.state, "job ended"),
+            }
+            let summary = durable::job_summary(j);
+            let end = durable::job_end_record(j);
+            self.publish_end(j);
+            (summary, end)
+        }) else {
+            return;
+        };
+        inner.finished.add(&summary, 1);
+        let write = match inner.storing.contains_key(job) {
+            // Its record is still being committed (see `submit_keyed`).
+            true => {
+                let deferred = Deferred {
+                    end,
+                    summary,
+                    attempts: None,
+                };
+                inner.deferred.insert(job.clone(), deferred);
+                u64::MAX
+            }
+            false => self.store.job_ended(job.clone(), end, summary),
+        };
+        inner.ending.insert(job.clone(), write);
+        if let Some(j) = inner.state.retire_job(job) {
+            self.archive_job(inner, j);
+        }
     }
 
     /// Takes a drained final job out of the state. Its tasks killed while they ran are

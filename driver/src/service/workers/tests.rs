@@ -81,20 +81,32 @@ fn placement(n: u32, cores: u32, memory_mb: u64) -> Placement {
     }
 }
 
+/// Registers `r` as the app "flint" does, with a one-second heartbeat.
+fn join(
+    workers: &Workers,
+    r: WorkerRegistration,
+    outbox: mpsc::UnboundedSender<DriverToWorker>,
+) -> Result<u64, String> {
+    workers.register(r, outbox, "flint", Duration::from_secs(1))
+}
+
+/// Worker `by` (id, generation) reports that `executor` exited with `code`.
+fn exited(workers: &Workers, by: (&str, u64), executor: &str, code: i32) {
+    let state = WorkerExecutorState::Exited(flint_protocol::exit::ProcessExit::Code(code));
+    let message = WorkerMessage::ExecutorStateChanged {
+        executor_id: ExecutorId(executor.into()),
+        state,
+    };
+    workers.message(by.0, by.1, message);
+}
+
 #[test]
 fn executors_spread_by_free_cores_and_only_where_they_fit() {
     let workers = Workers::default();
     let (notify, mut heard) = mpsc::unbounded_channel();
     let (outbox, _sent) = mpsc::unbounded_channel();
     // Without the standalone cluster manager attached, a worker is refused.
-    let refused = workers
-        .register(
-            registration("a", 2, 4096),
-            outbox.clone(),
-            "flint",
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
+    let refused = join(&workers, registration("a", 2, 4096), outbox.clone()).unwrap_err();
     assert!(
         refused.contains("--cluster-manager standalone"),
         "{refused}"
@@ -102,22 +114,8 @@ fn executors_spread_by_free_cores_and_only_where_they_fit() {
     workers.attach(notify);
     let (out_a, mut sent_a) = mpsc::unbounded_channel();
     let (out_b, mut sent_b) = mpsc::unbounded_channel();
-    let ga = workers
-        .register(
-            registration("a", 2, 4096),
-            out_a,
-            "flint",
-            Duration::from_secs(1),
-        )
-        .unwrap();
-    workers
-        .register(
-            registration("b", 3, 1024),
-            out_b,
-            "flint",
-            Duration::from_secs(1),
-        )
-        .unwrap();
+    let ga = join(&workers, registration("a", 2, 4096), out_a).unwrap();
+    join(&workers, registration("b", 3, 1024), out_b).unwrap();
     assert!(matches!(
         heard.try_recv().unwrap(),
         WorkerEvent::Registered { .. }
@@ -131,24 +129,10 @@ fn executors_spread_by_free_cores_and_only_where_they_fit() {
     assert_eq!(workers.place(&placement(5, 1, 512)), None, "nothing fits");
     assert_eq!(workers.place(&placement(5, 1, 0)).as_deref(), Some("b"));
     // An exit frees what it held; a kill goes to its worker.
-    workers.message(
-        "a",
-        ga,
-        WorkerMessage::ExecutorStateChanged {
-            executor_id: ExecutorId("exec-2".into()),
-            state: WorkerExecutorState::Exited(flint_protocol::exit::ProcessExit::Code(0)),
-        },
-    );
+    exited(&workers, ("a", ga), "exec-2", 0);
     // A report on an executor placed elsewhere (exec-1 is on b) is ignored.
     while heard.try_recv().is_ok() {}
-    workers.message(
-        "a",
-        ga,
-        WorkerMessage::ExecutorStateChanged {
-            executor_id: ExecutorId("exec-1".into()),
-            state: WorkerExecutorState::Exited(flint_protocol::exit::ProcessExit::Code(1)),
-        },
-    );
+    exited(&workers, ("a", ga), "exec-1", 1);
     assert!(
         heard.try_recv().is_err(),
         "a speaks only for its own executors"

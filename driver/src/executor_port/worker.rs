@@ -1,0 +1,65 @@
+//! A standalone worker's connection, after its `RegisterWorker`: its messages go to the
+//! worker registry, the registry's orders (launch, kill, shutdown) come back out. A
+//! closed connection is a lost worker, and its executors with it.
+
+use std::sync::Arc;
+
+use flint_protocol::codec::{FrameCodec, write_batched};
+use flint_protocol::messages::{DriverToWorker, WorkerMessage, WorkerRegistration};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+
+use super::{Connection, Ended};
+use crate::service::Driver;
+
+pub(super) async fn serve(
+    conn: Connection,
+    driver: Arc<Driver>,
+    registration: WorkerRegistration,
+    stop: CancellationToken,
+) -> Ended {
+    let mut conn: Framed<TcpStream, FrameCodec<WorkerMessage, DriverToWorker>> =
+        conn.map_codec(|c| c.retype());
+    let id = registration.worker_id.clone();
+    let (outbox, mut orders) = tokio::sync::mpsc::unbounded_channel();
+    let generation = match driver.workers.register(
+        registration,
+        outbox,
+        &driver.config.app_id,
+        driver.config.heartbeat_interval,
+    ) {
+        Ok(generation) => generation,
+        Err(reason) => {
+            tracing::warn!(worker = %id, reason, "worker registration refused");
+            let _ = conn
+                .send(DriverToWorker::RegisterWorkerFailed {
+                    reason: reason.clone(),
+                })
+                .await;
+            return Ended::Refused(reason);
+        }
+    };
+    tracing::info!(worker = %id, generation, "worker registered");
+    let (sink, mut frames) = conn.split();
+    let mut writer = tokio::spawn(async move { write_batched(sink, &mut orders).await });
+    let reason = loop {
+        tokio::select! {
+            frame = frames.next() => match frame {
+                Some(Ok(message)) => driver.workers.message(&id, generation, message),
+                Some(Err(e)) => break format!("reading: {e}"),
+                None => break "connection closed".to_owned(),
+            },
+            _ = &mut writer => break "outbox closed".to_owned(),
+            () = stop.cancelled() => {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
+                break "driver stopped".to_owned();
+            }
+        }
+    };
+    writer.abort();
+    tracing::warn!(worker = %id, generation, reason, "worker lost");
+    driver.workers.lost(&id, generation, &reason);
+    Ended::Lost(reason)
+}

@@ -1,0 +1,320 @@
+//! One attempt, start to end, as its phases: the engine it may run on, the guest's
+//! world (WASI context, limits), the call bounded by deadline and kill, the one outcome
+//! it is classified into, and the report.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flint_protocol::{FailureKind, TaskFailure, Usage};
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, StoreLimitsBuilder};
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+use super::config::{INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
+use super::determinism::{self, VirtualClock};
+use super::files::FixedFiles;
+use super::spent::Spent;
+use super::stop::{Ended, bounded, on_task_runtime};
+use super::{
+    Compiled, ComponentCtx, EngineKind, MAX_RANDOM_BYTES, ModuleCtx, RunReport, Sandbox, TaskRun,
+};
+use crate::outcome::{RunLimitsText, TaskLimiter, classify, run_limits_text};
+use crate::pipes::{CappedPipe, Overflow};
+use crate::results::{ResultPipe, ResultTarget, Stopped};
+
+/// What the guest's world is made of before its store exists.
+struct World {
+    wasi: WasiCtxBuilder,
+    limits: TaskLimiter,
+    clock: Option<VirtualClock>,
+    deadline: Instant,
+}
+
+/// Where the guest's output goes.
+struct Pipes {
+    stdout: ResultPipe,
+    stderr: CappedPipe,
+}
+
+impl Sandbox {
+    /// Runs one attempt to its end. Blocks the calling thread, which must have a stack of
+    /// at least [`super::TASK_THREAD_STACK`].
+    pub fn run(&self, compiled: &Compiled, mut run: TaskRun<'_>) -> RunReport {
+        let engine = match self.engine_to_run(compiled, &run) {
+            Ok(engine) => engine,
+            Err(failure) => return RunReport::refused(failure),
+        };
+        let deadline = Instant::now() + run.timeout;
+        // Moved out, not copied: an input may be megabytes.
+        let stdin = std::mem::take(&mut run.stdin);
+        let target = run.result_target.take();
+        let pipes = Pipes::for_attempt(&run, target, deadline);
+        let memory_bytes = run.memory_bytes.min(self.config.max_memory_bytes);
+        let world = match world(compiled, &run, stdin, &pipes, memory_bytes, deadline) {
+            Ok(world) => world,
+            Err(failure) => return RunReport::refused(failure),
+        };
+        let began = Instant::now();
+        let (ended, spent) = self.call(engine, compiled, world, &run);
+        let wall = began.elapsed();
+        // Only a failure needs the limits as text: a success does not format them.
+        let limits_text =
+            || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
+        let outcome = outcome(ended, &spent, &pipes.stdout, &run, limits_text);
+        report(outcome, &spent, wall, pipes, &run)
+    }
+
+    /// The engine `compiled` belongs to, if this attempt may run on it here.
+    fn engine_to_run(
+        &self,
+        compiled: &Compiled,
+        run: &TaskRun<'_>,
+    ) -> Result<&Engine, TaskFailure> {
+        let linked = self.linked(EngineKind::of(run.seed.is_some()))?;
+        if !Engine::same(&linked.engine, compiled.engine()) {
+            return Err(TaskFailure::new(
+                FailureKind::HostError,
+                "the module was compiled for the other engine (deterministic tasks have their own)",
+            ));
+        }
+        if run.fuel.is_some() && !self.config.fuel {
+            // The driver places budgeted tasks only on metering executors; should one
+            // arrive here anyway, another executor can run it.
+            return Err(TaskFailure::new(
+                FailureKind::HostError,
+                "the task has a fuel budget but this executor does not meter fuel (--fuel)",
+            ));
+        }
+        Ok(&linked.engine)
+    }
+
+    /// Instantiates and runs the guest in a fresh store, bounded by its deadline and kill.
+    fn call(
+        &self,
+        engine: &Engine,
+        compiled: &Compiled,
+        world: World,
+        run: &TaskRun<'_>,
+    ) -> (Ended, Spent) {
+        let World {
+            mut wasi,
+            limits,
+            clock,
+            deadline,
+        } = world;
+        let (kill, metered) = (&run.kill, self.config.fuel);
+        match compiled {
+            // Not inside the task runtime: the sync WASI calls enter one of their own.
+            Compiled::Module(pre) => {
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                    clock,
+                    files: FixedFiles::default(),
+                };
+                self.run_module(pre, ctx, deadline, kill, run.fuel)
+            }
+            Compiled::WaitingModule(pre) => {
+                let ctx = ModuleCtx {
+                    wasi: wasi.build_p1(),
+                    limits,
+                    clock,
+                    files: FixedFiles::default(),
+                };
+                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
+                let call = async {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+                    start.call_async(&mut store, ()).await
+                };
+                let ended = on_task_runtime(bounded(call, deadline, kill));
+                (ended, Spent::of(&mut store, metered))
+            }
+            Compiled::Component(pre) => {
+                let ctx = ComponentCtx {
+                    wasi: wasi.build(),
+                    table: ResourceTable::new(),
+                    limits,
+                    files: FixedFiles::default(),
+                };
+                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
+                let call = async {
+                    let command = pre.instantiate_async(&mut store).await?;
+                    // `run` returning its error variant is how a component's main fails.
+                    command
+                        .wasi_cli_run()
+                        .call_run(&mut store)
+                        .await?
+                        .map_err(|()| wasmtime_wasi::I32Exit(1).into())
+                };
+                let ended = on_task_runtime(bounded(call, deadline, kill));
+                (ended, Spent::of(&mut store, metered))
+            }
+        }
+    }
+}
+
+impl Pipes {
+    fn for_attempt(run: &TaskRun<'_>, target: Option<ResultTarget>, deadline: Instant) -> Self {
+        let stopped: Stopped = {
+            let kill = run.kill.clone();
+            Arc::new(move || kill.is_killed() || Instant::now() >= deadline)
+        };
+        Pipes {
+            stdout: ResultPipe::new(run.max_output_bytes, target, stopped),
+            stderr: CappedPipe::new(run.max_log_bytes, Overflow::Truncate),
+        }
+    }
+}
+
+/// The guest's WASI context and store limits.
+fn world(
+    compiled: &Compiled,
+    run: &TaskRun<'_>,
+    stdin: Vec<u8>,
+    pipes: &Pipes,
+    memory_bytes: usize,
+    deadline: Instant,
+) -> Result<World, TaskFailure> {
+    let clock = run.seed.map(|_| VirtualClock::default());
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdin(MemoryInputPipe::new(stdin))
+        .stdout(pipes.stdout.clone())
+        .stderr(pipes.stderr.clone())
+        .args(run.args);
+    determinism::environ(&mut wasi, run.env, &run.task, clock.is_some());
+    if let (Some(seed), Some(clock)) = (run.seed, &clock) {
+        determinism::apply(&mut wasi, seed, clock);
+    }
+    let sync_module = matches!(compiled, Compiled::Module(_))
+        || (clock.is_some() && matches!(compiled, Compiled::WaitingModule(_)));
+    wasi
+        // One `random_get` is a host call no deadline can cut short: a small cap
+        // keeps each one to milliseconds (past it the call traps).
+        .max_random_size(MAX_RANDOM_BYTES)
+        // Off where a guest can wait: with it on, wasmtime-wasi sleeps a lone
+        // relative clock subscription of `poll_oneoff` in `std::thread::sleep`, where
+        // no deadline or kill can reach it (a guest slept 2^64-1 ns past its kill).
+        // File reads then go to the runtime's blocking pool, and a stopped attempt
+        // leaves them behind. A module without `poll_oneoff` reads its files inline.
+        .allow_blocking_current_thread(sync_module);
+    if let Some(dir) = run.files_dir
+        && let Err(e) = wasi.preopened_dir(dir, "/files", FsPerms::ReadOnly)
+    {
+        return Err(TaskFailure::new(
+            FailureKind::HostError,
+            format!("mounting the job's files from {}: {e:#}", dir.display()),
+        ));
+    }
+    Ok(World {
+        wasi,
+        limits: limiter(memory_bytes),
+        clock,
+        deadline,
+    })
+}
+
+fn limiter(memory_bytes: usize) -> TaskLimiter {
+    TaskLimiter {
+        inner: StoreLimitsBuilder::new()
+            .memory_size(memory_bytes)
+            .instances(INSTANCES_PER_TASK as usize)
+            .memories(MEMORIES_PER_TASK as usize)
+            .tables(TABLES_PER_TASK as usize)
+            .table_elements(TABLE_ELEMENTS)
+            .trap_on_grow_failure(true)
+            .build(),
+        memory_bytes,
+        memory_used: 0,
+        memory_peak: 0,
+        memory_limit_hit: false,
+    }
+}
+
+/// The one outcome the attempt is classified into.
+fn outcome(
+    ended: Ended,
+    spent: &Spent,
+    stdout: &ResultPipe,
+    run: &TaskRun<'_>,
+    limits_text: impl Fn() -> RunLimitsText,
+) -> Result<(), TaskFailure> {
+    let result = match ended {
+        Ended::Returned(result) => result,
+        Ended::Killed => return Err(TaskFailure::new(FailureKind::Killed, "killed")),
+        Ended::Deadline => {
+            return Err(TaskFailure::new(
+                FailureKind::Timeout,
+                format!(
+                    "ran past its {} time limit (blocked in a host call)",
+                    limits_text().timeout()
+                ),
+            ));
+        }
+    };
+    match result {
+        Ok(()) => Ok(()),
+        // Stopped inside a write that waited on the block store.
+        Err(_) if stdout.was_stopped() => Err(match run.kill.is_killed() {
+            true => TaskFailure::new(FailureKind::Killed, "killed"),
+            false => TaskFailure::new(
+                FailureKind::Timeout,
+                format!(
+                    "ran past its {} time limit (writing its result)",
+                    limits_text().timeout()
+                ),
+            ),
+        }),
+        Err(_) if let Some(why) = stdout.store_failure() => Err(TaskFailure::new(
+            FailureKind::HostError,
+            format!("storing the result: {why}"),
+        )),
+        Err(e) => classify(
+            e,
+            spent.memory_limit_hit,
+            stdout.overflowed(),
+            run.kill.is_killed(),
+            &limits_text(),
+        ),
+    }
+}
+
+fn report(
+    outcome: Result<(), TaskFailure>,
+    spent: &Spent,
+    wall: Duration,
+    pipes: Pipes,
+    run: &TaskRun<'_>,
+) -> RunReport {
+    let Pipes { stdout, stderr } = pipes;
+    let (mut log, log_truncated) = stderr.into_contents();
+    if log_truncated {
+        // Whoever reads the log must see that it is not the whole story.
+        log.extend_from_slice(
+            format!("\n[flint: log truncated at {} bytes]\n", run.max_log_bytes).as_bytes(),
+        );
+    }
+    let output_bytes = stdout.written();
+    let outcome = match outcome {
+        Ok(()) => stdout.into_result(),
+        Err(failure) => {
+            stdout.abort();
+            Err(failure)
+        }
+    };
+    let fuel_given = run.fuel.unwrap_or(u64::MAX);
+    RunReport {
+        outcome,
+        log,
+        log_truncated,
+        usage: Usage {
+            fuel: spent.fuel.map(|left| fuel_given.saturating_sub(left)),
+            wall_us: wall.as_micros() as u64,
+            peak_memory_bytes: spent.memory_peak as u64,
+            output_bytes,
+            ..Usage::default()
+        },
+        pins: None,
+    }
+}
