@@ -19,7 +19,7 @@ use crate::scheduler::{ClusterState, Task};
 use crate::store::Totals;
 use crate::store::usage::DataDirUsage;
 
-mod tenants;
+mod per_tenant;
 mod usage;
 
 /// Upper bounds of the task duration buckets, in seconds.
@@ -309,7 +309,7 @@ pub fn render_state(
         );
     }
     usage::render(&mut out, state);
-    tenants::render(&mut out, state);
+    per_tenant::render(&mut out, state);
     out
 }
 

@@ -11,7 +11,7 @@
 mod counters;
 mod modules;
 mod prepare;
-mod status;
+mod reporting;
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -30,7 +30,7 @@ use tokio::sync::{OnceCell, mpsc};
 use self::counters::{AttemptCpu, thread_schedstat};
 use self::modules::ModuleCache;
 use self::prepare::{JobFiles, trust};
-use self::status::{Held, flush_held, now_us};
+use self::reporting::{Held, flush_held, now_us};
 use crate::compiler::ModuleCompiler;
 use crate::results::{BlockWriter, ResultTarget};
 use crate::sandbox::{Compiled, EngineKind, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};

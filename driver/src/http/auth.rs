@@ -125,7 +125,7 @@ pub async fn require(State(guard): State<Guard>, mut request: Request, next: Nex
             Err(e) => return e.into_response(),
         };
     if let Err(e) =
-        super::tenancy::gate(&guard.driver, &caller, request.method(), request.uri()).await
+        super::access::gate(&guard.driver, &caller, request.method(), request.uri()).await
     {
         return e.into_response();
     }

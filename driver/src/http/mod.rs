@@ -16,6 +16,7 @@ use utoipa_axum::routes;
 
 use crate::service::Driver;
 
+mod access;
 pub mod auth;
 mod blobs;
 pub mod edge;
@@ -23,10 +24,9 @@ pub mod error;
 mod events;
 mod jobs;
 pub mod openapi;
+mod operators;
 mod replay;
 mod results;
-mod status;
-mod tenancy;
 pub mod ui;
 
 pub use error::ApiError;
@@ -38,8 +38,8 @@ use edge::RequestLimit;
 /// `/v1/openapi.json`), and the edge in front of them: concurrency limit, then auth.
 pub fn router(driver: Arc<Driver>) -> Router {
     let (routes, openapi) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(status::healthz))
-        .routes(routes!(status::get_metrics))
+        .routes(routes!(operators::healthz))
+        .routes(routes!(operators::get_metrics))
         .routes(routes!(blobs::put_module))
         .routes(routes!(blobs::get_module))
         .routes(routes!(blobs::put_file))
@@ -54,14 +54,14 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(results::get_results))
         .routes(routes!(jobs::get_timeline))
         .routes(routes!(replay::get_replay))
-        .routes(routes!(status::cluster_history))
-        .routes(routes!(status::list_executors))
-        .routes(routes!(status::list_workers))
-        .routes(routes!(status::kill_executor))
-        .routes(routes!(status::decommission_executor))
-        .routes(routes!(status::kill_worker_executors))
-        .routes(routes!(status::get_executor_log))
-        .routes(routes!(tenancy::tenant_usage))
+        .routes(routes!(operators::cluster_history))
+        .routes(routes!(operators::list_executors))
+        .routes(routes!(operators::list_workers))
+        .routes(routes!(operators::kill_executor))
+        .routes(routes!(operators::decommission_executor))
+        .routes(routes!(operators::kill_worker_executors))
+        .routes(routes!(operators::get_executor_log))
+        .routes(routes!(access::tenant_usage))
         .split_for_parts();
     let openapi = openapi::finish(openapi);
     let guard = auth::Guard {

@@ -11,8 +11,8 @@ use flint_protocol::api::{InputSpec, ResultRef, ResultsRef, TaskState};
 use flint_protocol::{BlockRef, Digest, FetchRef, InputPart, JobId, TaskInput, TaskResult};
 use serde_json::json;
 
+use super::access::gate;
 use super::error::{ApiError, ApiResult};
-use super::tenancy::gate;
 use crate::admission::inputs::InputBudget;
 use crate::admission::{Catalog, Ceiling, STORAGE, accept, decode_input, parse_job_spec};
 use crate::scheduler::{NewJob, set_state};
