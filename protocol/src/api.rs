@@ -1,10 +1,13 @@
-//! JSON shapes of the driver's HTTP API (see API.md). Fields may be added, not renamed.
+//! JSON shapes of the driver's HTTP API (the README's "HTTP API" is their reference).
+//! Fields may be added, not renamed.
 //!
 //! [`spec`] holds what clients submit, [`jobs`] what the driver says about jobs and tasks,
 //! [`cluster`] what it says about executors and workers, [`replay`] what one attempt ran
-//! with; this file the shapes every endpoint shares (errors, lists, uploads).
+//! with, [`error`] what a failed request answers (its kinds and their statuses); this
+//! file the shapes every endpoint shares (lists, uploads, a failure's kind and message).
 
 mod cluster;
+mod error;
 mod jobs;
 mod replay;
 mod spec;
@@ -19,6 +22,7 @@ pub use cluster::{
     AllocationView, ClusterHistory, ClusterSample, ExecutorList, ExecutorState, ExecutorView,
     WorkerView,
 };
+pub use error::{CodedError, ErrorCode, ErrorResponse, RequestError};
 pub use jobs::{
     AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo, TaskAttemptView,
     TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,
@@ -29,18 +33,14 @@ pub use spec::{
     ResultsRef, RetrySpec, TaskSpec, UrlFileSpec,
 };
 
+/// Why a job or a task failed: a kind callers can branch on (a task's failure kind,
+/// `task_failed`, `executor_lost`, ...; not an [`ErrorCode`], which is a request's) and a
+/// message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub kind: String,
     pub message: String,
-}
-
-/// Every error response: `{"error": {"kind": ..., "message": ...}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ErrorResponse {
-    pub error: ErrorBody,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! limits (`MAX_TASK_INPUT_BYTES`, `MAX_INPUT_PARTS_PER_JOB`, the inline budget) are
 //! checked here, before anything runs.
 
-use flint_protocol::api::{ResultsRef, TaskState};
+use flint_protocol::api::{ErrorCode, ResultsRef, TaskState};
 use flint_protocol::{Digest, FetchRef, InputPart, TaskInput, TaskResult, defaults};
 
 use super::{Catalog, Rejection};
@@ -33,13 +33,13 @@ pub(crate) fn results_input(
     let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
     if count == 0 {
         return Err(Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
         ));
     }
     if count > budget.parts_left {
         return Err(Rejection::new(
-            "too_many_input_parts",
+            ErrorCode::TooManyInputParts,
             format!(
                 "{at}: the job's `results` inputs name more than {} results together \
                  (MAX_INPUT_PARTS_PER_JOB); reduce in stages",
@@ -60,7 +60,7 @@ pub(crate) fn results_input(
         total += result.len();
         if total > defaults::MAX_TASK_INPUT_BYTES {
             return Err(Rejection::new(
-                "input_too_large",
+                ErrorCode::InputTooLarge,
                 format!(
                     "{at}: the results of {} come to more than {} bytes by task {index}, the \
                      limit of one task's input (MAX_TASK_INPUT_BYTES); split the reduce \
@@ -106,14 +106,14 @@ pub(crate) fn ready_result<'j>(
     let id = &job.def.id;
     let task = job.tasks.get(index as usize).ok_or_else(|| {
         Rejection::new(
-            "unknown_result",
+            ErrorCode::UnknownResult,
             format!("{at}: job {id} has no task {index}"),
         )
     })?;
     match (&task.result, task.state) {
         (Some(result), TaskState::Succeeded) => Ok(result),
         (_, state @ (TaskState::Pending | TaskState::Running)) => Err(Rejection::new(
-            "result_not_ready",
+            ErrorCode::ResultNotReady,
             format!(
                 "{at}: task {index} of {id} is {} and has no result yet; submit this job once \
                  that one has succeeded",
@@ -121,7 +121,7 @@ pub(crate) fn ready_result<'j>(
             ),
         )),
         (_, state) => Err(Rejection::new(
-            "no_result",
+            ErrorCode::NoResult,
             format!(
                 "{at}: task {index} of {id} is {} and has no result (job {id} is {})",
                 state.as_str(),

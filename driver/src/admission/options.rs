@@ -2,11 +2,11 @@
 //! seed, and `"retry"` (how a task that ran out of memory or time is given more on its
 //! next attempt).
 
-use flint_protocol::api::{Accounting, EscalateSpec, Factor, JobSpec, RetrySpec};
+use flint_protocol::api::{Accounting, ErrorCode, EscalateSpec, Factor, JobSpec, RetrySpec};
 use flint_protocol::records::{Escalation, JobOptions};
 use flint_protocol::{Determinism, Resources};
 
-use super::{Ceiling, QUOTA_EXCEEDED, Rejection};
+use super::{Ceiling, Rejection};
 use crate::scheduler::escalation;
 
 /// What a spec asks for beyond its resources (already checked: `resources`): its
@@ -21,21 +21,21 @@ pub(super) fn of(
         (true, Some(seed)) => Some(Determinism { seed }),
         (true, None) => {
             return Err(Rejection::new(
-                "invalid_spec",
+                ErrorCode::InvalidSpec,
                 "a deterministic job's seed is given or derived before its options",
             ));
         }
         (false, None) => None,
         (false, Some(_)) => {
             return Err(Rejection::new(
-                "invalid_spec",
+                ErrorCode::InvalidSpec,
                 "seed is for a deterministic job: give \"deterministic\": true too",
             ));
         }
     };
     if memoize && determinism.is_none() {
         return Err(Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             "memoize is for deterministic jobs: give \"deterministic\": true too (a result is \
              reused only where the same inputs are sure to make the same bytes)",
         ));
@@ -65,7 +65,7 @@ pub(super) fn escalation(
     resources: &Resources,
     ceiling: &Ceiling,
 ) -> Result<Escalation, Rejection> {
-    let invalid = |m: String| Rejection::new("invalid_spec", m);
+    let invalid = |m: String| Rejection::new(ErrorCode::InvalidSpec, m);
     if spec.memory.is_none() && spec.timeout.is_none() {
         return Err(invalid(
             "retry.escalate needs a factor for `memory`, `timeout` or both".into(),
@@ -112,7 +112,7 @@ pub(super) fn escalation(
     }
     let over_tenant = |field: &str, limit: &str, max: u64, cap: u64| {
         Rejection::new(
-            QUOTA_EXCEEDED,
+            ErrorCode::QuotaExceeded,
             format!(
                 "tenant {:?}: {limit} is {max}; retry.escalate.{field} asks for up to {cap}",
                 ceiling.tenant.as_deref().unwrap_or_default()

@@ -3,7 +3,7 @@
 //! timestamp checked for shape here and everything else left to the executors' URL
 //! policy, where the fetch happens.
 
-use flint_protocol::api::{FileSpec, JobSpec};
+use flint_protocol::api::{ErrorCode, FileSpec, JobSpec};
 use flint_protocol::{Digest, FileRef, ModuleRef};
 
 use super::{Catalog, Rejection};
@@ -17,14 +17,14 @@ pub(super) fn module_ref(catalog: &impl Catalog, spec: &JobSpec) -> Result<Modul
     if module.starts_with("sha256:") {
         if spec.module_sha256.is_some() || spec.module_timestamp_ms.is_some() {
             return Err(Rejection::new(
-                "invalid_spec",
+                ErrorCode::InvalidSpec,
                 "module_sha256 and module_timestamp_ms are for a module by URL; an uploaded module's id is already its digest",
             ));
         }
         let digest = parse_module_id(module)?;
         let info = catalog.module(&digest).ok_or_else(|| {
             Rejection::new(
-                "unknown_module",
+                ErrorCode::UnknownModule,
                 format!("no module {digest} has been uploaded; PUT it to /v1/modules first"),
             )
         })?;
@@ -40,7 +40,7 @@ pub(super) fn module_ref(catalog: &impl Catalog, spec: &JobSpec) -> Result<Modul
         .any(|scheme| module.starts_with(scheme))
     {
         return Err(Rejection::new(
-            "invalid_module_id",
+            ErrorCode::InvalidModuleId,
             format!(
                 "module `{module}` is neither an uploaded module's id (`sha256:<hex>`) nor a URL (http://, https://, s3://, file://)"
             ),
@@ -74,13 +74,13 @@ pub(super) fn file_ref(
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if !safe {
         return Err(Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             format!(
                 "files: `{name}` is not a file name: use 1-128 of A-Z a-z 0-9 . _ - (not `.` or `..`)"
             ),
         ));
     }
-    // A plain string is an uploaded file's id, or a URL written as API.md's sketch
+    // A plain string is an uploaded file's id, or a URL written as the API's first sketch
     // writes it: the same as `{"url": ...}` with no digest or timestamp.
     let (url, sha256, timestamp_ms) = match spec {
         FileSpec::Id(id) if !is_url(id) => return uploaded_file(catalog, name, id),
@@ -110,13 +110,13 @@ fn is_url(s: &str) -> bool {
 fn uploaded_file(catalog: &impl Catalog, name: &str, id: &str) -> Result<FileRef, Rejection> {
     let digest = id.parse::<Digest>().map_err(|_| {
         Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             format!("files.{name}: `{id}` is not a file id; upload the file with PUT /v1/files and use the `sha256:` id it returns"),
         )
     })?;
     let info = catalog.file(&digest).ok_or_else(|| {
         Rejection::new(
-            "unknown_file",
+            ErrorCode::UnknownFile,
             format!("files.{name}: no file {digest} has been uploaded; PUT it to /v1/files first"),
         )
     })?;
@@ -135,14 +135,14 @@ pub(super) fn check_url(url: &str, at: &str) -> Result<(), Rejection> {
     match url::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https" | "s3" | "file") => Ok(()),
         Ok(u) => Err(Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             format!(
                 "{at}: scheme `{}` is not fetchable (http, https, s3, file)",
                 u.scheme()
             ),
         )),
         Err(e) => Err(Rejection::new(
-            "invalid_spec",
+            ErrorCode::InvalidSpec,
             format!("{at}: `{url}` is not a URL: {e}"),
         )),
     }
@@ -153,7 +153,7 @@ pub(super) fn parse_sha256(hex: Option<&str>, at: &str) -> Result<Option<Digest>
         let h = h.strip_prefix("sha256:").unwrap_or(h);
         format!("sha256:{h}")
             .parse::<Digest>()
-            .map_err(|e| Rejection::new("invalid_spec", format!("{at}.sha256: {e}")))
+            .map_err(|e| Rejection::new(ErrorCode::InvalidSpec, format!("{at}.sha256: {e}")))
     })
     .transpose()
 }
@@ -161,5 +161,5 @@ pub(super) fn parse_sha256(hex: Option<&str>, at: &str) -> Result<Option<Digest>
 /// An uploaded module's (or file's) id, `sha256:<hex>`.
 pub fn parse_module_id(id: &str) -> Result<Digest, Rejection> {
     id.parse::<Digest>()
-        .map_err(|e| Rejection::new("invalid_module_id", e.to_string()))
+        .map_err(|e| Rejection::new(ErrorCode::InvalidModuleId, e.to_string()))
 }

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, Path, State};
-use axum::http::{Method, StatusCode, Uri};
-use flint_protocol::api::{ErrorResponse, TenantUsage};
+use axum::http::{Method, Uri};
+use flint_protocol::api::{ErrorCode, ErrorResponse, TenantUsage};
 use flint_protocol::{Digest, JobId};
 
 use super::error::{ApiError, ApiResult};
@@ -32,8 +32,7 @@ pub(super) async fn gate(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let admin_only = || {
         ApiError::new(
-            StatusCode::FORBIDDEN,
-            "admin_only",
+            ErrorCode::AdminOnly,
             format!("{method} {path} is the admin's (the driver's --token), not a tenant's"),
         )
     };
@@ -47,37 +46,32 @@ pub(super) async fn gate(
         }
         ["v1", "jobs", id, ..] | ["v1", "blocks", id, ..] => {
             let id = JobId((*id).to_owned());
-            let lookup = {
-                let (driver, caller, id) = (driver.clone(), caller.clone(), id.clone());
-                tokio::task::spawn_blocking(move || {
-                    driver.job_owned(&id, |owner| caller.sees(owner))
-                })
-            };
-            let owned = lookup
-                .await
-                .map_err(|e| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                })?
-                .map_err(ApiError::from)?;
+            let owned = driver.sees_job(caller, &id).await?;
             match owned {
                 true => Ok(()),
-                false if segments[1] == "blocks" => Err(ApiError::not_found(
-                    "block",
+                false if segments[1] == "blocks" => Err(ApiError::new(
+                    ErrorCode::BlockNotFound,
                     format!("no block {}", segments[2..].join("/")),
                 )),
-                false => Err(ApiError::not_found("job", format!("no job {id}"))),
+                false => Err(ApiError::new(
+                    ErrorCode::JobNotFound,
+                    format!("no job {id}"),
+                )),
             }
         }
         // Any method: a HEAD (which axum answers from the GET route) would tell a size.
         ["v1", kind @ ("modules" | "files"), id, ..] => {
             let files = *kind == "files";
-            let what = if files { "file" } else { "module" };
+            let (what, code) = match files {
+                true => ("file", ErrorCode::FileNotFound),
+                false => ("module", ErrorCode::ModuleNotFound),
+            };
             let visible = id
                 .parse::<Digest>()
                 .is_ok_and(|d| driver.upload_visible(caller, &d, files));
             match visible {
                 true => Ok(()),
-                false => Err(ApiError::not_found(what, format!("no {what} {id}"))),
+                false => Err(ApiError::new(code, format!("no {what} {id}"))),
             }
         }
         ["v1", "tenants", name, ..] if *name != &*tenant.name => Err(tenant_not_found(name)),
@@ -86,11 +80,7 @@ pub(super) async fn gate(
 }
 
 fn tenant_not_found(name: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "tenant_not_found",
-        format!("no tenant {name}"),
-    )
+    ApiError::new(ErrorCode::TenantNotFound, format!("no tenant {name}"))
 }
 
 /// What a tenant holds now (live jobs, pending and running tasks, the cores they hold,

@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 
 use subtle::ConstantTimeEq;
 
+use flint_protocol::api::ErrorCode;
+
 use super::error::ApiError;
 use crate::tenants::{Caller, Registry};
 
@@ -78,7 +80,8 @@ impl Credentials {
             return Ok(Caller::Admin);
         }
         let Some(given) = bearer(headers) else {
-            return Err(ApiError::unauthorized(
+            return Err(ApiError::new(
+                ErrorCode::Unauthorized,
                 "this driver needs a bearer token: send `Authorization: Bearer <token>` (the CLI reads --token or FLINT_TOKEN)",
             ));
         };
@@ -96,7 +99,7 @@ impl Credentials {
         {
             return Ok(Caller::Executor);
         }
-        Err(ApiError::unauthorized("wrong bearer token"))
+        Err(ApiError::new(ErrorCode::Unauthorized, "wrong bearer token"))
     }
 }
 

@@ -8,14 +8,12 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorResponse, ResultInfo, Uploaded};
+use flint_protocol::api::{ErrorCode, ErrorResponse, ResultInfo, Uploaded};
 use flint_protocol::{JobId, defaults};
 
 use super::edge;
 use super::error::{ApiError, ApiResult};
-use crate::admission::parse_module_id;
 use crate::service::Driver;
-use crate::store::blobs::ModuleStore;
 use crate::tenants::Caller;
 
 /// Uploads a wasm module: validated, stored by SHA-256; uploading it again is a no-op.
@@ -41,7 +39,6 @@ pub(super) async fn put_module(
     let upload = Upload {
         what: "module",
         limit: defaults::MAX_MODULE_BYTES,
-        store: |d| &d.modules,
         files: false,
     };
     put_blob(driver, &headers, body, upload, (caller, share.shared)).await
@@ -79,7 +76,6 @@ pub(super) async fn put_file(
     let upload = Upload {
         what: "file",
         limit: defaults::MAX_FILE_BYTES,
-        store: |d| &d.files,
         files: true,
     };
     put_blob(driver, &headers, body, upload, (caller, share.shared)).await
@@ -89,7 +85,6 @@ pub(super) async fn put_file(
 pub(super) struct Upload {
     what: &'static str,
     limit: usize,
-    store: fn(&Driver) -> &ModuleStore,
     files: bool,
 }
 
@@ -103,8 +98,7 @@ async fn put_blob(
     // On the parsed query (`?shared=%74rue` is `true` too), before any byte is read.
     if shared && caller.tenant().is_some() {
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "admin_only",
+            ErrorCode::AdminOnly,
             "only the admin shares an upload with every tenant (?shared=true)",
         ));
     }
@@ -112,11 +106,14 @@ async fn put_blob(
     // again when it writes, against uploads running beside this one.
     let usage = &driver.usage;
     let refusal = |adding: u64| {
-        ApiError::storage_full(format!(
-            "the {} is not stored: {}",
-            upload.what,
-            usage.over_quota(adding)
-        ))
+        ApiError::new(
+            ErrorCode::StorageFull,
+            format!(
+                "the {} is not stored: {}",
+                upload.what,
+                usage.over_quota(adding)
+            ),
+        )
     };
     let room = usage.room().map(|bytes| edge::Room {
         bytes,
@@ -131,24 +128,7 @@ async fn put_blob(
         upload.what,
     )
     .await?;
-    let store = upload.store;
-    let files = upload.files;
-    let stored = tokio::task::spawn_blocking(move || {
-        // Held from the check to the owner's row, for a tenant with a storage limit:
-        // uploads side by side would each pass the check alone.
-        let _quota = driver.upload_quota_lock(&caller);
-        driver.check_upload_quota(&caller, files, &body)?;
-        let (id, info) = store(&driver).put(&body)?;
-        // Stored, then owned: a crash between the two leaves bytes no tenant sees (the
-        // uploader's retry owns them), never a tenant's bytes another sees.
-        driver
-            .record_upload(&caller, &id, files, shared)
-            .map_err(ApiError::from)?;
-        Ok::<_, ApiError>((id, info))
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    let (id, info) = stored?;
+    let (id, info) = driver.upload(caller, (upload.files, shared), body).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(Uploaded {
@@ -170,7 +150,7 @@ pub(super) async fn get_module(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    get_blob(&driver.modules, "module", &id, "application/wasm").await
+    get_blob(&driver, false, &id, "application/wasm").await
 }
 
 /// A file's bytes. Executors fetch here with the cluster secret as their bearer token.
@@ -185,27 +165,17 @@ pub(super) async fn get_file(
     State(driver): State<Arc<Driver>>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    get_blob(&driver.files, "file", &id, "application/octet-stream").await
+    get_blob(&driver, true, &id, "application/octet-stream").await
 }
 
 async fn get_blob(
-    store: &ModuleStore,
-    what: &'static str,
+    driver: &Driver,
+    files: bool,
     id: &str,
     content_type: &'static str,
 ) -> ApiResult<Response> {
-    let digest = parse_module_id(id)?;
-    if store.get(&digest).is_none() {
-        return Err(ApiError::not_found(what, format!("no {what} {digest}")));
-    }
-    let storage = |e: std::io::Error| {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
-    };
     // Streamed: a 256 MiB file costs the driver a buffer, not its size.
-    let file = tokio::fs::File::open(store.path(&digest))
-        .await
-        .map_err(storage)?;
-    let len = file.metadata().await.map_err(storage)?.len();
+    let (file, len) = driver.open_upload(files, id).await?;
     Ok((
         [
             (header::CONTENT_TYPE, content_type.to_owned()),
@@ -226,9 +196,7 @@ pub(super) async fn put_block(
     let job_id = JobId(job.clone());
     // A job that ended meanwhile still takes its attempts' uploads (they are deleted
     // with it); a deleted one does not.
-    let max = driver
-        .job(&job_id, |j| j.def.resources.max_output_bytes)?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {job_id}")))?;
+    let max = driver.existing_job(&job_id, |j| j.def.resources.max_output_bytes)?;
     let id = format!("{job}/{name}");
     let (size, digest) = driver
         .blocks

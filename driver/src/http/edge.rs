@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -20,6 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+use flint_protocol::api::ErrorCode;
 
 use super::error::ApiError;
 use crate::config::EdgeLimits;
@@ -89,9 +91,8 @@ pub async fn limit_concurrency(
         return next.run(request).await;
     }
     let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
-        let mut response = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
+        return ApiError::new(
+            ErrorCode::Overloaded,
             format!(
                 "the driver is serving its limit of {} requests at once; retry after {} s",
                 limit.max,
@@ -99,11 +100,6 @@ pub async fn limit_concurrency(
             ),
         )
         .into_response();
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            flint_protocol::defaults::RETRY_AFTER_SECS.into(),
-        );
-        return response;
     };
     next.run(request).await
 }
@@ -160,8 +156,7 @@ pub async fn read_body_within(
     };
     let too_large = || {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             format!("{what} is larger than the limit of {limit} bytes"),
         )
     };
@@ -182,8 +177,7 @@ pub async fn read_body_within(
             .await
             .map_err(|_| {
                 ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
+                    ErrorCode::BodyTimeout,
                     format!(
                         "{what}: no data for {} ms (the body idle timeout)",
                         idle.as_millis()
@@ -201,8 +195,7 @@ pub async fn read_body_within(
             }
             Some(Err(e)) => {
                 return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "bad_body",
+                    ErrorCode::BadBody,
                     format!("{what}: reading the body: {e}"),
                 ));
             }
@@ -212,6 +205,8 @@ pub async fn read_body_within(
 
 #[cfg(test)]
 mod tests {
+    use axum::http::StatusCode;
+
     use super::*;
     use axum::http::HeaderValue;
 
@@ -258,7 +253,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_past_the_room_left_is_refused_before_or_while_reading() {
-        let refusal = |n: u64| ApiError::storage_full(format!("{n} bytes do not fit"));
+        let refusal =
+            |n: u64| ApiError::new(ErrorCode::StorageFull, format!("{n} bytes do not fit"));
         let room = || {
             Some(Room {
                 bytes: 5,

@@ -1,207 +1,113 @@
-//! The one error type of the HTTP API: a status, a kind callers can branch on, and a
-//! message that says what was wrong, as `{"error": {"kind", "message"}}`. Every
-//! mapping from a lower layer's error to a status is here.
+//! The one error type of the HTTP API: an [`ErrorCode`] and a message that says what
+//! was wrong, answered as `{"error": {"kind", "message"}}` with the code's status. The
+//! status is the code's alone ([`ErrorCode::http_status`]); a lower layer's error
+//! becomes an `ApiError` through its [`CodedError`] impl, beside the error itself.
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorBody, ErrorResponse};
+use flint_protocol::api::{CodedError, ErrorCode, ErrorResponse};
 
-use crate::admission::{INVALID_JSON, Rejection, STORAGE};
-use crate::service::tenancy::QUOTA_EXCEEDED;
-use crate::service::{DeleteError, SubmitError};
-use crate::store::StoreError;
-use crate::store::blobs::ModuleError;
-use crate::store::blocks::BlockError;
-
-/// Every error the API returns: a status, a kind callers can branch on, and a message
-/// that says what was wrong.
+/// Every error the API returns: a code callers can branch on, and a message that says
+/// what was wrong.
 #[derive(Debug)]
 pub struct ApiError {
-    pub(crate) status: StatusCode,
-    pub(crate) kind: &'static str,
+    pub(crate) code: ErrorCode,
     pub(crate) message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            kind,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn invalid(kind: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, kind, message)
-    }
-
-    pub(crate) fn not_found(what: &'static str, message: impl Into<String>) -> Self {
-        let kind = match what {
-            "job" => "job_not_found",
-            "task" => "task_not_found",
-            "module" => "module_not_found",
-            "file" => "file_not_found",
-            "block" => "block_not_found",
-            "attempt" => "attempt_not_found",
-            _ => "not_found",
-        };
-        Self::new(StatusCode::NOT_FOUND, kind, message)
-    }
-
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    /// 507: the data dir is at its quota or the disk is full; nothing was stored.
-    pub(crate) fn storage_full(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INSUFFICIENT_STORAGE, "storage_full", message)
-    }
-
-    pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-
-    pub(crate) fn query(rejection: QueryRejection) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
-    }
-
-    pub(crate) fn path(rejection: PathRejection) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_path", rejection.body_text())
-    }
-}
-
-/// A spec admission refused: 400 when it is not JSON at all, 500 when the job store
-/// could not be read, else 422.
-impl From<Rejection> for ApiError {
-    fn from(r: Rejection) -> Self {
-        let status = match r.kind {
-            INVALID_JSON => StatusCode::BAD_REQUEST,
-            STORAGE => StatusCode::INTERNAL_SERVER_ERROR,
-            QUOTA_EXCEEDED => StatusCode::TOO_MANY_REQUESTS,
-            _ => StatusCode::UNPROCESSABLE_ENTITY,
-        };
-        ApiError::new(status, r.kind, r.message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if self.status.is_server_error() {
-            tracing::error!(kind = self.kind, message = %self.message, "request failed");
-        }
-        let body = ErrorResponse {
-            error: ErrorBody {
-                kind: self.kind.to_owned(),
-                message: self.message,
-            },
-        };
-        let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                "Bearer".parse().expect("a valid header"),
-            );
-        }
-        response
-    }
-}
-
-/// Upload errors: the module's fault (422), the quota or a full disk (507), or the
-/// driver's disk otherwise (500).
-impl From<ModuleError> for ApiError {
-    fn from(e: ModuleError) -> Self {
-        match e {
-            ModuleError::Invalid(why) => ApiError::invalid("invalid_module", why),
-            e @ ModuleError::OverQuota { .. } => ApiError::storage_full(e.to_string()),
-            e if e.is_disk_full() => ApiError::storage_full(format!("the disk is full: {e}")),
-            e @ ModuleError::Io { .. } => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
-            }
-        }
-    }
-}
-
-/// Block store errors: a bad id or body (4xx), a missing block (404), a full disk
-/// (507), the store otherwise (500).
-impl From<BlockError> for ApiError {
-    fn from(e: BlockError) -> Self {
-        match e {
-            e if e.is_disk_full() => ApiError::storage_full(e.to_string()),
-            BlockError::BadId(_) => ApiError::invalid("invalid_block_id", e.to_string()),
-            BlockError::TooLarge { .. } => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "output_limit", e.to_string())
-            }
-            BlockError::Upload { .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_body", e.to_string())
-            }
-            BlockError::Store(object_store::Error::NotFound { .. }) => {
-                ApiError::not_found("block", e.to_string())
-            }
-            BlockError::Store(_) | BlockError::Io(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
-            }
-        }
-    }
-}
-
-/// A submission that made no job: refused by admission (400 or 422), by the quota or a
-/// full disk (507), not stored otherwise (503), or its idempotency key taken by another
-/// spec (422).
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
-        match e {
-            SubmitError::Rejected(rejection) => rejection.into(),
-            e @ SubmitError::OverQuota(_) => ApiError::storage_full(e.to_string()),
-            SubmitError::Storage(e @ StoreError::Full(_)) => {
-                ApiError::storage_full(format!("job not accepted: {e}"))
-            }
-            SubmitError::Storage(e) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "storage",
-                format!("job not accepted: {e}"),
-            ),
-            e @ SubmitError::Conflict { .. } => {
-                ApiError::invalid("idempotency_conflict", e.to_string())
-            }
-        }
-    }
 }
 
 /// A handler's result.
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// The job store failing a read or a delete: the disk (507 when it is full) or the
-/// store itself (500).
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        let status = match e.is_storage_full() {
-            true => StatusCode::INSUFFICIENT_STORAGE,
-            false => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        let kind = match e.is_storage_full() {
-            true => "storage_full",
-            false => "storage",
-        };
-        ApiError::new(status, kind, e.to_string())
+impl ApiError {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The kind on the wire.
+    pub fn kind(&self) -> &'static str {
+        self.code.as_str()
+    }
+
+    pub fn status(&self) -> StatusCode {
+        status_of(self.code)
+    }
+
+    pub(crate) fn query(rejection: QueryRejection) -> Self {
+        Self::new(ErrorCode::BadQuery, rejection.body_text())
+    }
+
+    pub(crate) fn path(rejection: PathRejection) -> Self {
+        Self::new(ErrorCode::BadPath, rejection.body_text())
     }
 }
 
-/// A deletion refused (404, 409) or failed (500, 507).
-impl From<DeleteError> for ApiError {
-    fn from(e: DeleteError) -> Self {
-        match e {
-            DeleteError::NotFound(_) => ApiError::not_found("job", e.to_string()),
-            DeleteError::Running(_) => {
-                ApiError::new(StatusCode::CONFLICT, "job_running", e.to_string())
+/// The status every answer of `code` gets.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).expect("an ErrorCode's status is a valid status")
+}
+
+impl<E: CodedError> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError::new(e.code(), e.message())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(kind = self.kind(), message = %self.message, "request failed");
+        }
+        let code = self.code;
+        let body = ErrorResponse::new(code, self.message);
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        match code {
+            ErrorCode::Unauthorized => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    "Bearer".parse().expect("a valid header"),
+                );
             }
-            DeleteError::InUse { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "job_in_use", e.to_string())
+            ErrorCode::Overloaded => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    flint_protocol::defaults::RETRY_AFTER_SECS.into(),
+                );
             }
-            DeleteError::Store(e) => e.into(),
-            e @ DeleteError::Blocks { .. } => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string())
-            }
+            _ => {}
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_answers_its_status_and_kind_with_its_headers() {
+        for &code in ErrorCode::ALL {
+            let response = ApiError::new(code, "why").into_response();
+            assert_eq!(response.status().as_u16(), code.http_status(), "{code}");
+            assert_eq!(
+                response.headers().contains_key(header::RETRY_AFTER),
+                code == ErrorCode::Overloaded,
+                "{code}"
+            );
+            assert_eq!(
+                response.headers().contains_key(header::WWW_AUTHENTICATE),
+                code == ErrorCode::Unauthorized,
+                "{code}"
+            );
         }
     }
 }

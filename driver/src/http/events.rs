@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorResponse, LaggedEvent};
+use flint_protocol::api::{ErrorCode, ErrorResponse, LaggedEvent};
 use flint_protocol::{JobId, defaults};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -44,9 +44,7 @@ pub async fn job_events(
         Ok(subscription) => subscription,
         Err(refused) => return Ok(overloaded(&driver, refused, holder, tenants)),
     };
-    let view = driver
-        .job_view(&id)?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
+    let view = driver.existing_job_view(&id)?;
     let first = match view.state.is_final() {
         true => sse("end", &view),
         false => sse("job", &view),
@@ -103,8 +101,7 @@ fn overloaded(driver: &Driver, refused: Refused, holder: Holder, tenants: usize)
              retry after {retry} s"
         ),
     };
-    let mut response =
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).into_response();
+    let mut response = ApiError::new(ErrorCode::Overloaded, message).into_response();
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, retry.into());

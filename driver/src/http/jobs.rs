@@ -10,7 +10,7 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{
-    ErrorResponse, JobSpec, JobState, JobView, List, TaskView, TimelineView,
+    ErrorCode, ErrorResponse, JobSpec, JobState, JobView, List, TaskView, TimelineView,
 };
 use flint_protocol::{JobId, defaults};
 use serde::Deserialize;
@@ -18,8 +18,7 @@ use utoipa::IntoParams;
 
 use super::edge;
 use super::error::{ApiError, ApiResult};
-use crate::scheduler::Task;
-use crate::service::{Driver, IdempotencyKey, ListError, Submitted};
+use crate::service::{Driver, IdempotencyKey, Submitted};
 use crate::store::{JobFilter, OwnerFilter};
 use crate::tenants::{ADMIN, Caller};
 use crate::views::{TIMELINE_PAGE, task_views, timeline_view};
@@ -99,20 +98,17 @@ pub(super) async fn submit_job(
 
 /// The request's `Idempotency-Key`, if it has one (and only one) that follows the rule.
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<IdempotencyKey>> {
-    let bad =
-        |message: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_idempotency_key", message);
     let mut given = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = given.next() else {
         return Ok(None);
     };
     if given.next().is_some() {
-        return Err(bad(
-            "the Idempotency-Key header is given more than once; give it once".into(),
+        return Err(ApiError::new(
+            ErrorCode::BadIdempotencyKey,
+            "the Idempotency-Key header is given more than once; give it once",
         ));
     }
-    IdempotencyKey::parse(value.as_bytes())
-        .map(Some)
-        .map_err(|e| bad(e.to_string()))
+    Ok(Some(IdempotencyKey::parse(value.as_bytes())?))
 }
 
 /// A job's state, counts per task state, timings and error; with `?wait=S`, once it
@@ -145,9 +141,7 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
     let deadline = wait.map(|w| Instant::now() + w);
     let mut endings = driver.job_endings();
     loop {
-        let view = driver
-            .job_view(id)?
-            .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
+        let view = driver.existing_job_view(id)?;
         let Some(deadline) = deadline else {
             return Ok(view);
         };
@@ -156,9 +150,7 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
         }
         let changed = tokio::time::timeout_at(deadline.into(), endings.changed()).await;
         if !matches!(changed, Ok(Ok(()))) {
-            return driver
-                .job_view(id)?
-                .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")));
+            return Ok(driver.existing_job_view(id)?);
         }
     }
 }
@@ -184,9 +176,7 @@ pub(super) async fn kill_job(
         tracing::info!(job = %id, "job killed by request");
     }
     // A job already over (live or not) is left as it is.
-    let view = driver
-        .job_view(&id)?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?;
+    let view = driver.existing_job_view(&id)?;
     Ok((StatusCode::ACCEPTED, axum::Json(view)))
 }
 
@@ -245,8 +235,7 @@ fn page_limit(limit: Option<u64>, default: usize) -> ApiResult<usize> {
         None => Ok(default),
         Some(n @ 1..=10_000) => Ok(n as usize),
         Some(n) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_query",
+            ErrorCode::BadQuery,
             format!("limit={n}: a page holds 1 to {MAX_PAGE} items"),
         )),
     }
@@ -287,18 +276,7 @@ pub(super) async fn list_jobs(
             (None, None) => None,
         },
     };
-    let after = query.after;
-    let listed =
-        tokio::task::spawn_blocking(move || driver.list_jobs(&filter, after.as_deref(), limit))
-            .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "storage",
-                    format!("listing jobs: {e}"),
-                )
-            })?;
-    let (items, next) = listed.map_err(|ListError::Store(e)| ApiError::from(e))?;
+    let (items, next) = driver.jobs_page(filter, query.after, limit).await?;
     Ok(axum::Json(List { items, next }))
 }
 
@@ -310,8 +288,7 @@ fn unix_ms(name: &str, text: &str) -> ApiResult<u64> {
         .map(|t| t.timestamp_millis().max(0) as u64)
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_query",
+                ErrorCode::BadQuery,
                 format!("{name}={text:?}: not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)"),
             )
         })
@@ -333,15 +310,13 @@ pub(super) async fn list_tasks(
     let Query(page) = page.map_err(ApiError::query)?;
     let limit = page_limit(page.limit, MAX_PAGE)?;
     let first = page.after.map_or(0, |after| after as usize + 1);
-    let id = JobId(id);
-    driver
-        .job(&id, |job| {
-            let end = job.tasks.len().min(first.saturating_add(limit));
-            let items: Vec<TaskView> = task_views(job, first.min(end)..end);
-            let next = (end < job.tasks.len()).then(|| (end - 1).to_string());
-            axum::Json(List { items, next })
-        })?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))
+    let page = driver.existing_job(&JobId(id), |job| {
+        let end = job.tasks.len().min(first.saturating_add(limit));
+        let items: Vec<TaskView> = task_views(job, first.min(end)..end);
+        let next = (end < job.tasks.len()).then(|| (end - 1).to_string());
+        List { items, next }
+    })?;
+    Ok(axum::Json(page))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -375,8 +350,7 @@ pub(super) async fn get_timeline(
         Some(n @ 1..=100_000) => n as usize,
         Some(n) => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_query",
+                ErrorCode::BadQuery,
                 format!("limit={n}: a timeline page holds 1 to {TIMELINE_PAGE} attempts"),
             ));
         }
@@ -384,12 +358,10 @@ pub(super) async fn get_timeline(
     let first = query
         .after
         .map_or(0, |a| usize::try_from(a).unwrap_or(usize::MAX));
-    let id = JobId(id);
-    driver
-        .job(&id, |job| {
-            axum::Json(timeline_view(job, SystemTime::now(), first, limit))
-        })?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))
+    let timeline = driver.existing_job(&JobId(id), |job| {
+        timeline_view(job, SystemTime::now(), first, limit)
+    })?;
+    Ok(axum::Json(timeline))
 }
 
 /// A task's log (its stderr), capped at 1 MiB.
@@ -405,25 +377,6 @@ pub(super) async fn get_log(
     path: Result<Path<(String, u32)>, PathRejection>,
 ) -> ApiResult<Response> {
     let Path((id, index)) = path.map_err(ApiError::path)?;
-    let id = JobId(id);
-    let log = with_task(&driver, &id, index, |t| Ok(t.log.clone()))?;
+    let log = driver.existing_task(&JobId(id), index, |t| t.log.clone())?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log).into_response())
-}
-
-/// Runs `f` on task `index` of a job, live or finished.
-pub(super) fn with_task<R>(
-    driver: &Driver,
-    id: &JobId,
-    index: u32,
-    f: impl FnOnce(&Task) -> ApiResult<R>,
-) -> ApiResult<R> {
-    driver
-        .job(id, |job| match job.tasks.get(index as usize) {
-            Some(task) => f(task),
-            None => Err(ApiError::not_found(
-                "task",
-                format!("job {id} has no task {index}"),
-            )),
-        })?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))?
 }

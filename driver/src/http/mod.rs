@@ -15,6 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::service::Driver;
+use flint_protocol::api::ErrorCode;
 
 mod access;
 pub mod auth;
@@ -96,7 +97,9 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .route("/ui", get(ui::page))
         // A browser pointed at the driver's address lands on the UI.
         .route("/", get(|| async { Redirect::to("/ui") }))
-        .fallback(|| async { ApiError::not_found("route", "no such route; see API.md") })
+        .fallback(|| async {
+            ApiError::new(ErrorCode::NotFound, "no such route; see /v1/openapi.json")
+        })
         .with_state(driver)
         .layer(from_fn_with_state(guard, auth::require))
         .layer(from_fn_with_state(limit, edge::limit_concurrency))

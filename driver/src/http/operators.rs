@@ -9,13 +9,14 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::ExecutorId;
-use flint_protocol::api::{ClusterHistory, ErrorResponse, ExecutorList, List, WorkerView};
+use flint_protocol::api::{
+    ClusterHistory, ErrorCode, ErrorResponse, ExecutorList, List, WorkerView,
+};
 
 use super::error::ApiError;
-use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
+use crate::executor_logs;
 use crate::metrics;
 use crate::service::Driver;
-use crate::service::ExecutorRefusal;
 use crate::tenants::Caller;
 use crate::views::executor_view;
 
@@ -101,19 +102,6 @@ pub(super) async fn list_workers(
     })
 }
 
-fn refused(id: &ExecutorId, refusal: ExecutorRefusal) -> ApiError {
-    match refusal {
-        ExecutorRefusal::NotFound => ApiError::new(
-            StatusCode::NOT_FOUND,
-            "executor_not_found",
-            format!("no executor {id}"),
-        ),
-        ExecutorRefusal::NotAlive(why) => {
-            ApiError::new(StatusCode::CONFLICT, "executor_not_alive", why)
-        }
-    }
-}
-
 /// Decommissions an executor (Spark's DecommissionExecutor): it takes no new tasks,
 /// finishes what it runs (past `--decommission-timeout-ms` those are killed and run
 /// again elsewhere, not counted as failures), then is stopped and exits 0.
@@ -130,9 +118,7 @@ pub(super) async fn decommission_executor(
 ) -> Result<StatusCode, ApiError> {
     let Path(id) = path.map_err(ApiError::path)?;
     let id = ExecutorId(id);
-    driver
-        .decommission_executor(&id, false)
-        .map_err(|r| refused(&id, r))?;
+    driver.decommission_executor(&id, false)?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -152,7 +138,7 @@ pub(super) async fn kill_executor(
 ) -> Result<StatusCode, ApiError> {
     let Path(id) = path.map_err(ApiError::path)?;
     let id = ExecutorId(id);
-    driver.kill_executor(&id).map_err(|r| refused(&id, r))?;
+    driver.kill_executor(&id)?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -170,8 +156,7 @@ pub(super) async fn kill_worker_executors(
     let Path(worker) = path.map_err(ApiError::path)?;
     let Some(executors) = driver.workers.executors_on(&worker) else {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "worker_not_found",
+            ErrorCode::WorkerNotFound,
             format!("no live worker {worker}"),
         ));
     };
@@ -197,30 +182,6 @@ pub(super) async fn get_executor_log(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = path.map_err(ApiError::path)?;
-    let id = ExecutorId(id);
-    let Some(path) = driver.executor_logs.get(&id) else {
-        let known = driver.read(|s| s.executors.contains_key(&id));
-        return Err(match known {
-            true => ApiError::new(
-                StatusCode::NOT_FOUND,
-                "no_log",
-                format!(
-                    "executor {id} was not launched by this driver's cluster manager: its log \
-                     is wherever its own stderr goes"
-                ),
-            ),
-            false => ApiError::new(
-                StatusCode::NOT_FOUND,
-                "executor_not_found",
-                format!("no executor {id}"),
-            ),
-        });
-    };
-    let tail = tokio::task::spawn_blocking(move || {
-        executor_logs::read_tail(&path, EXECUTOR_LOG_TAIL_BYTES)
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", e.to_string()))?;
+    let tail = driver.executor_log(&ExecutorId(id)).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], tail).into_response())
 }

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use flint_protocol::api::{ErrorResponse, TaskState};
+use flint_protocol::api::{ErrorCode, ErrorResponse, TaskState};
 use flint_protocol::{JobId, TaskResult};
 
 use super::blobs::stream_block;
 use super::error::{ApiError, ApiResult};
-use super::jobs::with_task;
 use crate::service::Driver;
 
 /// A succeeded task's result bytes.
@@ -24,7 +23,7 @@ use crate::service::Driver;
         (status = 200, description = "the result", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 400, description = "a bad task index", body = ErrorResponse),
         (status = 404, description = "no such job or task", body = ErrorResponse),
-        (status = 409, description = "the task has no result (`no_result`)", body = ErrorResponse),
+        (status = 422, description = "the task has no result (`no_result`)", body = ErrorResponse),
     ))]
 pub(super) async fn get_result(
     State(driver): State<Arc<Driver>>,
@@ -32,19 +31,16 @@ pub(super) async fn get_result(
 ) -> ApiResult<Response> {
     let Path((id, index)) = path.map_err(ApiError::path)?;
     let id = JobId(id);
-    let result = with_task(&driver, &id, index, |task| {
-        match (&task.result, task.state) {
-            (Some(result), TaskState::Succeeded) => Ok(result.clone()),
-            (_, state) => Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "no_result",
-                format!(
-                    "task {index} of {id} is {} and has no result",
-                    state.as_str()
-                ),
-            )),
-        }
-    })?;
+    let result = driver.existing_task(&id, index, |task| match (&task.result, task.state) {
+        (Some(result), TaskState::Succeeded) => Ok(result.clone()),
+        (_, state) => Err(ApiError::new(
+            ErrorCode::NoResult,
+            format!(
+                "task {index} of {id} is {} and has no result",
+                state.as_str()
+            ),
+        )),
+    })??;
     match result {
         TaskResult::Inline(bytes) => Ok((
             [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -81,21 +77,17 @@ pub(super) async fn get_results(
     // 64 KiB a chunk: a chunk per frame made a client of 20,000 small results spend
     // most of its time on chunks (httpx: 25 us each). They are framed straight from the
     // job, so a response holds one copy of them; blocks stream as they are read.
-    let (tasks, pieces) = driver
-        .job(&id, |job| {
+    let (tasks, pieces) = driver.existing_job(&id, |job| {
             if !job.state.is_final() {
                 return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "job_running",
-                    format!(
+                    ErrorCode::JobRunning,format!(
                         "job {id} is {}: its results are read once it has ended (GET /v1/jobs/{id}?wait=S waits for that)",
                         job.state.as_str()
                     ),
                 ));
             }
             Ok((job.tasks.len(), results_pieces(job)))
-        })?
-        .ok_or_else(|| ApiError::not_found("job", format!("no job {id}")))??;
+        })??;
     use futures_util::StreamExt;
     let frames = futures_util::stream::iter(pieces).then(move |piece| {
         let driver = driver.clone();

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::access::gate;
 use super::error::{ApiError, ApiResult};
 use crate::admission::inputs::InputBudget;
-use crate::admission::{Catalog, Ceiling, STORAGE, accept, decode_input, parse_job_spec};
+use crate::admission::{Catalog, Ceiling, accept, decode_input, parse_job_spec};
 use crate::scheduler::{NewJob, set_state};
 use crate::service::Driver;
 use crate::service::tenancy::TenantCatalog;
@@ -35,7 +35,7 @@ fn submit_as(driver: &Driver, spec: serde_json::Value, ceiling: &Ceiling) -> Api
 
 fn refused(driver: &Driver, spec: serde_json::Value) -> (StatusCode, &'static str, String) {
     let e: ApiError = submit(driver, spec).err().expect("refused");
-    (e.status, e.kind, e.message)
+    (e.status(), e.kind(), e.message)
 }
 
 #[test]
@@ -313,12 +313,12 @@ fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused
             .err()
             .expect("refused");
         assert_eq!(
-            e.status,
+            e.status(),
             StatusCode::TOO_MANY_REQUESTS,
             "{escalate}: {}",
             e.message
         );
-        assert_eq!(e.kind, "quota_exceeded");
+        assert_eq!(e.kind(), "quota_exceeded");
         assert!(e.message.contains(limit), "{escalate}: {}", e.message);
     }
     // Past the cluster's bound it is the spec's mistake, whoever asks.
@@ -328,7 +328,7 @@ fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused
         &tenant,
     );
     assert_eq!(
-        e.err().expect("refused").status,
+        e.err().expect("refused").status(),
         StatusCode::UNPROCESSABLE_ENTITY
     );
 }
@@ -403,7 +403,7 @@ async fn through_the_gate(
     let uri: Uri = path.parse().unwrap();
     let answer = gate(driver, caller, &Method::GET, &uri)
         .await
-        .map_err(|e| (e.status, e.kind, e.message));
+        .map_err(|e| (e.status(), e.kind(), e.message));
     (answer, reads() - before)
 }
 
@@ -468,12 +468,16 @@ async fn a_job_named_in_a_spec_is_found_as_the_gate_finds_it() {
         driver: &driver,
         caller: &b,
     };
-    let find = |id: &str| catalog.job(&JobId(id.into()), |_| ()).map_err(|r| r.kind);
+    let find = |id: &str| {
+        catalog
+            .job(&JobId(id.into()), |_| ())
+            .map_err(|r| r.code.as_str())
+    };
     assert_eq!((find("a-live"), find("absent")), (Ok(None), Ok(None)));
     driver.owner_reads.refuse.store(true, Ordering::Relaxed);
     assert_eq!(
         (find("a-live"), find("absent")),
-        (Err(STORAGE), Err(STORAGE)),
+        (Err("storage"), Err("storage")),
         "a store that cannot be read fails both alike"
     );
 }

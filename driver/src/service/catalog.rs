@@ -8,7 +8,7 @@ use flint_protocol::records::JobRecord;
 use flint_protocol::{Digest, InputPart, JobId, TaskInput};
 
 use super::Driver;
-use crate::admission::{Catalog, Rejection, STORAGE};
+use crate::admission::{Catalog, Rejection};
 use crate::scheduler::Job;
 use crate::store::blobs::ModuleInfo;
 
@@ -99,7 +99,7 @@ impl Catalog for Driver {
     }
 
     fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, Rejection> {
-        Driver::job(self, id, f).map_err(|e| Rejection::new(STORAGE, e.to_string()))
+        Driver::job(self, id, f).map_err(Rejection::from)
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::collections::HashMap;
 
+use flint_protocol::api::{CodedError, ErrorCode};
 use flint_protocol::{FetchRef, InputPart, JobId, TaskInput};
 
 use super::Driver;
@@ -35,6 +36,19 @@ pub enum DeleteError {
     Store(#[from] StoreError),
     #[error("job {job}: deleting its blocks: {message}")]
     Blocks { job: JobId, message: String },
+}
+
+/// Refused (404, 409) or failed (500, 507).
+impl CodedError for DeleteError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            DeleteError::NotFound(_) => ErrorCode::JobNotFound,
+            DeleteError::Running(_) => ErrorCode::JobRunning,
+            DeleteError::InUse { .. } => ErrorCode::JobInUse,
+            DeleteError::Store(e) => e.code(),
+            DeleteError::Blocks { .. } => ErrorCode::Storage,
+        }
+    }
 }
 
 /// How long a deletion waits for the killed attempts of an ended job to stop.

@@ -7,12 +7,14 @@
 
 use std::time::{Instant, SystemTime};
 
-use flint_protocol::api::ExecutorState;
+use flint_protocol::api::{CodedError, ErrorCode, ExecutorState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
 use flint_protocol::{DriverMessage, ExecutorId, defaults};
 use tokio::sync::mpsc;
 
+use super::reads::{Panicked, off_runtime};
 use super::{Driver, Link};
+use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
 
 /// What the API asks of the cluster manager's supervisor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,10 +24,49 @@ pub enum AllocationCommand {
 }
 
 /// Why an executor cannot be decommissioned or killed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExecutorRefusal {
-    NotFound,
+    #[error("no executor {0}")]
+    NotFound(ExecutorId),
+    #[error("{0}")]
     NotAlive(String),
+}
+
+impl CodedError for ExecutorRefusal {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ExecutorRefusal::NotFound(_) => ErrorCode::ExecutorNotFound,
+            ExecutorRefusal::NotAlive(_) => ErrorCode::ExecutorNotAlive,
+        }
+    }
+}
+
+/// Why an executor's log cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("no executor {0}")]
+    NotFound(ExecutorId),
+    #[error(
+        "executor {0} was not launched by this driver's cluster manager: its log is wherever \
+         its own stderr goes"
+    )]
+    NoLog(ExecutorId),
+    /// The driver launched it, but its log file cannot be read.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Panicked(#[from] Panicked),
+}
+
+impl CodedError for LogError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            LogError::NotFound(_) => ErrorCode::ExecutorNotFound,
+            LogError::NoLog(_) => ErrorCode::NoLog,
+            LogError::Io(_) => ErrorCode::Storage,
+            LogError::Panicked(e) => e.code(),
+        }
+    }
 }
 
 impl Driver {
@@ -120,6 +161,18 @@ impl Driver {
         inner.state.executor_exited(id, exit, cause);
     }
 
+    /// The last [`EXECUTOR_LOG_TAIL_BYTES`] of the stderr of an executor the driver's
+    /// cluster manager launched, read off the runtime.
+    pub async fn executor_log(&self, id: &ExecutorId) -> Result<Vec<u8>, LogError> {
+        let Some(path) = self.executor_logs.get(id) else {
+            return Err(match self.read(|s| s.executors.contains_key(id)) {
+                true => LogError::NoLog(id.clone()),
+                false => LogError::NotFound(id.clone()),
+            });
+        };
+        Ok(off_runtime(move || executor_logs::read_tail(&path, EXECUTOR_LOG_TAIL_BYTES)).await??)
+    }
+
     /// `POST /v1/executors/{id}/decommission`: no new tasks go to it, StopExecutor once
     /// it has drained or `--decommission-timeout-ms` has passed.
     pub fn decommission_executor(
@@ -129,7 +182,7 @@ impl Driver {
     ) -> Result<(), ExecutorRefusal> {
         let deadline = Instant::now() + self.config.allocation.decommission_timeout;
         self.apply(|s| match s.executors.get(id) {
-            None => (Err(ExecutorRefusal::NotFound), Vec::new()),
+            None => (Err(ExecutorRefusal::NotFound(id.clone())), Vec::new()),
             Some(_) => match s.decommission_executor(id, deadline, only_if_idle) {
                 Ok(actions) => (Ok(()), actions),
                 Err(why) => (Err(ExecutorRefusal::NotAlive(why)), Vec::new()),
@@ -149,7 +202,7 @@ impl Driver {
             Some(e) => (Some(Ok(e.launched_by.is_some())), e.generation),
         });
         match managed {
-            None => Err(ExecutorRefusal::NotFound),
+            None => Err(ExecutorRefusal::NotFound(id.clone())),
             Some(Err(state)) => Err(ExecutorRefusal::NotAlive(format!(
                 "executor {id} is {}",
                 state.as_str()

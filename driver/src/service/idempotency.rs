@@ -23,11 +23,12 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use flint_protocol::api::{CodedError, ErrorCode};
 use flint_protocol::{Digest, JobId};
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 
 use super::{Driver, SubmitError, Submitted};
-use crate::admission::{INVALID_JSON, Rejection};
+use crate::admission::Rejection;
 use crate::store::StoredKey;
 
 /// Longest key, in bytes (Stripe's limit, which clients already live with).
@@ -53,6 +54,12 @@ pub enum BadKey {
     TooLong { bytes: usize },
     #[error("byte {at} of the Idempotency-Key is {byte:#04x}: {rule}", rule = KEY_RULE)]
     NotVisibleAscii { at: usize, byte: u8 },
+}
+
+impl CodedError for BadKey {
+    fn code(&self) -> ErrorCode {
+        ErrorCode::BadIdempotencyKey
+    }
 }
 
 impl IdempotencyKey {
@@ -128,7 +135,7 @@ pub fn spec_digest(body: &[u8]) -> Result<Digest, Rejection> {
     Canonical(&mut canonical)
         .deserialize(&mut parser)
         .and_then(|()| parser.end())
-        .map_err(|e| Rejection::new(INVALID_JSON, format!("job spec: {e}")))?;
+        .map_err(|e| Rejection::new(ErrorCode::InvalidJson, format!("job spec: {e}")))?;
     Ok(Digest::of(&canonical))
 }
 
@@ -460,10 +467,18 @@ mod tests {
     fn a_body_that_is_not_json_is_refused_as_admission_would() {
         for body in [&b"{"[..], b"", b"{} {}", b"[1,]", b"\xff"] {
             let e = spec_digest(body).unwrap_err();
-            assert_eq!(e.kind, INVALID_JSON, "{:?}", String::from_utf8_lossy(body));
+            assert_eq!(
+                e.code,
+                ErrorCode::InvalidJson,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
             assert!(e.message.starts_with("job spec: "), "{}", e.message);
         }
         let deep = "[".repeat(200) + &"]".repeat(200);
-        assert_eq!(spec_digest(deep.as_bytes()).unwrap_err().kind, INVALID_JSON);
+        assert_eq!(
+            spec_digest(deep.as_bytes()).unwrap_err().code,
+            ErrorCode::InvalidJson
+        );
     }
 }

@@ -6,10 +6,13 @@
 //! job id is taken too (the cursor of earlier releases), and placed by its creation time;
 //! one the driver does not hold ends the listing, as it did before.
 
+use std::sync::Arc;
+
 use flint_protocol::JobId;
-use flint_protocol::api::{JobState, JobView};
+use flint_protocol::api::{CodedError, ErrorCode, JobState, JobView};
 
 use super::Driver;
+use super::reads::{Panicked, off_runtime};
 use crate::store::{JobFilter, StoreError};
 use crate::views::{job_view, summary_view};
 
@@ -18,9 +21,31 @@ use crate::views::{job_view, summary_view};
 pub enum ListError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("listing jobs: {0}")]
+    Panicked(#[from] Panicked),
+}
+
+impl CodedError for ListError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ListError::Store(e) => e.code(),
+            ListError::Panicked(e) => e.code(),
+        }
+    }
 }
 
 impl Driver {
+    /// [`Driver::list_jobs`], off the runtime.
+    pub async fn jobs_page(
+        self: &Arc<Self>,
+        filter: JobFilter,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<(Vec<JobView>, Option<String>), ListError> {
+        let driver = self.clone();
+        off_runtime(move || driver.list_jobs(&filter, after.as_deref(), limit)).await?
+    }
+
     /// Up to `limit` jobs passing `filter`, newest first, after the cursor `after`, and
     /// the cursor of the next page if there is one. May wait for a commit: call it off
     /// the runtime.

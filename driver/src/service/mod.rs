@@ -37,16 +37,22 @@ mod deletion;
 mod executors;
 pub mod idempotency;
 mod listing;
+mod reads;
+mod replay;
 mod submission;
 pub mod tenancy;
+mod uploads;
 pub mod workers;
 
 pub use deletion::DeleteError;
-pub use executors::{AllocationCommand, ExecutorRefusal};
+pub use executors::{AllocationCommand, ExecutorRefusal, LogError};
 use idempotency::IdempotencyKeys;
 pub use idempotency::{BadKey, IdempotencyKey};
 pub use listing::ListError;
+pub use reads::{Panicked, ReadError};
+pub use replay::ReplayError;
 pub use submission::{SubmitError, Submitted};
+pub use uploads::{DownloadError, UploadError};
 
 use catalog::{advertised_base, host_name};
 

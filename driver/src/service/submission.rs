@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use flint_protocol::api::TaskState;
+use flint_protocol::api::{CodedError, ErrorCode, TaskState};
 use flint_protocol::{Digest, JobId, TaskResult};
 
 use super::idempotency::IdempotencyKey;
@@ -36,7 +36,7 @@ pub enum SubmitError {
     #[error("{}", .0.message)]
     Rejected(Rejection),
     /// The job could not be stored, so it was not accepted.
-    #[error(transparent)]
+    #[error("job not accepted: {0}")]
     Storage(#[from] StoreError),
     /// The data dir is at its quota: no new job until there is room.
     #[error("job not accepted: {0}")]
@@ -47,6 +47,19 @@ pub enum SubmitError {
          spec; use a new key for a new job"
     )]
     Conflict { key: IdempotencyKey, job: JobId },
+}
+
+/// Refused by admission as it said; not stored: the disk's fault when it is full
+/// (507), the driver's otherwise (500); the key taken by another spec (422).
+impl CodedError for SubmitError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            SubmitError::Rejected(rejection) => rejection.code,
+            SubmitError::Storage(e) => e.code(),
+            SubmitError::OverQuota(_) => ErrorCode::StorageFull,
+            SubmitError::Conflict { .. } => ErrorCode::IdempotencyConflict,
+        }
+    }
 }
 
 impl From<Rejection> for SubmitError {
@@ -216,7 +229,6 @@ impl Driver {
     /// task runs. A task with no key (a module, file or input by URL without its
     /// `sha256`) refuses the job, naming it.
     fn take_memoized(&self, job: &mut NewJob) -> Result<(), Rejection> {
-        let storage = |e: StoreError| Rejection::new(admission::STORAGE, e.to_string());
         // A task that ended a moment ago is told (its job may even have ended) before its
         // entry is committed: commit what is queued first, so that a job submitted after
         // an identical one ended finds all of its results.
@@ -230,8 +242,8 @@ impl Driver {
         for index in 0..count {
             let task = &job.tasks[index as usize];
             let key = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
-                .map_err(|why| Rejection::new("invalid_spec", format!("memoize: {why}")))?;
-            let Some((from, at)) = self.store.memo(&key).map_err(storage)? else {
+                .map_err(|why| Rejection::new(ErrorCode::InvalidSpec, format!("memoize: {why}")))?;
+            let Some((from, at)) = self.store.memo(&key).map_err(Rejection::from)? else {
                 continue;
             };
             let tenant = &job.def.owner.tenant;
@@ -244,7 +256,7 @@ impl Driver {
                     let t = j.tasks.get(at as usize)?;
                     (t.state == TaskState::Succeeded).then(|| t.result.clone())?
                 })
-                .map_err(storage)?
+                .map_err(Rejection::from)?
                 .flatten();
             if let Some(result @ TaskResult::Inline(_)) = result {
                 job.tasks[index as usize].memoized = Some(result);

@@ -3,19 +3,19 @@
 //! its own uploads and jobs), its quotas at submission, and its usage.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use flint_protocol::api::{JobState, TenantUsage};
+use flint_protocol::api::{ErrorCode, JobState, TenantUsage};
 use flint_protocol::{Digest, JobId};
 
 use super::Driver;
-use crate::admission::{Catalog, Rejection, STORAGE};
+use super::reads::{ReadError, off_runtime};
+use crate::admission::{Catalog, Rejection};
 use crate::scheduler::tenancy::{Share, Shares};
 use crate::scheduler::{ClusterState, Job, NewJob};
 use crate::store::blobs::ModuleInfo;
 use crate::store::{SHARED, StoreError, blob_key};
 use crate::tenants::{ADMIN, Caller, Tenant, Tenants};
-
-pub use crate::admission::QUOTA_EXCEEDED;
 
 /// Tests count the reads of a job's owner from the store, and make them fail.
 #[cfg(test)]
@@ -103,6 +103,16 @@ impl Driver {
         }
         let stored = self.stored_owner(id)?;
         Ok(held.is_none() && stored.is_some_and(|owner| admits(owner.as_deref())))
+    }
+
+    /// Whether `caller` may see job `id` ([`Driver::job_owned`]), read off the runtime.
+    pub async fn sees_job(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &JobId,
+    ) -> Result<bool, ReadError> {
+        let (driver, caller, id) = (self.clone(), caller.clone(), id.clone());
+        Ok(off_runtime(move || driver.job_owned(&id, |owner| caller.sees(owner))).await??)
     }
 
     /// A stored job's tenant (`Some(None)`: the admin's), `None` when none is stored.
@@ -238,7 +248,7 @@ impl Driver {
         let priority = job.def.owner.priority;
         if priority > tenant.max_priority {
             return Err(Rejection::new(
-                QUOTA_EXCEEDED,
+                ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {:?}: max_priority is {}; the job asks for priority {priority}",
                     &*tenant.name, tenant.max_priority
@@ -254,7 +264,7 @@ impl Driver {
             // forever (and, owed cores, have others' attempts preempted for nothing).
             // `max_cores = 0` holds all of a tenant's tasks (a pause): those are taken.
             return Err(Rejection::new(
-                QUOTA_EXCEEDED,
+                ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {:?}: max_cores is {max}; the job asks for {} cores a task",
                     &*tenant.name, r.cores
@@ -265,7 +275,7 @@ impl Driver {
             && r.memory_mb > max
         {
             return Err(Rejection::new(
-                QUOTA_EXCEEDED,
+                ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {:?}: max_task_memory_mb is {max}; the job asks for {} MiB a task",
                     &*tenant.name, r.memory_mb
@@ -276,7 +286,7 @@ impl Driver {
             && r.timeout_ms > max
         {
             return Err(Rejection::new(
-                QUOTA_EXCEEDED,
+                ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {:?}: max_task_timeout_ms is {max}; the job asks for {} ms a task",
                     &*tenant.name, r.timeout_ms
@@ -332,7 +342,7 @@ impl Driver {
 
 fn over(tenant: &Tenant, limit: &str, max: u64, usage: u64, adding: u64) -> Rejection {
     Rejection::new(
-        QUOTA_EXCEEDED,
+        ErrorCode::QuotaExceeded,
         format!(
             "tenant {:?}: {limit} is {max}; it holds {usage} and this job would add {adding}",
             &*tenant.name
@@ -420,7 +430,7 @@ impl Catalog for TenantCatalog<'_> {
             let owned = self
                 .driver
                 .job_owned(id, |owner| caller.sees(owner))
-                .map_err(|e| Rejection::new(STORAGE, e.to_string()))?;
+                .map_err(Rejection::from)?;
             if !owned {
                 return Ok(None);
             }

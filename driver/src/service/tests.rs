@@ -6,7 +6,6 @@ use flint_protocol::JobId;
 use flint_protocol::api::{JobState, TaskState};
 
 use super::*;
-use crate::admission;
 use crate::tenants::Caller;
 
 /// A driver on a fresh data dir, listening nowhere.
@@ -203,13 +202,13 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&refused, SubmitError::Rejected(r) if r.kind == "unknown_module"),
+        matches!(&refused, SubmitError::Rejected(r) if r.code.as_str() == "unknown_module"),
         "{refused:?}"
     );
     let not_json = driver
         .submit_spec(bytes::Bytes::from_static(b"{"), keyed("k"), &Caller::Admin)
         .await;
-    assert!(matches!(not_json, Err(SubmitError::Rejected(r)) if r.kind == admission::INVALID_JSON));
+    assert!(matches!(not_json, Err(SubmitError::Rejected(r)) if r.code.as_str() == "invalid_json"));
 
     // Not stored: the job is killed where it stands, and the key is free again.
     driver.store.refuse_jobs.store(true, Ordering::Relaxed);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use flint_protocol::Digest;
+use flint_protocol::api::{CodedError, ErrorCode};
 
 use super::usage::{DataDirUsage, OverQuota, is_disk_full};
 
@@ -47,6 +48,26 @@ impl ModuleError {
     /// The disk (or a disk quota of the OS) is full: nothing was stored.
     pub fn is_disk_full(&self) -> bool {
         matches!(self, ModuleError::Io { source, .. } if is_disk_full(source))
+    }
+}
+
+/// The module's fault (422), the quota or a full disk (507), the driver's disk
+/// otherwise (500).
+impl CodedError for ModuleError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ModuleError::Invalid(_) => ErrorCode::InvalidModule,
+            ModuleError::OverQuota { .. } => ErrorCode::StorageFull,
+            e if e.is_disk_full() => ErrorCode::StorageFull,
+            ModuleError::Io { .. } => ErrorCode::Storage,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self.is_disk_full() {
+            true => format!("the disk is full: {self}"),
+            false => self.to_string(),
+        }
     }
 }
 

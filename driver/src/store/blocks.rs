@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use flint_protocol::Digest;
+use flint_protocol::api::{CodedError, ErrorCode};
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 use object_store::buffered::BufWriter;
@@ -46,6 +47,21 @@ impl BlockError {
             BlockError::Store(e) => is_disk_full(e),
             BlockError::Io(e) => is_disk_full(e),
             _ => false,
+        }
+    }
+}
+
+/// A bad id or body (4xx), a missing block (404), a full disk (507), the store
+/// otherwise (500).
+impl CodedError for BlockError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            e if e.is_disk_full() => ErrorCode::StorageFull,
+            BlockError::BadId(_) => ErrorCode::InvalidBlockId,
+            BlockError::TooLarge { .. } => ErrorCode::OutputLimit,
+            BlockError::Upload { .. } => ErrorCode::BadBody,
+            BlockError::Store(object_store::Error::NotFound { .. }) => ErrorCode::BlockNotFound,
+            BlockError::Store(_) | BlockError::Io(_) => ErrorCode::Storage,
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use flint_protocol::api::{JobState, TaskCounts, TaskState};
+use flint_protocol::api::{CodedError, ErrorCode, JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
     AttemptRecord, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
 };
@@ -65,6 +65,17 @@ impl StoreError {
     /// Whether the disk (or the file system's quota) is full.
     pub fn is_storage_full(&self) -> bool {
         matches!(self, StoreError::Full(_))
+    }
+}
+
+/// A full disk refuses new work (507); a store that fails otherwise is the driver's
+/// fault (500).
+impl CodedError for StoreError {
+    fn code(&self) -> ErrorCode {
+        match self.is_storage_full() {
+            true => ErrorCode::StorageFull,
+            false => ErrorCode::Storage,
+        }
     }
 }
 
