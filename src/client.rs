@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use flint_driver::service::IdempotencyKey;
 use flint_protocol::api::{
-    ErrorResponse, ExecutorList, JobSpec, JobView, List, TaskView, Uploaded, WorkerView,
+    ErrorCode, ErrorResponse, ExecutorList, JobSpec, JobView, List, TaskView, Uploaded, WorkerView,
 };
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -230,10 +230,10 @@ pub struct ApiError {
 impl ApiError {
     /// How long to wait before sending the request again, when the driver answered
     /// that it is at its limit (503 `overloaded`): its `Retry-After`, else 1 s. `None`
-    /// for every other error, a 503 `storage` (no job store to write to) among them.
+    /// for every other error, a 500 `storage` (no job store to write to) among them.
     pub fn overloaded_retry_after(&self) -> Option<Duration> {
         (self.status == StatusCode::SERVICE_UNAVAILABLE
-            && self.kind.as_deref() == Some("overloaded"))
+            && self.kind.as_deref().and_then(ErrorCode::from_kind) == Some(ErrorCode::Overloaded))
         .then(|| self.retry_after.unwrap_or(Duration::from_secs(1)))
     }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use flint_driver::{Driver, DriverConfig, Listeners};
+use flint_protocol::api::ErrorCode;
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -204,4 +205,43 @@ async fn uploads_and_submissions_past_the_data_dir_quota_get_507_naming_the_figu
 /// `9812345` as `9,812,345`, as the driver's messages write figures.
 fn grouped(n: u64) -> String {
     flint_driver::store::usage::grouped(n)
+}
+
+/// The OpenAPI document's `ErrorCode` schema is the list of codes, and every kind an
+/// error answer's description names is one, listed under the status it is answered with.
+#[tokio::test]
+async fn the_openapi_document_names_every_error_kind_under_its_status() {
+    let (_dir, base) = driver(None).await;
+    let doc = reqwest::get(format!("{base}/v1/openapi.json"))
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&doc.bytes().await.unwrap()).unwrap();
+    let schema = doc["components"]["schemas"]["ErrorCode"]["enum"].as_array();
+    let schema: Vec<&str> = schema.unwrap().iter().filter_map(Value::as_str).collect();
+    let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(schema, codes);
+    let mut named = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let Some(responses) = operation["responses"].as_object() else {
+                continue;
+            };
+            for (status, response) in responses {
+                let status: u16 = status.parse().unwrap();
+                let description = response["description"].as_str().unwrap_or_default();
+                // Backticked words are code; those that are kinds must sit under theirs.
+                for word in description.split('`').skip(1).step_by(2) {
+                    if let Some(code) = ErrorCode::from_kind(word) {
+                        named += 1;
+                        assert_eq!(
+                            code.http_status(),
+                            status,
+                            "{method} {path}: `{word}` is listed under {status}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(named >= 30, "the descriptions name only {named} kinds");
 }

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from flint_client import _core as core
+from flint_client import errors
 from flint_client import specs
 from flint_client.models import ROUTE_SCHEMAS, SCHEMAS, InlinePart, ReplayInputPart, ReplaySource
 
@@ -111,3 +112,10 @@ def test_replay_input_parts_are_the_schemas_variants(document: Dict[str, Any]) -
     assert typing.get_args(ReplayInputPart) == (InlinePart, ReplaySource)
     bundle = document["components"]["schemas"]["ReplayBundle"]
     assert bundle["properties"]["input"]["items"] == {"$ref": "#/components/schemas/ReplayInputPart"}
+
+
+def test_every_error_kind_is_known(document: Dict[str, Any]) -> None:
+    """The driver's error kinds (its ``ErrorCode`` schema) are the kinds the client maps to
+    its exceptions: a kind the client lacks would be raised by its status alone."""
+    kinds = set(document["components"]["schemas"]["ErrorCode"]["enum"])
+    assert kinds == set(errors._BY_KIND), (kinds - set(errors._BY_KIND), set(errors._BY_KIND) - kinds)

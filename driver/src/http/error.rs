@@ -110,4 +110,55 @@ mod tests {
             );
         }
     }
+
+    /// The `.rs` files under `dir`, tests' files left out.
+    fn sources(dir: &std::path::Path, into: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, into);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.to_string_lossy().ends_with("tests.rs")
+            {
+                into.push(path);
+            }
+        }
+    }
+
+    /// What the layers that answer requests may write of a status: the successes. An
+    /// error's status is its code's, so a 4xx or 5xx, or a kind spelled as a string,
+    /// anywhere else would be a second place deciding it.
+    #[test]
+    fn no_layer_writes_an_error_status_or_a_kind_outside_the_enum() {
+        const SUCCESSES: [&str; 4] = ["OK", "CREATED", "ACCEPTED", "NO_CONTENT"];
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        for layer in ["http", "service", "admission", "store", "views"] {
+            let path = src.join(layer);
+            match path.is_dir() {
+                true => sources(&path, &mut files),
+                false => files.push(path.with_extension("rs")),
+            }
+        }
+        let kinds: Vec<String> = ErrorCode::ALL.iter().map(|c| format!("\"{c}\"")).collect();
+        let mut found = Vec::new();
+        for path in files.iter().filter(|p| !p.ends_with("http/error.rs")) {
+            let text = std::fs::read_to_string(path).unwrap();
+            // A file's unit tests come last, and may check statuses.
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for (n, line) in code.lines().enumerate() {
+                let statuses = line.split("StatusCode::").skip(1).map(|rest| {
+                    let end = rest.find(|c: char| !(c.is_ascii_uppercase() || c == '_'));
+                    &rest[..end.unwrap_or(rest.len())]
+                });
+                let bad_status = statuses.into_iter().any(|name| !SUCCESSES.contains(&name));
+                let kind = kinds.iter().find(|k| line.contains(k.as_str()));
+                if bad_status || kind.is_some() {
+                    found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(found.is_empty(), "{}", found.join("\n"));
+        assert!(files.len() > 30, "{} files", files.len());
+    }
 }

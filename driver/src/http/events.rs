@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, Path, State};
-use axum::http::header;
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use flint_protocol::api::{ErrorCode, ErrorResponse, LaggedEvent};
@@ -101,11 +100,8 @@ fn overloaded(driver: &Driver, refused: Refused, holder: Holder, tenants: usize)
              retry after {retry} s"
         ),
     };
-    let mut response = ApiError::new(ErrorCode::Overloaded, message).into_response();
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, retry.into());
-    response
+    // With the `Retry-After` every `overloaded` answer has (`RETRY_AFTER_SECS`, `retry`).
+    ApiError::new(ErrorCode::Overloaded, message).into_response()
 }
 
 /// One server-sent event: its name, and its data as JSON.

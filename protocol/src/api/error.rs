@@ -16,11 +16,15 @@ macro_rules! error_codes {
         /// Why a request failed, as callers branch on it: the `kind` of an error answer.
         /// A closed list: a new kind is a new variant, with its status in
         /// [`ErrorCode::http_status`].
+        // The JSON names by `rename_all`, not each variant's `$kind`: utoipa's derive does
+        // not read a `rename` whose value comes from a macro (the OpenAPI schema listed
+        // the variants' names). The unit tests hold the two spellings to each other.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[derive(Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
         #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         pub enum ErrorCode {
-            $($(#[$doc])* #[serde(rename = $kind)] $code,)*
+            $($(#[$doc])* $code,)*
         }
 
         impl ErrorCode {
@@ -211,7 +215,7 @@ impl ErrorResponse {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::{BTreeMap, BTreeSet, HashSet};
 
     use super::*;
 
@@ -315,6 +319,45 @@ mod tests {
              in the enum {:?}",
             only(&readme, &codes),
             only(&codes, &readme)
+        );
+    }
+
+    /// The Python client's exceptions by kind (`_BY_KIND` in `errors.py`), as its kinds.
+    fn python_kinds() -> BTreeSet<String> {
+        let errors = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../clients/python/src/flint_client/errors.py"
+        ));
+        let start = "_BY_KIND: Dict[str, Type[FlintError]] = {";
+        let rows = errors
+            .lines()
+            .skip_while(|l| l.trim() != start)
+            .skip(1)
+            .take_while(|l| l.trim() != "}");
+        let mut kinds = BTreeSet::new();
+        for line in rows {
+            let (kind, class) = line
+                .trim()
+                .split_once(':')
+                .unwrap_or_else(|| panic!("{line}"));
+            assert!(class.trim().ends_with(','), "{line}");
+            let kind = kind.trim().trim_matches('"').to_owned();
+            assert!(kinds.insert(kind), "twice: {line}");
+        }
+        assert!(!kinds.is_empty(), "no `{start}` in errors.py");
+        kinds
+    }
+
+    #[test]
+    fn the_python_client_knows_every_kind_and_no_other() {
+        let python = python_kinds();
+        let codes: BTreeSet<String> = ErrorCode::ALL.iter().map(|c| c.to_string()).collect();
+        assert!(
+            python == codes,
+            "errors.py's _BY_KIND drifted from ErrorCode: only in Python {:?}, only in the enum \
+             {:?}",
+            python.difference(&codes).collect::<Vec<_>>(),
+            codes.difference(&python).collect::<Vec<_>>()
         );
     }
 }

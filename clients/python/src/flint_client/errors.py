@@ -99,11 +99,11 @@ class NotFound(FlintError):
 
 
 class Conflict(FlintError):
-    """409, or a request that conflicts with the job's state: ``no_result`` (the task
-    has no result), ``job_running`` (kill it first), ``job_in_use``,
-    ``executor_not_alive``, ``not_run`` (a task not run yet has nothing to replay), and
-    ``idempotency_conflict`` (422: the key belongs to a job submitted with another
-    spec)."""
+    """409, or a request that conflicts with the job's state: ``job_running`` (kill it
+    first), ``job_in_use``, ``executor_not_alive``, ``not_run`` (a task not run yet has
+    nothing to replay), and, with 422, ``no_result`` (the task has no result; 409 from
+    drivers before issue 39) and ``idempotency_conflict`` (the key belongs to a job
+    submitted with another spec)."""
 
 
 class InvalidSpec(FlintError):
@@ -158,7 +158,9 @@ class ReplayUnavailable(FlintError):
 
 
 class ServerError(FlintError):
-    """Another 5xx: the driver failed (``storage``, ...)."""
+    """500, or another 5xx: the driver failed (``storage``: its own store failed a read
+    or a write; ``internal``). Not retried: whether it clears, and whether a retry is
+    safe (a submission with an idempotency key is), is the caller's call."""
 
 
 class ProtocolError(FlintError):
@@ -240,6 +242,7 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "not_run": Conflict,
     "invalid_module": InvalidModule,
     "invalid_module_id": InvalidModule,
+    "invalid_block_id": InvalidSpec,
     "invalid_spec": InvalidSpec,
     "unknown_module": InvalidSpec,
     "unknown_file": InvalidSpec,
@@ -256,6 +259,8 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "overloaded": Overloaded,
     "storage_full": StorageFull,
     "replay_unavailable": ReplayUnavailable,
+    "storage": ServerError,
+    "internal": ServerError,
 }
 
 _BY_STATUS: Dict[int, Type[FlintError]] = {
