@@ -50,7 +50,7 @@ impl ApiError {
 }
 
 /// The status every answer of `code` gets.
-pub fn status_of(code: ErrorCode) -> StatusCode {
+fn status_of(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.http_status()).expect("an ErrorCode's status is a valid status")
 }
 
