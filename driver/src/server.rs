@@ -106,7 +106,7 @@ pub async fn run(
         let _ = supervisor.await;
     }
     driver.shutdown_executors();
-    driver.workers.shutdown();
+    driver.cluster.workers.shutdown();
     stop.cancel();
     reviver.abort();
     sampler.abort();
@@ -149,6 +149,7 @@ async fn history_loop(driver: Arc<Driver>) {
         let sample = driver.read(|s| crate::history::sample(s, now));
         let tenants = driver.tenants.get();
         driver
+            .cluster
             .history
             .record(sample, tenants.iter().map(|t| &t.name));
     }

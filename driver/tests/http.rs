@@ -120,7 +120,7 @@ fn message(body: &Value) -> &str {
 async fn uploads_and_submissions_past_the_data_dir_quota_get_507_naming_the_figures() {
     // What a fresh data dir holds (its job store), plus room for 4 MiB.
     let (_fresh, _, fresh) = driver_with(|_| {}).await;
-    let limit = fresh.usage.used() + (4 << 20);
+    let limit = fresh.uploads.usage.used() + (4 << 20);
     let (_dir, base, _driver) = driver_with(|config| config.data_dir_max_bytes = limit).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))

@@ -270,7 +270,7 @@ fn on_event(
         } => {
             tracing::info!(executor = %id, pid, worker, "executor launched");
             if let Some(log) = log {
-                driver.executor_logs.set(id.clone(), log);
+                driver.cluster.executor_logs.set(id.clone(), log);
             }
             let by = LaunchedBy {
                 cluster_manager: manager,

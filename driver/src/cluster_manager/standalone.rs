@@ -36,7 +36,7 @@ impl StandaloneManager {
     /// Attaches to the driver's worker registry and starts hearing from it.
     pub fn start(driver: Arc<Driver>, events: mpsc::UnboundedSender<ExecutorEvent>) -> Self {
         let (notify, heard) = mpsc::unbounded_channel();
-        driver.workers.attach(notify);
+        driver.cluster.workers.attach(notify);
         let state: Arc<Mutex<State>> = Default::default();
         tokio::spawn(listen(driver.clone(), heard, events.clone(), state.clone()));
         StandaloneManager {
@@ -50,7 +50,7 @@ impl StandaloneManager {
 /// Places what is pending, in order, while workers have room.
 fn place_pending(driver: &Driver, state: &mut State) {
     while let Some(request) = state.pending.front() {
-        let Some(worker) = driver.workers.place(&placement(request)) else {
+        let Some(worker) = driver.cluster.workers.place(&placement(request)) else {
             return;
         };
         let request = state.pending.pop_front().expect("front exists");
@@ -85,9 +85,9 @@ async fn listen(
                 None => return,
             },
             _ = tick.tick() => {
-                for (worker, generation) in driver.workers.silent(timeout) {
+                for (worker, generation) in driver.cluster.workers.silent(timeout) {
                     tracing::warn!(worker, ?timeout, "no heartbeat from worker; lost");
-                    driver.workers.lost(&worker, generation, "no heartbeat");
+                    driver.cluster.workers.lost(&worker, generation, "no heartbeat");
                 }
                 continue;
             }
@@ -99,7 +99,7 @@ async fn listen(
                     if state.placed.get(&executor) != Some(&worker) {
                         tracing::warn!(executor = %executor, worker,
                             "worker runs an executor this driver did not place; killing it");
-                        driver.workers.kill_on(&worker, &executor);
+                        driver.cluster.workers.kill_on(&worker, &executor);
                     }
                 }
             }
@@ -175,7 +175,7 @@ impl ClusterManager for StandaloneManager {
             });
             return;
         }
-        self.driver.workers.kill(id);
+        self.driver.cluster.workers.kill(id);
     }
 
     fn executors_outlive_driver(&self) -> bool {

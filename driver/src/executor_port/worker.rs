@@ -24,7 +24,7 @@ pub(super) async fn serve(
         conn.map_codec(|c| c.retype());
     let id = registration.worker_id.clone();
     let (outbox, mut orders) = tokio::sync::mpsc::unbounded_channel();
-    let generation = match driver.workers.register(
+    let generation = match driver.cluster.workers.register(
         registration,
         outbox,
         &driver.config.app_id,
@@ -47,7 +47,7 @@ pub(super) async fn serve(
     let reason = loop {
         tokio::select! {
             frame = frames.next() => match frame {
-                Some(Ok(message)) => driver.workers.message(&id, generation, message),
+                Some(Ok(message)) => driver.cluster.workers.message(&id, generation, message),
                 Some(Err(e)) => break format!("reading: {e}"),
                 None => break "connection closed".to_owned(),
             },
@@ -60,6 +60,6 @@ pub(super) async fn serve(
     };
     writer.abort();
     tracing::warn!(worker = %id, generation, reason, "worker lost");
-    driver.workers.lost(&id, generation, &reason);
+    driver.cluster.workers.lost(&id, generation, &reason);
     Ended::Lost(reason)
 }

@@ -104,7 +104,7 @@ async fn put_blob(
     }
     // Stop reading an upload as soon as it cannot fit under the quota; the store checks
     // again when it writes, against uploads running beside this one.
-    let usage = &driver.usage;
+    let usage = &driver.uploads.usage;
     let refusal = |adding: u64| {
         ApiError::new(
             ErrorCode::StorageFull,
@@ -199,6 +199,7 @@ pub(super) async fn put_block(
     let max = driver.existing_job(&job_id, |j| j.def.resources.max_output_bytes)?;
     let id = format!("{job}/{name}");
     let (size, digest) = driver
+        .uploads
         .blocks
         .put_stream(&id, body.into_data_stream(), max)
         .await?;
@@ -219,7 +220,7 @@ pub(super) async fn get_block(
 }
 
 pub(super) async fn stream_block(driver: &Driver, id: &str) -> ApiResult<Response> {
-    let (len, stream) = driver.blocks.get_stream(id).await?;
+    let (len, stream) = driver.uploads.blocks.get_stream(id).await?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),

@@ -32,8 +32,8 @@ pub(super) async fn cluster_history(
     Extension(caller): Extension<Caller>,
 ) -> axum::Json<ClusterHistory> {
     axum::Json(match caller.tenant() {
-        Some(tenant) => driver.history.tenant_view(&tenant.name),
-        None => driver.history.view(),
+        Some(tenant) => driver.cluster.history.tenant_view(&tenant.name),
+        None => driver.cluster.history.view(),
     })
 }
 
@@ -58,7 +58,7 @@ pub(super) async fn get_metrics(State(driver): State<Arc<Driver>>) -> impl IntoR
             let (finished, archive) = driver.finished_figures();
             let mut text = driver.read(|s| metrics::render_state(s, now, &finished, archive));
             metrics::render_counters(&mut text, &driver.metrics, driver.store_commits());
-            metrics::render_data_dir(&mut text, &driver.usage);
+            metrics::render_data_dir(&mut text, &driver.uploads.usage);
             metrics::render_allocation(&mut text, driver.allocation().as_ref());
             text
         },
@@ -76,7 +76,7 @@ pub(super) async fn list_executors(State(driver): State<Arc<Driver>>) -> axum::J
         s.executors
             .iter()
             .map(|(id, e)| {
-                let log_url = executor_logs::log_url(&driver.executor_logs, id);
+                let log_url = executor_logs::log_url(&driver.cluster.executor_logs, id);
                 executor_view(id, e, &s.config.exclusion, now, log_url)
             })
             .collect()
@@ -97,7 +97,7 @@ pub(super) async fn list_workers(
     State(driver): State<Arc<Driver>>,
 ) -> axum::Json<List<WorkerView>> {
     axum::Json(List {
-        items: driver.workers.views(),
+        items: driver.cluster.workers.views(),
         next: None,
     })
 }
@@ -154,7 +154,7 @@ pub(super) async fn kill_worker_executors(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<axum::Json<List<ExecutorId>>, ApiError> {
     let Path(worker) = path.map_err(ApiError::path)?;
-    let Some(executors) = driver.workers.executors_on(&worker) else {
+    let Some(executors) = driver.cluster.workers.executors_on(&worker) else {
         return Err(ApiError::new(
             ErrorCode::WorkerNotFound,
             format!("no live worker {worker}"),

@@ -175,7 +175,7 @@ async fn block_frame(driver: &Driver, index: u32, block: flint_protocol::BlockRe
     use futures_util::StreamExt;
     let fail =
         |message: String| futures_util::stream::iter([Err(std::io::Error::other(message))]).boxed();
-    match driver.blocks.get_stream(&block.id).await {
+    match driver.uploads.blocks.get_stream(&block.id).await {
         // A block of another length would break every frame after it: the response is
         // cut instead, and the client sees it end early.
         Ok((len, stream)) if len == block.size => {

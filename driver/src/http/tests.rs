@@ -41,7 +41,7 @@ fn refused(driver: &Driver, spec: serde_json::Value) -> (StatusCode, &'static st
 #[test]
 fn args_and_env_guests_cannot_be_given_are_refused_at_submit_naming_where() {
     let (_dir, driver) = driver();
-    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (digest, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let module = digest.to_string();
     let cases = [
         (
@@ -89,7 +89,7 @@ fn args_and_env_guests_cannot_be_given_are_refused_at_submit_naming_where() {
 #[test]
 fn a_module_url_at_the_drivers_own_route_is_not_served_by_the_driver() {
     let (_dir, driver) = driver();
-    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (digest, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let uploaded = submit(
         &driver,
         json!({"module": digest.to_string(), "inputs": [{"text": ""}]}),
@@ -115,8 +115,8 @@ fn a_module_url_at_the_drivers_own_route_is_not_served_by_the_driver() {
 #[test]
 fn a_file_url_at_the_drivers_own_route_is_not_served_by_the_driver() {
     let (_dir, driver) = driver();
-    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
-    let (file, _) = driver.files.put(b"data").unwrap();
+    let (module, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
+    let (file, _) = driver.uploads.files.put(b"data").unwrap();
     let url = format!("{}/v1/files/{file}", driver.http_base);
     let job = submit(
         &driver,
@@ -215,7 +215,7 @@ fn no_url_a_job_names_gets_the_timestamp_reserved_for_the_driver() {
 #[test]
 fn a_file_given_as_a_plain_url_string_is_fetched_like_a_url_object() {
     let (_dir, driver) = driver();
-    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (module, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let job = submit(
         &driver,
         json!({"module": module.to_string(), "inputs": [{"text": ""}], "files": {
@@ -264,7 +264,7 @@ fn a_file_given_as_a_plain_url_string_is_fetched_like_a_url_object() {
 #[test]
 fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused() {
     let (_dir, driver) = driver();
-    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (digest, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let tenant = Ceiling {
         tenant: Some("b".into()),
         memory_mb: Some(64),
@@ -336,7 +336,7 @@ fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused
 #[test]
 fn a_deterministic_job_without_a_seed_gets_one_from_its_spec() {
     let (_dir, driver) = driver();
-    let (digest, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (digest, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let module = digest.to_string();
     let seed = |spec: &str| {
         let spec: serde_json::Value = serde_json::from_str(spec).unwrap();
@@ -398,7 +398,7 @@ async fn through_the_gate(
     caller: &Caller,
     path: &str,
 ) -> (Result<(), (StatusCode, &'static str, String)>, u64) {
-    let reads = || driver.owner_reads.count.load(Ordering::Relaxed);
+    let reads = || driver.uploads.owner_reads.count.load(Ordering::Relaxed);
     let before = reads();
     let uri: Uri = path.parse().unwrap();
     let answer = gate(driver, caller, &Method::GET, &uri)
@@ -443,7 +443,11 @@ async fn another_tenants_live_job_and_an_absent_one_take_the_same_reads_and_answ
 
     // A store that cannot be read fails both alike: never 404 for one and 500 for the
     // other. The owner's own live job still answers from memory.
-    driver.owner_reads.refuse.store(true, Ordering::Relaxed);
+    driver
+        .uploads
+        .owner_reads
+        .refuse
+        .store(true, Ordering::Relaxed);
     let mut answers = Vec::new();
     for path in ["/v1/jobs/a-live", "/v1/jobs/absent"] {
         let (answer, reads) = through_the_gate(&driver, &b, path).await;
@@ -474,7 +478,11 @@ async fn a_job_named_in_a_spec_is_found_as_the_gate_finds_it() {
             .map_err(|r| r.code.as_str())
     };
     assert_eq!((find("a-live"), find("absent")), (Ok(None), Ok(None)));
-    driver.owner_reads.refuse.store(true, Ordering::Relaxed);
+    driver
+        .uploads
+        .owner_reads
+        .refuse
+        .store(true, Ordering::Relaxed);
     assert_eq!(
         (find("a-live"), find("absent")),
         (Err("storage"), Err("storage")),

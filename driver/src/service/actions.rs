@@ -69,10 +69,12 @@ impl Driver {
         for job in inner.state.take_drained() {
             self.archive_job(&mut inner, job);
         }
-        inner.archive.settle(|write| self.store.is_durable(write));
+        inner
+            .archive
+            .settle(|write| self.jobs.store.is_durable(write));
         drop(inner);
         if finished {
-            self.jobs_finished.send_modify(|n| *n += 1);
+            self.jobs.endings.send_modify(|n| *n += 1);
         }
         result
     }
@@ -159,7 +161,7 @@ impl Driver {
                 inner.deferred.insert(job.clone(), deferred);
                 u64::MAX
             }
-            false => self.store.job_ended(job.clone(), end, summary),
+            false => self.jobs.store.job_ended(job.clone(), end, summary),
         };
         inner.ending.insert(job.clone(), write);
         if let Some(j) = inner.state.retire_job(job) {
@@ -190,7 +192,7 @@ impl Driver {
         let attempts = durable::attempt_records(&job);
         match inner.deferred.get_mut(&job.def.id) {
             Some(deferred) => deferred.attempts = Some(attempts),
-            None => last = last.max(self.store.attempts_ended(job.def.id.clone(), attempts)),
+            None => last = last.max(self.jobs.store.attempts_ended(job.def.id.clone(), attempts)),
         }
         inner.archive(job, last);
     }
@@ -204,10 +206,10 @@ impl Driver {
         end: TaskEndRecord,
         memo: Option<Digest>,
     ) -> u64 {
-        let write = self.store.task_ended(job.clone(), index, end);
+        let write = self.jobs.store.task_ended(job.clone(), index, end);
         if let Some(key) = memo {
-            let write = self.store.memo_found(key, job.clone(), index);
-            self.memo_writes.fetch_max(write, Ordering::Relaxed);
+            let write = self.jobs.store.memo_found(key, job.clone(), index);
+            self.jobs.memo_writes.fetch_max(write, Ordering::Relaxed);
         }
         write
     }

@@ -79,11 +79,11 @@ pub(super) fn host_name() -> Option<String> {
 impl Catalog for Driver {
     /// Named by a job being admitted: used now, so retention keeps it.
     fn module(&self, digest: &Digest) -> Option<ModuleInfo> {
-        self.modules.touch(digest)
+        self.uploads.modules.touch(digest)
     }
 
     fn file(&self, digest: &Digest) -> Option<ModuleInfo> {
-        self.files.touch(digest)
+        self.uploads.files.touch(digest)
     }
 
     fn http_base(&self) -> &str {
@@ -91,7 +91,7 @@ impl Catalog for Driver {
     }
 
     fn block_url(&self, id: &str) -> String {
-        self.blocks.fetch_url(id)
+        self.uploads.blocks.fetch_url(id)
     }
 
     fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {

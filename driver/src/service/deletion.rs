@@ -90,9 +90,9 @@ impl Driver {
             if unsaved {
                 // Its end is still on its way to the store: once there, it is deleted
                 // with the rest, and nothing written later brings it back.
-                driver.store.flush();
+                driver.jobs.store.flush();
             }
-            driver.store.summary(&job)
+            driver.jobs.store.summary(&job)
         })
         .await??;
         if exists.is_none() {
@@ -101,7 +101,7 @@ impl Driver {
         let blocks = self.delete_blocks(id).await?;
         let driver = self.clone();
         let job = id.clone();
-        let deleted = blocking(move || driver.store.delete_job(&job)).await??;
+        let deleted = blocking(move || driver.jobs.store.delete_job(&job)).await??;
         match deleted {
             Some(deleted) => {
                 self.forget_deleted(id, &deleted).await;
@@ -115,7 +115,8 @@ impl Driver {
 
     /// Deletes a job's blocks; how many there were.
     async fn delete_blocks(&self, id: &JobId) -> Result<u64, DeleteError> {
-        self.blocks
+        self.uploads
+            .blocks
             .delete_job(id)
             .await
             .map_err(|e| DeleteError::Blocks {
@@ -134,7 +135,7 @@ impl Driver {
             inner.finished.add(&deleted.summary, -1);
         }
         if let Some(key) = &deleted.key {
-            self.idempotency.forget(key, id).await;
+            self.jobs.idempotency.forget(key, id).await;
         }
         self.metrics.job_deleted();
     }
@@ -156,13 +157,13 @@ impl Driver {
         };
         if ids.iter().any(|id| self.lock().archive.is_unsaved(id)) {
             let driver = self.clone();
-            blocking(move || driver.store.flush()).await?;
+            blocking(move || driver.jobs.store.flush()).await?;
         }
         for id in &ids {
             self.delete_blocks(id).await?;
         }
         let driver = self.clone();
-        let deleted = blocking(move || driver.store.delete_jobs(&ids)).await??;
+        let deleted = blocking(move || driver.jobs.store.delete_jobs(&ids)).await??;
         for (id, d) in &deleted {
             self.forget_deleted(id, d).await;
         }
@@ -179,7 +180,7 @@ impl Driver {
             let cutoff = unix_ms(now.checked_sub(retention).unwrap_or(UNIX_EPOCH));
             loop {
                 let driver = self.clone();
-                let page = blocking(move || driver.store.finished_before(cutoff, SWEEP_PAGE));
+                let page = blocking(move || driver.jobs.store.finished_before(cutoff, SWEEP_PAGE));
                 let ids = match page.await.and_then(|page| page) {
                     Ok(ids) => ids,
                     Err(e) => {
@@ -217,14 +218,14 @@ impl Driver {
         let driver = self.clone();
         let swept = tokio::task::spawn_blocking(move || {
             // Jobs accepted into the journal are counted once folded.
-            driver.store.flush();
+            driver.jobs.store.flush();
             let mut deleted = 0;
-            for (files, store) in [(false, &driver.modules), (true, &driver.files)] {
+            for (files, store) in [(false, &driver.uploads.modules), (true, &driver.uploads.files)] {
                 for (digest, info) in store.list() {
                     if info.timestamp_ms >= cutoff {
                         continue;
                     }
-                    match driver.store.blob_refs(&digest, files) {
+                    match driver.jobs.store.blob_refs(&digest, files) {
                         // Unless uploaded again or named by a job admitted since.
                         Ok(0) => match store.delete_unused(&digest, cutoff) {
                             Ok(true) => {

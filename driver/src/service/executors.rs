@@ -77,7 +77,7 @@ impl Driver {
             max_log_bytes: defaults::TASK_MAX_LOG_BYTES,
             driver_http_url: self.http_base.clone(),
             fetch_allow: self.config.fetch_allow.clone(),
-            block_store: self.blocks.spec().to_owned(),
+            block_store: self.uploads.blocks.spec().to_owned(),
             inline_result_bytes: self.config.inline_result_bytes,
             credentials_pushed: self.config.executor_credentials.is_some(),
         }
@@ -164,7 +164,7 @@ impl Driver {
     /// The last [`EXECUTOR_LOG_TAIL_BYTES`] of the stderr of an executor the driver's
     /// cluster manager launched, read off the runtime.
     pub async fn executor_log(&self, id: &ExecutorId) -> Result<Vec<u8>, LogError> {
-        let Some(path) = self.executor_logs.get(id) else {
+        let Some(path) = self.cluster.executor_logs.get(id) else {
             return Err(match self.read(|s| s.executors.contains_key(id)) {
                 true => LogError::NoLog(id.clone()),
                 false => LogError::NotFound(id.clone()),
@@ -208,7 +208,11 @@ impl Driver {
                 state.as_str()
             ))),
             Some(Ok(true)) => {
-                let commands = self.commands.lock().expect("commands lock poisoned");
+                let commands = self
+                    .cluster
+                    .commands
+                    .lock()
+                    .expect("commands lock poisoned");
                 match commands.as_ref() {
                     Some(tx) if tx.send(AllocationCommand::Kill(id.clone())).is_ok() => Ok(()),
                     _ => Err(ExecutorRefusal::NotAlive(
@@ -226,7 +230,11 @@ impl Driver {
 
     /// Where the cluster manager's supervisor hears the API's kills.
     pub fn set_commands(&self, commands: mpsc::UnboundedSender<AllocationCommand>) {
-        *self.commands.lock().expect("commands lock poisoned") = Some(commands);
+        *self
+            .cluster
+            .commands
+            .lock()
+            .expect("commands lock poisoned") = Some(commands);
     }
 
     /// Lost with its host, or never launched: see `ClusterState::executor_gone`.
@@ -236,13 +244,18 @@ impl Driver {
     }
 
     pub fn set_allocation(&self, view: flint_protocol::api::AllocationView) {
-        *self.allocation.lock().expect("allocation lock poisoned") = Some(view);
+        *self
+            .cluster
+            .allocation
+            .lock()
+            .expect("allocation lock poisoned") = Some(view);
     }
 
     /// The allocation as its supervisor last said, with the executors launching and
     /// running counted from their states now.
     pub fn allocation(&self) -> Option<flint_protocol::api::AllocationView> {
         let mut view = self
+            .cluster
             .allocation
             .lock()
             .expect("allocation lock poisoned")
@@ -292,7 +305,8 @@ impl Driver {
 
     /// The object-store credentials executors get (`--executor-credentials`).
     pub fn credentials(&self) -> Option<flint_protocol::messages::Credentials> {
-        self.credentials
+        self.cluster
+            .credentials
             .lock()
             .expect("credentials lock poisoned")
             .clone()
@@ -302,7 +316,11 @@ impl Driver {
     /// sent now to every connected one. Stored before the send, so that a registration
     /// in between gets these or is on the list the send goes to.
     pub fn set_credentials(&self, credentials: flint_protocol::messages::Credentials) {
-        *self.credentials.lock().expect("credentials lock poisoned") = Some(credentials.clone());
+        *self
+            .cluster
+            .credentials
+            .lock()
+            .expect("credentials lock poisoned") = Some(credentials.clone());
         let inner = self.lock();
         for link in inner.links.values() {
             let _ = link

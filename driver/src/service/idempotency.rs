@@ -339,9 +339,9 @@ impl Driver {
         let driver = self.clone();
         // A task of its own: run to the end even if the request is dropped mid-commit.
         let submission = tokio::spawn(async move {
-            let slot = driver.idempotency.slot(&key);
+            let slot = driver.jobs.idempotency.slot(&key);
             let outcome = driver.claim(&slot, &key, spec, &body, &caller).await;
-            driver.idempotency.release(&key, slot);
+            driver.jobs.idempotency.release(&key, slot);
             outcome
         });
         submission.await.unwrap_or_else(|e| {
@@ -371,7 +371,7 @@ impl Driver {
             };
         }
         // A repeat is answered at the quota too; only a new job is refused.
-        self.usage.check_not_full()?;
+        self.uploads.usage.check_not_full()?;
         let job = self.admit(body, caller)?;
         let id = job.def.id.clone();
         let tenant = caller.tenant().cloned();

@@ -59,7 +59,7 @@ impl Driver {
         // committed: commit now rather than list a job as running that its client has
         // seen end (a sync, only when such a job exists).
         if self.lock().has_unsaved_ends() {
-            self.store.flush();
+            self.jobs.store.flush();
         }
         let before = match after.filter(|a| !a.is_empty()) {
             Some(cursor) => match self.place(cursor, filter.owner.as_ref())? {
@@ -74,7 +74,7 @@ impl Driver {
             // Live states change in memory only: answered from there.
             Some(JobState::Queued | JobState::Running) => self.list_live(filter, before, limit),
             _ => {
-                let page = self.store.list(filter, before, limit)?;
+                let page = self.jobs.store.list(filter, before, limit)?;
                 let items = self.read(|s| {
                     (page.items.iter().zip(&page.owners))
                         .map(|((id, summary), owner)| match s.jobs.get(id) {
@@ -145,7 +145,7 @@ impl Driver {
         }
         let created = match self.read(|s| s.jobs.get(&id).map(|j| j.def.created_at_ms)) {
             Some(ms) => Some(ms),
-            None => self.store.summary(&id)?.map(|s| s.created_at_ms),
+            None => self.jobs.store.summary(&id)?.map(|s| s.created_at_ms),
         };
         Ok(created.map(|ms| (ms, cursor.to_owned())))
     }

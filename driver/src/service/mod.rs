@@ -37,6 +37,7 @@ mod deletion;
 mod executors;
 pub mod idempotency;
 mod listing;
+mod parts;
 mod reads;
 mod replay;
 mod submission;
@@ -49,6 +50,8 @@ pub use executors::{AllocationCommand, ExecutorRefusal, LogError};
 use idempotency::IdempotencyKeys;
 pub use idempotency::{BadKey, IdempotencyKey};
 pub use listing::ListError;
+use parts::JobRecords;
+pub use parts::{ClusterParts, Uploads};
 pub use reads::{Panicked, ReadError};
 pub use replay::ReplayError;
 pub use submission::{SubmitError, Submitted};
@@ -94,44 +97,18 @@ struct Inner {
 
 pub struct Driver {
     pub config: DriverConfig,
-    pub modules: ModuleStore,
-    pub files: ModuleStore,
-    pub blocks: BlockStore,
-    /// What the data dir holds, against its quota.
-    pub usage: Arc<DataDirUsage>,
-    /// The fetch timestamps of the URLs jobs named.
-    url_timestamps: UrlTimestamps,
-    store: JobStore,
-    /// The idempotency keys in use, and the job each stored one belongs to.
-    idempotency: IdempotencyKeys,
     /// `http://HOST:PORT` of the API, from which executors fetch modules.
     pub http_base: String,
+    /// The scheduler's state and the executors' connections, behind the one lock.
     inner: Mutex<Inner>,
-    /// Bumped whenever a job reaches a final state, for `?wait=` callers.
-    jobs_finished: watch::Sender<u64>,
-    /// The job store's write number of the latest memo entry sent (see `take_memoized`).
-    memo_writes: std::sync::atomic::AtomicU64,
+    pub uploads: Uploads,
+    jobs: JobRecords,
+    pub cluster: ClusterParts,
+    /// The tenants in force (`--tenants`); none on a driver without them.
+    pub tenants: Arc<crate::tenants::Registry>,
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
-    /// Executors' stderr files, for those the driver's cluster manager launched.
-    pub executor_logs: crate::executor_logs::ExecutorLogs,
-    /// What the cluster manager is asked for, as its supervisor last said.
-    allocation: std::sync::Mutex<Option<flint_protocol::api::AllocationView>>,
-    /// Standalone workers, for the `standalone` cluster manager.
-    pub workers: workers::Workers,
-    /// To the cluster manager's supervisor, when there is one.
-    commands: std::sync::Mutex<Option<mpsc::UnboundedSender<AllocationCommand>>>,
-    /// What `UpdateCredentials` carries, once `--executor-credentials` was read.
-    credentials: std::sync::Mutex<Option<flint_protocol::messages::Credentials>>,
-    /// The cluster once a second, for `GET /v1/cluster/history`.
-    pub history: crate::history::History,
-    /// The tenants in force (`--tenants`); none on a driver without them.
-    pub tenants: Arc<crate::tenants::Registry>,
-    /// Who uploaded each module and file.
-    upload_owners: tenancy::UploadOwners,
-    #[cfg(test)]
-    pub(crate) owner_reads: tenancy::OwnerReads,
 }
 
 impl Driver {
@@ -163,13 +140,6 @@ impl Driver {
         let events = JobEvents::new(config.max_event_streams);
         let driver = Arc::new(Driver {
             config,
-            modules,
-            files,
-            blocks,
-            usage,
-            url_timestamps: UrlTimestamps::default(),
-            store,
-            idempotency: IdempotencyKeys::restore(keys),
             http_base,
             inner: Mutex::new(Inner {
                 state: ClusterState::new(
@@ -187,20 +157,21 @@ impl Driver {
                 deferred: HashMap::new(),
                 finished,
             }),
-            jobs_finished: watch::Sender::new(0),
-            memo_writes: Default::default(),
+            uploads: Uploads {
+                modules,
+                files,
+                blocks,
+                usage,
+                owners: upload_owners,
+                url_timestamps: UrlTimestamps::default(),
+                #[cfg(test)]
+                owner_reads: Default::default(),
+            },
+            jobs: JobRecords::new(store, IdempotencyKeys::restore(keys)),
+            cluster: ClusterParts::default(),
+            tenants: Default::default(),
             metrics: crate::metrics::Metrics::default(),
             events,
-            executor_logs: Default::default(),
-            history: Default::default(),
-            allocation: Default::default(),
-            workers: Default::default(),
-            commands: Default::default(),
-            credentials: Default::default(),
-            tenants: Default::default(),
-            upload_owners,
-            #[cfg(test)]
-            owner_reads: Default::default(),
         });
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
@@ -211,13 +182,13 @@ impl Driver {
 
     /// Group commits of task and job ends to the job store since the driver started.
     pub fn store_commits(&self) -> u64 {
-        self.store.commits()
+        self.jobs.store.commits()
     }
 
     /// Commits the task and job ends still waiting for the next group commit (blocking),
     /// so that after a clean stop no finished task runs again.
     pub fn flush_store(&self) {
-        self.store.flush();
+        self.jobs.store.flush();
     }
 
     /// Reads the state. Keep the closure short: the scheduler waits on this lock.
@@ -231,7 +202,9 @@ impl Driver {
     pub fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, StoreError> {
         let deletions = {
             let mut inner = self.lock();
-            inner.archive.settle(|write| self.store.is_durable(write));
+            inner
+                .archive
+                .settle(|write| self.jobs.store.is_durable(write));
             if let Some(job) = inner.state.jobs.get(id) {
                 return Ok(Some(f(job)));
             }
@@ -243,10 +216,10 @@ impl Driver {
                 None => inner.archive.deletions,
             }
         };
-        let Some(stored) = self.store.job(id)? else {
+        let Some(stored) = self.jobs.store.job(id)? else {
             return Ok(None);
         };
-        let attempts = self.store.attempts(id)?;
+        let attempts = self.jobs.store.attempts(id)?;
         let job = Arc::new(durable::finished_job(stored, attempts));
         let mut inner = self.lock();
         // Ended and removed meanwhile? Only cache what no deletion may have raced.
@@ -270,7 +243,7 @@ impl Driver {
     /// A job as it was submitted (its tasks' inputs, args and env), from the job store,
     /// live or finished. Blocks on the store: call it off the runtime.
     pub fn job_record(&self, id: &JobId) -> Result<Option<JobRecord>, StoreError> {
-        Ok(self.store.job(id)?.map(|stored| stored.job))
+        Ok(self.jobs.store.job(id)?.map(|stored| stored.job))
     }
 
     /// The job's view, live or finished.
@@ -287,7 +260,7 @@ impl Driver {
 
     /// A receiver that changes whenever a job ends.
     pub fn job_endings(&self) -> watch::Receiver<u64> {
-        self.jobs_finished.subscribe()
+        self.jobs.endings.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -103,7 +103,7 @@ impl Driver {
                 self.submit_once(body, key, caller.clone()).await
             }
             None => {
-                self.usage.check_not_full()?;
+                self.uploads.usage.check_not_full()?;
                 let job = self.admit(&body, caller)?;
                 let id = job.def.id.clone();
                 self.submit_keyed(job, None, caller.tenant().cloned())
@@ -137,10 +137,13 @@ impl Driver {
         })?;
         let driver = self.clone();
         let commit = tokio::task::spawn_blocking(move || match &key {
-            Some((key, spec)) => driver
-                .store
-                .put_job(&record, &ends, Some((key.as_str(), spec))),
-            None => driver.store.accept_job(record, &ends),
+            Some((key, spec)) => {
+                driver
+                    .jobs
+                    .store
+                    .put_job(&record, &ends, Some((key.as_str(), spec)))
+            }
+            None => driver.jobs.store.accept_job(record, &ends),
         });
         let stored = match commit.await {
             Ok(stored) => stored,
@@ -164,9 +167,9 @@ impl Driver {
         {
             let write = match &stored {
                 Ok(()) => {
-                    let write = self.store.job_ended(id.clone(), end, summary);
+                    let write = self.jobs.store.job_ended(id.clone(), end, summary);
                     match attempts {
-                        Some(attempts) => self.store.attempts_ended(id.clone(), attempts),
+                        Some(attempts) => self.jobs.store.attempts_ended(id.clone(), attempts),
                         None => write,
                     }
                 }
@@ -191,7 +194,9 @@ impl Driver {
 
     /// The timestamp to fetch `url` under ([`crate::admission::UrlTimestamps::timestamp`]).
     pub fn url_timestamp(&self, url: &str, given: Option<u64>) -> u64 {
-        self.url_timestamps.timestamp(url, given, SystemTime::now())
+        self.uploads
+            .url_timestamps
+            .timestamp(url, given, SystemTime::now())
     }
 
     /// A job spec's JSON checked and turned into a job: see [`admission`]. Also refuses
@@ -233,17 +238,18 @@ impl Driver {
         // entry is committed: commit what is queued first, so that a job submitted after
         // an identical one ended finds all of its results.
         if !self
+            .jobs
             .store
-            .is_durable(self.memo_writes.load(Ordering::Relaxed))
+            .is_durable(self.jobs.memo_writes.load(Ordering::Relaxed))
         {
-            self.store.flush();
+            self.jobs.store.flush();
         }
         let count = job.tasks.len() as u32;
         for index in 0..count {
             let task = &job.tasks[index as usize];
             let key = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
                 .map_err(|why| Rejection::new(ErrorCode::InvalidSpec, format!("memoize: {why}")))?;
-            let Some((from, at)) = self.store.memo(&key).map_err(Rejection::from)? else {
+            let Some((from, at)) = self.jobs.store.memo(&key).map_err(Rejection::from)? else {
                 continue;
             };
             let tenant = &job.def.owner.tenant;

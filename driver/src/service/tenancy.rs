@@ -118,8 +118,8 @@ impl Driver {
     /// A stored job's tenant (`Some(None)`: the admin's), `None` when none is stored.
     fn stored_owner(&self, id: &JobId) -> Result<Option<Option<String>>, StoreError> {
         #[cfg(test)]
-        self.owner_reads.read()?;
-        Ok(self.store.owner(id)?.map(|o| o.tenant))
+        self.uploads.owner_reads.read()?;
+        Ok(self.jobs.store.owner(id)?.map(|o| o.tenant))
     }
 
     /// A storage-limited tenant's uploads one at a time (see `put_blob`); `None` for
@@ -129,7 +129,8 @@ impl Driver {
             .tenant()
             .filter(|t| t.limits.max_storage_bytes.is_some())
             .map(|_| {
-                self.upload_owners
+                self.uploads
+                    .owners
                     .quota
                     .lock()
                     .expect("upload quota lock poisoned")
@@ -142,7 +143,8 @@ impl Driver {
         let Some(tenant) = caller.tenant() else {
             return true;
         };
-        self.upload_owners
+        self.uploads
+            .owners
             .lock()
             .get(&blob_key(digest, files))
             .is_some_and(|o| o.iter().any(|o| o == SHARED || *o == *tenant.name))
@@ -164,15 +166,17 @@ impl Driver {
         };
         let key = blob_key(digest, files);
         if self
-            .upload_owners
+            .uploads
+            .owners
             .lock()
             .get(&key)
             .is_some_and(|o| o.contains(&owner))
         {
             return Ok(());
         }
-        self.store.add_upload_owner(digest, files, &owner)?;
-        self.upload_owners
+        self.jobs.store.add_upload_owner(digest, files, &owner)?;
+        self.uploads
+            .owners
             .lock()
             .entry(key)
             .or_default()
@@ -197,7 +201,8 @@ impl Driver {
         // Hashed here only when a limit applies: the store hashes it again as it writes.
         let (digest, bytes) = (Digest::of(body), body.len() as u64);
         let owned = self
-            .upload_owners
+            .uploads
+            .owners
             .lock()
             .get(&blob_key(&digest, files))
             .is_some_and(|o| o.iter().any(|o| *o == *tenant.name));
@@ -210,15 +215,16 @@ impl Driver {
 
     /// Forgets a deleted upload's owners.
     pub(super) fn forget_upload(&self, digest: &Digest, files: bool) -> Result<(), StoreError> {
-        self.store.remove_upload_owners(digest, files)?;
-        self.upload_owners.lock().remove(&blob_key(digest, files));
+        self.jobs.store.remove_upload_owners(digest, files)?;
+        self.uploads.owners.lock().remove(&blob_key(digest, files));
         Ok(())
     }
 
     /// Bytes of the uploads `tenant` owns (shared ones are the admin's).
     fn upload_bytes(&self, tenant: &str) -> u64 {
         let owned: Vec<String> = self
-            .upload_owners
+            .uploads
+            .owners
             .lock()
             .iter()
             .filter(|(_, o)| o.iter().any(|o| o == tenant))
@@ -230,9 +236,9 @@ impl Driver {
                 let (kind, hex) = key.split_once(':')?;
                 let digest: Digest = format!("sha256:{hex}").parse().ok()?;
                 let store = if kind == "f" {
-                    &self.files
+                    &self.uploads.files
                 } else {
-                    &self.modules
+                    &self.uploads.modules
                 };
                 store.get(&digest).map(|i| i.size)
             })

@@ -28,12 +28,12 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
         .unwrap();
     // Synced to the journal before submit returned (see store::jobs::journal's tests
     // for a crash right then), and in the database from the next group commit.
-    driver.store.flush();
-    let stored = driver.store.load().unwrap().jobs;
+    driver.jobs.store.flush();
+    let stored = driver.jobs.store.load().unwrap().jobs;
     assert_eq!(stored.len(), 1, "stored once submit returned");
     assert_eq!(stored[0].job.def.id, JobId("kept".into()));
 
-    driver.store.refuse_jobs.store(true, Ordering::Relaxed);
+    driver.jobs.store.refuse_jobs.store(true, Ordering::Relaxed);
     let err = driver
         .submit(crate::scheduler::tests::job("lost", 3, 1))
         .await
@@ -56,9 +56,9 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
         "{message}"
     );
     assert_eq!(pending, 0, "nothing of it left to run");
-    driver.store.flush();
+    driver.jobs.store.flush();
     assert_eq!(
-        driver.store.load().unwrap().jobs.len(),
+        driver.jobs.store.load().unwrap().jobs.len(),
         1,
         "only the first is stored"
     );
@@ -71,7 +71,7 @@ async fn a_job_is_answered_once_stored_and_one_that_cannot_be_is_killed() {
 async fn a_job_that_ends_before_its_record_is_committed_keeps_its_attempts() {
     let (_dir, driver) = driver();
     let id = JobId("early".into());
-    driver.store.hold_jobs.store(true, Ordering::Relaxed);
+    driver.jobs.store.hold_jobs.store(true, Ordering::Relaxed);
     let submit = tokio::spawn({
         let driver = driver.clone();
         async move {
@@ -93,13 +93,18 @@ async fn a_job_that_ends_before_its_record_is_committed_keeps_its_attempts() {
     });
     // Whatever was sent so far is committed before the record is: the race as it goes.
     driver.flush_store();
-    assert_eq!(driver.store.attempts(&id).unwrap(), None, "not yet stored");
-    driver.store.hold_jobs.store(false, Ordering::Relaxed);
+    assert_eq!(
+        driver.jobs.store.attempts(&id).unwrap(),
+        None,
+        "not yet stored"
+    );
+    driver.jobs.store.hold_jobs.store(false, Ordering::Relaxed);
     submit.await.unwrap().unwrap();
     driver.flush_store();
-    let stored = driver.store.job(&id).unwrap().expect("stored");
+    let stored = driver.jobs.store.job(&id).unwrap().expect("stored");
     assert!(stored.end.is_some(), "its end stored too");
     let attempts = driver
+        .jobs
         .store
         .attempts(&id)
         .unwrap()
@@ -140,7 +145,7 @@ fn keyed(key: &str) -> Option<IdempotencyKey> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_key_makes_one_job_however_many_submit_it_at_once() {
     let (_dir, driver) = driver();
-    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (module, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let spec = bytes::Bytes::from(format!(
         r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
     ));
@@ -170,7 +175,7 @@ async fn one_key_makes_one_job_however_many_submit_it_at_once() {
             .all(|o| matches!(o, Submitted::Accepted(j) | Submitted::Repeated(j) if *j == id))
     );
     assert_eq!(driver.read(|s| s.jobs.len()), 1);
-    let stored = driver.store.load().unwrap();
+    let stored = driver.jobs.store.load().unwrap();
     assert_eq!(stored.jobs.len(), 1);
     assert_eq!(stored.keys.len(), 1);
     assert_eq!(
@@ -190,7 +195,7 @@ async fn one_key_makes_one_job_however_many_submit_it_at_once() {
 #[tokio::test]
 async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
     let (_dir, driver) = driver();
-    let (module, _) = driver.modules.put(EMPTY_MODULE).unwrap();
+    let (module, _) = driver.uploads.modules.put(EMPTY_MODULE).unwrap();
     let spec = bytes::Bytes::from(format!(
         r#"{{"module": "{module}", "inputs": [{{"text": "a"}}]}}"#
     ));
@@ -211,15 +216,19 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
     assert!(matches!(not_json, Err(SubmitError::Rejected(r)) if r.code.as_str() == "invalid_json"));
 
     // Not stored: the job is killed where it stands, and the key is free again.
-    driver.store.refuse_jobs.store(true, Ordering::Relaxed);
+    driver.jobs.store.refuse_jobs.store(true, Ordering::Relaxed);
     let lost = driver
         .submit_spec(spec.clone(), keyed("k"), &Caller::Admin)
         .await
         .unwrap_err();
     assert!(matches!(lost, SubmitError::Storage(_)), "{lost:?}");
-    driver.store.refuse_jobs.store(false, Ordering::Relaxed);
+    driver
+        .jobs
+        .store
+        .refuse_jobs
+        .store(false, Ordering::Relaxed);
     assert_eq!(
-        driver.idempotency.in_use(),
+        driver.jobs.idempotency.in_use(),
         0,
         "unclaimed keys are forgotten"
     );
@@ -238,13 +247,13 @@ async fn a_key_whose_job_was_refused_or_not_stored_stays_free() {
             .unwrap(),
         Submitted::Repeated(id)
     );
-    assert_eq!(driver.idempotency.in_use(), 1);
+    assert_eq!(driver.jobs.idempotency.in_use(), 1);
     assert_eq!(
         driver.read(|s| s.jobs.len()),
         1,
         "the stored one; the killed one has ended"
     );
-    assert_eq!(driver.store.load().unwrap().jobs.len(), 1);
+    assert_eq!(driver.jobs.store.load().unwrap().jobs.len(), 1);
 }
 
 /// A memoize job whose task 0 succeeds while its record is held (a slow disk), whose
@@ -263,7 +272,7 @@ async fn end_a_task_while_storing(
     job.def.options.memoize = true;
     job.def.options.determinism = Some(flint_protocol::Determinism { seed: 1 });
     let id = job.def.id.clone();
-    driver.store.hold_jobs.store(true, Ordering::Relaxed);
+    driver.jobs.store.hold_jobs.store(true, Ordering::Relaxed);
     let submit = tokio::spawn({
         let driver = driver.clone();
         async move { driver.submit(job).await }
@@ -283,12 +292,16 @@ async fn end_a_task_while_storing(
     });
     let state = driver.read(|s| s.jobs[&id].tasks[0].state);
     driver.flush_store();
-    let before = driver.store.rows_of(&id);
-    driver.store.refuse_jobs.store(refuse, Ordering::Relaxed);
-    driver.store.hold_jobs.store(false, Ordering::Relaxed);
+    let before = driver.jobs.store.rows_of(&id);
+    driver
+        .jobs
+        .store
+        .refuse_jobs
+        .store(refuse, Ordering::Relaxed);
+    driver.jobs.store.hold_jobs.store(false, Ordering::Relaxed);
     assert_eq!(submit.await.unwrap().is_err(), refuse);
     driver.flush_store();
-    (state, before, driver.store.rows_of(&id))
+    (state, before, driver.jobs.store.rows_of(&id))
 }
 
 /// A job whose record the store refuses was never accepted: a task of it that ended

@@ -84,8 +84,8 @@ impl Driver {
     /// The store of uploaded files (`files`) or modules.
     pub fn uploads(&self, files: bool) -> &ModuleStore {
         match files {
-            true => &self.files,
-            false => &self.modules,
+            true => &self.uploads.files,
+            false => &self.uploads.modules,
         }
     }
 
