@@ -188,13 +188,7 @@ async fn revive_loop(driver: Arc<Driver>) {
     loop {
         tick.tick().await;
         let timeout = driver.config.executor_timeout;
-        let expired = driver.apply(|s| {
-            let (expired, mut actions) = s.expire_executors(timeout);
-            actions.extend(s.stop_drained());
-            actions.extend(s.make_offers());
-            actions.extend(s.speculate());
-            (expired, actions)
-        });
+        let expired = driver.apply(|s| s.tick(timeout));
         for (id, generation) in expired {
             tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
             driver.drop_link(&id, generation);

@@ -95,15 +95,12 @@ impl ClusterState {
                 continue;
             };
             if job.tasks[task_id.index as usize].state == TaskState::Running {
-                job.requeue(task_id.index, true);
-                if !self.queue.contains(&task_id.job) {
-                    self.queue.push_front(task_id.job.clone());
-                }
                 let why = ErrorBody {
                     kind: "executor_lost".into(),
                     message: format!("executor {id} was lost; the task runs again"),
                 };
-                actions.push(requeued(job, task_id.index, why));
+                let queue = &mut self.queue;
+                actions.push(requeue(queue, job, task_id.index, Rejoin::Front, why));
             }
         }
         actions.extend(self.make_offers());
