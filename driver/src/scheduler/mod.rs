@@ -10,7 +10,7 @@
 //! Here: the state and its queries. `reactor`: one function per event (an executor
 //! registering or lost, a job submitted or killed, an attempt's end and its outcomes, the
 //! tick), sharing one `requeue`. `offers`: a round of placement onto free cores and
-//! queues, as its phases. [`policy`] places demands on offers; [`tenancy`] and
+//! queues, as its phases. [`policy`] places demands on offers; [`fair_share`] and
 //! `preemption` share the cluster between tenants; [`speculation`] copies slow tasks.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -27,6 +27,7 @@ use policy::{Demand, Offer};
 
 pub mod escalation;
 pub mod exclusion;
+pub mod fair_share;
 pub mod latency;
 pub mod memo;
 mod model;
@@ -36,7 +37,6 @@ mod preemption;
 mod reactor;
 mod settings;
 pub mod speculation;
-pub mod tenancy;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -73,11 +73,11 @@ pub struct ClusterState {
     /// The same by tenant (`None`: the admin's jobs), since the driver started.
     pub tenant_spent: FastMap<Option<String>, Spent>,
     /// Tenants' weights and core limits, as the tenants file last said.
-    pub shares: tenancy::Shares,
+    pub shares: fair_share::Shares,
     /// Since when each tenant below its share with work waiting has been so (see
     /// [`preemption`]).
     starving: FastMap<Option<String>, Instant>,
-    /// Each tenant with work: the cores it was given over its weight (see [`tenancy`]).
+    /// Each tenant with work: the cores it was given over its weight (see [`fair_share`]).
     vtime: FastMap<Option<String>, f64>,
 }
 
@@ -118,7 +118,7 @@ impl ClusterState {
             usage: Usage::default(),
             attempts_measured: 0,
             tenant_spent: FastMap::default(),
-            shares: tenancy::Shares::default(),
+            shares: fair_share::Shares::default(),
             starving: FastMap::default(),
             vtime: FastMap::default(),
         }

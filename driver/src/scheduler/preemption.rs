@@ -6,7 +6,9 @@
 //! the guest at once), and the tenant below its share takes them in the next round's
 //! first pass.
 
-use super::tenancy::fair_shares;
+use std::collections::HashSet;
+
+use super::fair_share::fair_shares;
 use super::*;
 
 /// An attempt that may be preempted: (queued rather than running, its age as (launch
@@ -52,9 +54,38 @@ impl ClusterState {
             })
             .collect();
         let fair = fair_shares(f64::from(total), &wants);
-        // Who is below its share with work waiting, and for how long.
+        let need = self.cores_owed(&standings, &fair, timeout);
+        // Cores free now go to those tenants without killing anything.
+        let free: u32 = (self.executors.values())
+            .filter(|e| e.takes_tasks() && !e.health.is_excluded(now))
+            .map(|e| e.free_cores)
+            .sum();
+        let mut need = need.saturating_sub(free);
+        if need == 0 {
+            return;
+        }
+        let queued = self.queued_attempts();
+        for (tenant, spare) in self.over_share(&standings, &fair) {
+            if need == 0 {
+                break;
+            }
+            need = self.preempt_from(&tenant, spare, need, &queued, actions);
+        }
+        // Those that waited have been served: their wait starts again from here.
+        for since in self.starving.values_mut() {
+            if now.saturating_duration_since(*since) >= timeout {
+                *since = now;
+            }
+        }
+    }
+
+    /// Cores owed to the tenants that have been below their share, with 1-core work
+    /// waiting, for the timeout or longer. Notes who is below its share since when, and
+    /// forgets who is not.
+    fn cores_owed(&mut self, standings: &[Standing], fair: &[f64], timeout: Duration) -> u32 {
+        let now = self.now;
         let mut need = 0u32;
-        for (s, fair) in standings.iter().zip(&fair) {
+        for (s, fair) in standings.iter().zip(fair) {
             // A share of 0.7 cores is owed a core: rounded up, as a victim keeps its own
             // share rounded up (below), so two tenants never take one core back and forth.
             let short = (fair.ceil() as u32)
@@ -70,18 +101,13 @@ impl ClusterState {
                 need += short;
             }
         }
-        // Cores free now go to those tenants without killing anything.
-        let free: u32 = (self.executors.values())
-            .filter(|e| e.takes_tasks() && !e.health.is_excluded(now))
-            .map(|e| e.free_cores)
-            .sum();
-        let mut need = need.saturating_sub(free);
-        if need == 0 {
-            return;
-        }
-        // Tenants at or over their share, furthest over first, and how many cores each
-        // may give without going below it.
-        let mut over: Vec<(f64, Option<String>, u32)> = (standings.iter().zip(&fair))
+        need
+    }
+
+    /// Tenants at or over their share, furthest over first, and how many cores each may
+    /// give without going below it.
+    fn over_share(&self, standings: &[Standing], fair: &[f64]) -> Vec<(Option<String>, u32)> {
+        let mut over: Vec<(f64, Option<String>, u32)> = (standings.iter().zip(fair))
             .filter(|(s, fair)| {
                 f64::from(s.held) >= **fair && !self.starving.contains_key(&s.tenant)
             })
@@ -91,62 +117,63 @@ impl ClusterState {
             })
             .collect();
         over.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let queued = self.queued_attempts();
-        for (_, tenant, mut spare) in over {
-            if need == 0 {
-                break;
-            }
-            let mine = |task: &TaskId| {
-                self.jobs.get(&task.job).map(|j| &j.def.owner.tenant) == Some(&tenant)
-            };
-            // Its attempts queued on executors first (they would take the cores it
-            // gives back; no work is lost), then its running ones, youngest first.
-            let mut victims: Vec<Victim> = Vec::new();
-            for (id, e) in &self.executors {
-                for (task, r) in e.running.iter().filter(|(t, r)| !r.preempted && mine(t)) {
-                    let is_queued = queued.contains(&(id.clone(), task.clone()));
-                    let age = (r.since, r.span);
-                    victims.push((is_queued, age, id.clone(), task.clone(), r.attempt, r.cores));
-                }
-            }
-            victims.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-            for (is_queued, _, executor, task, attempt, cores) in victims {
-                if !is_queued {
-                    if need == 0 || cores > spare {
-                        break;
-                    }
-                    spare -= cores;
-                    need = need.saturating_sub(cores);
-                }
-                if let Some(r) = self
-                    .executors
-                    .get_mut(&executor)
-                    .and_then(|e| e.running.get_mut(&task))
-                {
-                    r.preempted = true;
-                }
-                tracing::info!(%task, %executor, queued = is_queued, tenant = tenant.as_deref().unwrap_or("admin"), "preempting an attempt for a tenant below its share");
-                actions.push(Action::Kill {
-                    executor,
-                    task,
-                    attempt,
-                    reason: "preempted: its cores go to a tenant below its share",
-                });
+        over.into_iter().map(|(_, t, spare)| (t, spare)).collect()
+    }
+
+    /// Kills `tenant`'s attempts until `need` cores are freed or it has no more `spare`:
+    /// its attempts queued on executors first (they would take the cores it gives back;
+    /// no work is lost, and they free none), then its running ones, youngest first.
+    /// Returns the cores still needed.
+    fn preempt_from(
+        &mut self,
+        tenant: &Option<String>,
+        mut spare: u32,
+        mut need: u32,
+        queued: &HashSet<(ExecutorId, TaskId)>,
+        actions: &mut Vec<Action>,
+    ) -> u32 {
+        let mine =
+            |task: &TaskId| self.jobs.get(&task.job).map(|j| &j.def.owner.tenant) == Some(tenant);
+        let mut victims: Vec<Victim> = Vec::new();
+        for (id, e) in &self.executors {
+            for (task, r) in e.running.iter().filter(|(t, r)| !r.preempted && mine(t)) {
+                let is_queued = queued.contains(&(id.clone(), task.clone()));
+                let age = (r.since, r.span);
+                victims.push((is_queued, age, id.clone(), task.clone(), r.attempt, r.cores));
             }
         }
-        // Those that waited have been served: their wait starts again from here.
-        for since in self.starving.values_mut() {
-            if now.saturating_duration_since(*since) >= timeout {
-                *since = now;
+        victims.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+        for (is_queued, _, executor, task, attempt, cores) in victims {
+            if !is_queued {
+                if need == 0 || cores > spare {
+                    break;
+                }
+                spare -= cores;
+                need = need.saturating_sub(cores);
             }
+            if let Some(r) = self
+                .executors
+                .get_mut(&executor)
+                .and_then(|e| e.running.get_mut(&task))
+            {
+                r.preempted = true;
+            }
+            tracing::info!(%task, %executor, queued = is_queued, tenant = tenant.as_deref().unwrap_or("admin"), "preempting an attempt for a tenant below its share");
+            actions.push(Action::Kill {
+                executor,
+                task,
+                attempt,
+                reason: "preempted: its cores go to a tenant below its share",
+            });
         }
+        need
     }
 
     /// The attempts waiting in executors' queues rather than on a core: on each
     /// executor, the `queued_ahead` youngest (its task threads take its queue in launch
     /// order).
-    fn queued_attempts(&self) -> std::collections::HashSet<(ExecutorId, TaskId)> {
-        let mut queued = std::collections::HashSet::new();
+    fn queued_attempts(&self) -> HashSet<(ExecutorId, TaskId)> {
+        let mut queued = HashSet::new();
         for (id, e) in self.executors.iter().filter(|(_, e)| e.queued_ahead > 0) {
             // Launched in one round, attempts share a time: their spans (in launch
             // order within a job) break the tie.
@@ -166,11 +193,8 @@ impl ClusterState {
     /// are counted as given back already, and attempts in executors' queues hold none.
     fn standings(&self) -> Vec<Standing> {
         let mut out: Vec<Standing> = Vec::new();
-        let at =
-            |out: &mut Vec<Standing>, tenant: &Option<String>, shares: &tenancy::Shares| match out
-                .iter()
-                .position(|s| s.tenant == *tenant)
-            {
+        let at = |out: &mut Vec<Standing>, tenant: &Option<String>, shares: &fair_share::Shares| {
+            match out.iter().position(|s| s.tenant == *tenant) {
                 Some(at) => at,
                 None => {
                     let share = shares.of(tenant.as_deref());
@@ -184,7 +208,8 @@ impl ClusterState {
                     });
                     out.len() - 1
                 }
-            };
+            }
+        };
         for job in self.jobs.values().filter(|j| j.counts.pending > 0) {
             let i = at(&mut out, &job.def.owner.tenant, &self.shares);
             let cores = job.def.resources.cores;

@@ -11,7 +11,7 @@ use flint_protocol::{Digest, JobId};
 use super::Driver;
 use super::reads::{ReadError, off_runtime};
 use crate::admission::{Catalog, Rejection};
-use crate::scheduler::tenancy::{Share, Shares};
+use crate::scheduler::fair_share::{Share, Shares};
 use crate::scheduler::{ClusterState, Job, NewJob};
 use crate::store::blobs::ModuleInfo;
 use crate::store::{SHARED, StoreError, blob_key};

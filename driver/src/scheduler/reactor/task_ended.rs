@@ -309,7 +309,7 @@ pub(super) fn verdict(
     index: u32,
     result: Result<TaskResult, TaskFailure>,
     peak_memory_bytes: u64,
-    shares: &tenancy::Shares,
+    shares: &fair_share::Shares,
 ) -> Verdict {
     let task = &job.tasks[index as usize];
     let attempts_left = task.host_failures + 1 < job.def.max_failures;
@@ -343,7 +343,7 @@ fn escalated(
     index: u32,
     kind: FailureKind,
     peak_memory_bytes: u64,
-    shares: &tenancy::Shares,
+    shares: &fair_share::Shares,
 ) -> Option<Resources> {
     let policy = job.def.options.escalate?;
     let held = shares.of(job.def.owner.tenant.as_deref()).hold(policy);

@@ -320,13 +320,13 @@ fn an_escalated_retry_stops_at_its_tenants_task_limits_even_lowered_after_accept
     escalation.max_timeout_ms = 3_600_000;
     state.submit_job(job);
     // ...and the file lowered since.
-    let limited = tenancy::Share {
+    let limited = fair_share::Share {
         weight: 1.0,
         max_cores: None,
         max_task_memory_mb: Some(200),
         max_task_timeout_ms: Some(5_000),
     };
-    state.set_shares(tenancy::Shares(
+    state.set_shares(fair_share::Shares(
         [("t".to_owned(), limited)].into_iter().collect(),
     ));
     let second = end_with(&mut state, 1, failed(FailureKind::MemoryLimit, 0));
@@ -347,7 +347,7 @@ fn an_escalated_retry_stops_at_its_tenants_task_limits_even_lowered_after_accept
     job.def.owner.tenant = Some("t".into());
     job.def.options.escalate.as_mut().unwrap().max_timeout_ms = 3_600_000;
     state.submit_job(job);
-    state.set_shares(tenancy::Shares(
+    state.set_shares(fair_share::Shares(
         [("t".to_owned(), limited)].into_iter().collect(),
     ));
     let second = end_with(&mut state, 1, failed(FailureKind::Timeout, 0));

@@ -1,7 +1,7 @@
 //! Sharing between tenants: weights, core limits, priorities.
 
 use super::*;
-use crate::scheduler::tenancy::{Share, Shares};
+use crate::scheduler::fair_share::{Share, Shares};
 
 /// A launched attempt: (executor, job, task, attempt).
 type Launched = (ExecutorId, String, u32, u32);

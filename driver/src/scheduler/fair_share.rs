@@ -139,14 +139,41 @@ impl ClusterState {
         build: impl Fn(&Self) -> Vec<Demand>,
     ) -> Plan {
         let running = self.running_cores();
-        let total: u32 = self
-            .executors
-            .values()
+        let tenants = self.tenants_with_work();
+        let fair = fair_shares(f64::from(self.total_cores()), &tenants.wants());
+        let held: Vec<u32> = (tenants.0.iter())
+            .map(|t| running.get(&t.name).copied().unwrap_or(0))
+            .collect();
+        self.start_virtual_times(&tenants);
+        self.order_by_share(&tenants, &fair, &running);
+        let demands = build(self);
+        let tenant_of: Vec<usize> = (self.queue.iter())
+            .map(|id| tenants.position(self.jobs[id].def.owner.tenant.as_deref()))
+            .collect();
+        let passes = Passes {
+            offers,
+            demands: &demands,
+            tenant_of: &tenant_of,
+            tenants: &tenants,
+            held: &held,
+        };
+        let mut plan = passes.up_to_shares(&fair);
+        passes.split_what_is_left(&mut plan);
+        self.charge_virtual_times(&plan, &demands, &tenant_of, &tenants);
+        plan
+    }
+
+    /// Cores of the executors that take tasks.
+    fn total_cores(&self) -> u32 {
+        (self.executors.values())
             .filter(|e| e.takes_tasks())
             .map(|e| e.cores)
-            .sum();
-        // Every tenant with work or cores: (tenant, weight, wants, cap).
-        let mut tenants: Vec<(Option<String>, f64, f64, u32)> = Vec::new();
+            .sum()
+    }
+
+    /// Every tenant with tasks pending or running, and the cores those want.
+    fn tenants_with_work(&self) -> Tenants {
+        let mut tenants = Tenants(Vec::new());
         for job in self.jobs.values() {
             let tenant = job.def.owner.tenant.as_deref();
             let wants = f64::from(job.counts.pending + job.counts.running)
@@ -154,38 +181,49 @@ impl ClusterState {
             if wants == 0.0 {
                 continue;
             }
-            match tenants.iter_mut().find(|t| t.0.as_deref() == tenant) {
-                Some(t) => t.2 += wants,
+            match tenants.0.iter_mut().find(|t| t.name.as_deref() == tenant) {
+                Some(t) => t.wants += wants,
                 None => {
                     let share = self.shares.of(tenant);
-                    let cap = share.max_cores.unwrap_or(u32::MAX);
-                    tenants.push((tenant.map(str::to_owned), share.weight, wants, cap));
+                    tenants.0.push(Tenant {
+                        name: tenant.map(str::to_owned),
+                        weight: share.weight,
+                        wants,
+                        cap: share.max_cores.unwrap_or(u32::MAX),
+                    });
                 }
             }
         }
-        let wants: Vec<(f64, f64)> = tenants
-            .iter()
-            .map(|t| (t.1, t.2.min(f64::from(t.3))))
-            .collect();
-        let fair = fair_shares(f64::from(total), &wants);
-        // Virtual time: what each tenant with work was given (cores launched over its
-        // weight). Held cores alone cannot tell tenants apart when tasks end faster than
-        // rounds come (all hold none): the one given least goes first then. A tenant
-        // that had no work starts from the least of the others', so that an idle spell
-        // is neither credit nor debt.
+        tenants
+    }
+
+    /// Virtual time: what each tenant with work was given (cores launched over its
+    /// weight). Held cores alone cannot tell tenants apart when tasks end faster than
+    /// rounds come (all hold none): the one given least goes first then. A tenant that
+    /// had no work starts from the least of the others', so that an idle spell is neither
+    /// credit nor debt.
+    fn start_virtual_times(&mut self, tenants: &Tenants) {
         self.vtime
-            .retain(|t, _| tenants.iter().any(|(name, ..)| name == t));
+            .retain(|t, _| tenants.0.iter().any(|tn| tn.name == *t));
         let floor = self.vtime.values().copied().fold(f64::INFINITY, f64::min);
-        for (name, ..) in &tenants {
-            if !self.vtime.contains_key(name) {
+        for tenant in &tenants.0 {
+            if !self.vtime.contains_key(&tenant.name) {
                 let start = if floor.is_finite() { floor } else { 0.0 };
-                self.vtime.insert(name.clone(), start);
+                self.vtime.insert(tenant.name.clone(), start);
             }
         }
-        let vtime = &self.vtime;
-        // (running / fair share): who is furthest below its share goes first.
+    }
+
+    /// The queue by tenant, furthest below its fair share first (running / fair share),
+    /// then least virtual time; within a tenant by priority, then as the mode says.
+    fn order_by_share(
+        &mut self,
+        tenants: &Tenants,
+        fair: &[f64],
+        running: &FastMap<Option<String>, u32>,
+    ) {
         let deficit = |tenant: Option<&str>| {
-            let at = tenants.iter().position(|t| t.0.as_deref() == tenant);
+            let at = tenants.0.iter().position(|t| t.name.as_deref() == tenant);
             let held = f64::from(
                 running
                     .get(&tenant.map(str::to_owned))
@@ -196,6 +234,7 @@ impl ClusterState {
         };
         let fair_mode = self.config.mode == SchedulingMode::Fair;
         let jobs = &self.jobs;
+        let vtime = &self.vtime;
         self.queue.make_contiguous().sort_by_cached_key(|id| {
             let job = &jobs[id];
             let tenant = job.def.owner.tenant.as_deref();
@@ -214,79 +253,114 @@ impl ClusterState {
                 job.key,
             )
         });
-        let demands = build(self);
-        let tenant_of: Vec<usize> = self
-            .queue
-            .iter()
-            .map(|id| {
-                let tenant = self.jobs[id].def.owner.tenant.as_deref();
-                tenants
-                    .iter()
-                    .position(|t| t.0.as_deref() == tenant)
-                    .unwrap_or(usize::MAX)
+    }
+
+    /// Each placement adds its cores over its tenant's weight to the tenant's virtual time.
+    fn charge_virtual_times(
+        &mut self,
+        plan: &Plan,
+        demands: &[Demand],
+        tenant_of: &[usize],
+        tenants: &Tenants,
+    ) {
+        for p in &plan.placements {
+            if let Some(t) = tenants.0.get(tenant_of[p.demand]) {
+                let given = f64::from(demands[p.demand].cores) / t.weight;
+                *self.vtime.entry(t.name.clone()).or_default() += given;
+            }
+        }
+    }
+}
+
+/// A tenant with work this round: its weight, the cores its tasks want, its core limit.
+struct Tenant {
+    name: Option<String>,
+    weight: f64,
+    wants: f64,
+    cap: u32,
+}
+
+struct Tenants(Vec<Tenant>);
+
+impl Tenants {
+    /// (weight, cores wanted within the limit) of each, for [`fair_shares`].
+    fn wants(&self) -> Vec<(f64, f64)> {
+        (self.0.iter())
+            .map(|t| (t.weight, t.wants.min(f64::from(t.cap))))
+            .collect()
+    }
+
+    /// Where `tenant` is; `usize::MAX` (no room to cap it by) when it has no work.
+    fn position(&self, tenant: Option<&str>) -> usize {
+        (self.0.iter())
+            .position(|t| t.name.as_deref() == tenant)
+            .unwrap_or(usize::MAX)
+    }
+}
+
+/// What the placement passes share: the round's offers and demands (in the queue's
+/// order), each demand's tenant, and the cores each tenant held before the round.
+struct Passes<'a> {
+    offers: &'a [Offer],
+    demands: &'a [Demand],
+    tenant_of: &'a [usize],
+    tenants: &'a Tenants,
+    held: &'a [u32],
+}
+
+impl Passes<'_> {
+    /// Pass 1: up to each tenant's fair share, in whole cores (the fractions go to pass
+    /// 2, by who is furthest below its share, then who was given least).
+    fn up_to_shares(&self, fair: &[f64]) -> Plan {
+        let mut room: Vec<u32> = (self.tenants.0.iter().enumerate())
+            .map(|(t, tenant)| {
+                let to_share = (fair[t] - f64::from(self.held[t])).max(0.0).floor() as u32;
+                to_share.min(tenant.cap.saturating_sub(self.held[t]))
             })
             .collect();
-        let held = |t: usize| {
-            tenants
-                .get(t)
-                .map_or(0, |tn| running.get(&tn.0).copied().unwrap_or(0))
-        };
-        // Pass 1: up to each tenant's fair share, in whole cores (the fractions go to
-        // pass 2, by who is furthest below its share, then who was given least).
-        let mut room: Vec<u32> = (0..tenants.len())
-            .map(|t| {
-                let to_share = (fair[t] - f64::from(held(t))).max(0.0).floor() as u32;
-                to_share.min(tenants[t].3.saturating_sub(held(t)))
-            })
-            .collect();
-        let first: Vec<Demand> = demands
-            .iter()
-            .zip(&tenant_of)
+        let first: Vec<Demand> = (self.demands.iter().zip(self.tenant_of))
             .map(|(d, &t)| capped(d, room.get_mut(t)))
             .collect();
-        let mut plan = policy::place(offers, &first);
-        // Pass 2: what is left (queue slots above all, once every core is held), split
-        // by weight among the tenants with work, rounded up: given whole to the first
-        // in order, a round's slots would lift a small share far past its mark and a
-        // big one hardly. Pass 3: whatever is still left, within core limits.
-        let weights: f64 = tenants.iter().map(|t| t.1).sum();
+        policy::place(self.offers, &first)
+    }
+
+    /// Pass 2: what is left (queue slots above all, once every core is held), split by
+    /// weight among the tenants with work, rounded up: given whole to the first in
+    /// order, a round's slots would lift a small share far past its mark and a big one
+    /// hardly. Pass 3: whatever is still left, within core limits.
+    fn split_what_is_left(&self, plan: &mut Plan) {
+        let tenants = &self.tenants.0;
+        let weights: f64 = tenants.iter().map(|t| t.weight).sum();
         for split in [true, false] {
             let mut taken = vec![0u32; tenants.len()];
             for p in &plan.placements {
-                if let Some(t) = taken.get_mut(tenant_of[p.demand]) {
-                    *t += demands[p.demand].cores;
+                if let Some(t) = taken.get_mut(self.tenant_of[p.demand]) {
+                    *t += self.demands[p.demand].cores;
                 }
             }
-            let left = remaining(offers, &demands, &plan.placements);
+            let left = remaining(self.offers, self.demands, &plan.placements);
             let slots: u32 = (left.iter().filter(|o| o.usable))
                 .map(|o| o.free_cores + o.ahead)
                 .sum();
             if slots == 0 {
                 break;
             }
-            let mut room: Vec<u32> = (0..tenants.len())
-                .map(|t| {
-                    let cap = tenants[t].3.saturating_sub(held(t) + taken[t]);
-                    let part = (f64::from(slots) * tenants[t].1 / weights).ceil() as u32;
+            let mut room: Vec<u32> = (tenants.iter().enumerate())
+                .map(|(t, tenant)| {
+                    let cap = tenant.cap.saturating_sub(self.held[t] + taken[t]);
+                    let part = (f64::from(slots) * tenant.weight / weights).ceil() as u32;
                     if split { cap.min(part) } else { cap }
                 })
                 .collect();
-            let next: Vec<Demand> = rest(&demands, &plan.placements, offers.len())
+            let next: Vec<Demand> = rest(self.demands, &plan.placements, self.offers.len())
                 .iter()
-                .zip(&tenant_of)
+                .zip(self.tenant_of)
                 .map(|(d, &t)| capped(d, room.get_mut(t)))
                 .collect();
             let more = policy::place(&left, &next);
             plan.placements.extend(more.placements);
             plan.waiting_for_locality = more.waiting_for_locality;
         }
-        for p in &plan.placements {
-            if let Some(t) = tenants.get(tenant_of[p.demand]) {
-                let given = f64::from(demands[p.demand].cores) / t.1;
-                *self.vtime.entry(t.0.clone()).or_default() += given;
-            }
-        }
-        plan
     }
 }
 
