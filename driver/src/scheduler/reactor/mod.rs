@@ -24,6 +24,9 @@ mod task_final;
 mod task_requeued;
 mod tick;
 
+#[cfg(test)]
+mod tests;
+
 /// Where a task put back to pending waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Rejoin {
