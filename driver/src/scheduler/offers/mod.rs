@@ -13,6 +13,9 @@ mod excluded_jobs;
 mod launch;
 mod queue_depth;
 
+#[cfg(test)]
+mod tests;
+
 /// What a round knows of the queued jobs before it looks at executors.
 struct Round {
     /// The longest average run time among jobs with work (see `slowest_queued_run_time`).
@@ -180,16 +183,17 @@ impl ClusterState {
     }
 
     /// What a round must leave true, given the executors it offered (in id order), their
-    /// offers and the actions it made: every launch went to an offered executor within
-    /// its free cores and queue slots, to one its task is not excluded from, and is the
-    /// task's latest attempt, running there. Checked after every round in debug builds.
+    /// offers and the actions it made: every launch went to an offered executor, to one
+    /// its task is not excluded from, and is the task's latest attempt, running there;
+    /// no executor gave more cores than it had free, nor queued more than its slots.
+    /// Checked after every round in debug builds.
     pub(super) fn check_round(
         &self,
         ids: &[ExecutorId],
         offers: &[Offer],
         actions: &[Action],
     ) -> Result<(), String> {
-        let mut launched = vec![0u32; ids.len()];
+        let mut cores = vec![0u32; ids.len()];
         for action in actions {
             let Action::Launch {
                 executor,
@@ -202,7 +206,7 @@ impl ClusterState {
             let at = ids
                 .binary_search(executor)
                 .map_err(|_| format!("a launch on {executor}, which was not offered"))?;
-            launched[at] += 1;
+            cores[at] += self.jobs[job].def.resources.cores;
             let task_id = TaskId {
                 job: job.clone(),
                 index: launch.index,
@@ -222,11 +226,15 @@ impl ClusterState {
                 return Err(format!("{task_id} launched on {executor}, excluded for it"));
             }
         }
-        for ((id, offer), launched) in ids.iter().zip(offers).zip(launched) {
+        for ((id, offer), cores) in ids.iter().zip(offers).zip(cores) {
             let e = &self.executors[id];
-            if launched > offer.free_cores + offer.ahead || e.free_cores > e.cores {
+            // Only launches take cores in a round, and only 1-core tasks queue: what the
+            // launches asked beyond the free cores they took is what they queued.
+            let queued = (offer.free_cores.checked_sub(e.free_cores))
+                .and_then(|taken| cores.checked_sub(taken));
+            if queued.is_none_or(|q| q > offer.ahead) || e.free_cores > e.cores {
                 return Err(format!(
-                    "{id} took {launched} launches on {offer:?}, left {} of {} cores free",
+                    "{id} was given {cores} cores of launches on {offer:?}, left {} of {} free",
                     e.free_cores, e.cores
                 ));
             }
