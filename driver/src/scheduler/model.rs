@@ -1,5 +1,6 @@
-//! The scheduler's types: executors, jobs and tasks as the state holds them, what a
-//! change asks the service to do ([`Action`]), and how placement is configured.
+//! The scheduler's types: executors, jobs and tasks as the state holds them, and what a
+//! change asks the service to do ([`Action`]). How placement is configured is in
+//! `settings.rs`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Instant, SystemTime};
