@@ -266,3 +266,131 @@ pub fn describe_cycle(parent: &[String], graph: &Graph, cycle: &[String]) -> Str
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{cycle_in, fake};
+    use super::*;
+
+    /// `bench/scale.rs` and `bench/tenants.rs` named each other; the top-level check never
+    /// looked below `bench`.
+    #[test]
+    fn the_cycle_finder_finds_a_circle_between_the_modules_of_any_parent() {
+        let clean = [
+            ("main.rs", "mod bench;\nfn main() { bench::run() }\n"),
+            (
+                "bench/mod.rs",
+                "mod args;\nmod scale;\nmod tenants;\npub use args::Args;\nconst NOOP: u8 = 0;\n\
+                 pub fn run() { scale::run(); tenants::run() }\n",
+            ),
+            ("bench/args.rs", "pub struct Args;\n"),
+            // An item of the parent's own file, and one it re-exports from a sibling.
+            (
+                "bench/scale.rs",
+                "use super::{Args, NOOP};\npub fn run() {}\n",
+            ),
+            ("bench/tenants.rs", "use super::scale::spawn;\n"),
+        ];
+        assert_eq!(cycle_in(&clean), None);
+        let graphs = Crate::read(&fake(&clean)).graphs();
+        assert!(graphs[&vec!["bench".to_owned()]]["scale"].contains_key("args"));
+        // Back from scale to tenants: by `super::`, `crate::`, a renamed import, a glob, a
+        // re-export of the parent's, and from a module below scale.
+        let (scale_mod, inner) = ("bench/scale/mod.rs", "bench/scale/inner.rs");
+        for extra in [
+            [
+                ("bench/scale.rs", "fn f() { super::tenants::run() }\n"),
+                ("", ""),
+            ],
+            [("bench/scale.rs", "use crate::bench::tenants;\n"), ("", "")],
+            [
+                ("bench/scale.rs", "use super::tenants as other;\n"),
+                ("", ""),
+            ],
+            [
+                (
+                    "bench/scale.rs",
+                    "use super::*;\nfn f() { tenants::run() }\n",
+                ),
+                ("", ""),
+            ],
+            [
+                ("bench/scale.rs", "use super::report;\n"),
+                (
+                    "bench/mod.rs",
+                    "mod scale;\nmod tenants;\npub use tenants::report;\n",
+                ),
+            ],
+            [
+                (scale_mod, "mod inner;\n"),
+                (inner, "use super::super::tenants::X;\n"),
+            ],
+        ] {
+            let mut files: Vec<_> = clean
+                .iter()
+                .filter(|(path, _)| !extra.iter().any(|(e, _)| e == path))
+                .filter(|(path, _)| !(extra[0].0 == scale_mod && *path == "bench/scale.rs"))
+                .copied()
+                .collect();
+            files.extend(extra.into_iter().filter(|(path, _)| !path.is_empty()));
+            let graphs = Crate::read(&fake(&files)).graphs();
+            let bench = vec!["bench".to_owned()];
+            let found = find_cycle(&graphs[&bench]).unwrap_or_else(|| panic!("{files:?}"));
+            assert_eq!(found, ["scale", "tenants", "scale"], "{files:?}");
+            let text = describe_cycle(&bench, &graphs[&bench], &found);
+            assert!(
+                text.contains("the modules of crate::bench name each other")
+                    && text
+                        .contains("tenants -> scale: bench/tenants.rs names crate::bench::scale"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_library_root_is_the_whole_its_modules_are_parts_of() {
+        let lib = (
+            "lib.rs",
+            "mod a;\nmod b;\npub struct Cache;\nfn f() { a::g(); b::h(); }\n",
+        );
+        let files = [
+            lib,
+            ("a.rs", "use crate::Cache;\npub fn g() {}\n"),
+            ("b.rs", "use crate::{Cache, a::g};\n"),
+        ];
+        assert_eq!(cycle_in(&files), None);
+        // A binary's root only dispatches: naming its items is a circle through it.
+        let main = [("main.rs", lib.1), files[1], files[2]];
+        assert_eq!(
+            cycle_in(&main),
+            Some(vec!["a".into(), ROOT.into(), "a".into()])
+        );
+        // A name the root re-exports is the module's it comes from.
+        let reexported = [
+            ("lib.rs", "mod a;\nmod b;\npub use b::H;\n"),
+            ("a.rs", "use crate::H;\n"),
+            ("b.rs", "use crate::a::g;\n"),
+        ];
+        assert_eq!(
+            cycle_in(&reexported),
+            Some(vec!["a".into(), "b".into(), "a".into()])
+        );
+    }
+
+    #[test]
+    fn a_name_that_is_no_module_of_the_crate_is_another_crates() {
+        let files = [
+            ("lib.rs", "mod a;\nmod b;\n"),
+            ("a.rs", "use crate::b::X;\n"),
+            // `a` here is a crate of that name (or nothing): `b` has no module `a`, and no
+            // glob brought one in.
+            (
+                "b.rs",
+                "use a::Y;\nfn f() { a::g(); std::mem::take(&mut 1); }\n",
+            ),
+            // A module's own modules, by `self::` or by name, are inside it.
+            ("b/c.rs", "use self::d::Z;\nfn f() { d::g() }\nmod d;\n"),
+        ];
+        assert_eq!(cycle_in(&files), None);
+    }
+}
