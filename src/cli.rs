@@ -63,6 +63,10 @@ pub enum Command {
     /// read from standard input (one line), so it stays out of the shell's history.
     HashToken,
     /// Start a local cluster and measure throughput and latency of no-op tasks.
+    ///
+    /// The figures go to standard output. The cluster's driver runs in this process and
+    /// logs warnings only (to standard error), so that its line per job does not bury
+    /// them: `FLINT_LOG=info` (or any filter) shows its log, `2>FILE` keeps it.
     Bench(bench::BenchArgs),
     /// Compile a module for an executor's engine (run by executors, killed at their
     /// compile time limit). Exits 65 when the module is not valid wasm.

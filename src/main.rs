@@ -101,13 +101,12 @@ fn main() {
         }
         _ => {}
     }
+    // The services log what they do; a client command, or a benchmark (whose in-process
+    // driver would log every job it runs between its figures), logs warnings only
+    // unless FLINT_LOG asks for more.
     let quiet = !matches!(
         cli.command,
-        Command::Dev(_)
-            | Command::Driver(_)
-            | Command::Executor(_)
-            | Command::Worker(_)
-            | Command::Bench(_)
+        Command::Dev(_) | Command::Driver(_) | Command::Executor(_) | Command::Worker(_)
     );
     init_tracing(if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -11,7 +11,7 @@ use clap::ArgMatches;
 use flint_driver::service::IdempotencyKey;
 use flint_protocol::JobId;
 use flint_protocol::api::{
-    FileSpec, InputSpec, JobSpec, JobState, ResourcesSpec, ResultsRef, TaskView,
+    FileSpec, InputSpec, JobSpec, JobState, JobView, ResourcesSpec, ResultsRef, TaskView,
 };
 use serde_json::Value;
 
@@ -179,6 +179,27 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         Some(wasm) => client.upload_module(wasm).await?.id.to_string(),
         None => given.into_owned(),
     };
+    let files = upload_files(&client, file_bytes).await?;
+    let spec = job_spec(&args, module, files, inputs);
+    let job = client
+        .submit_with_key(&spec, None, args.idempotency_key.as_ref())
+        .await?;
+    if !args.wait && args.out.is_none() {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&job)?);
+        } else {
+            println!("{}", job.id);
+        }
+        return Ok(0);
+    }
+    follow_to_the_end(&client, &args, job).await
+}
+
+/// Uploads each `--file`, refusing a name given twice.
+async fn upload_files(
+    client: &Client,
+    file_bytes: Vec<(String, Vec<u8>)>,
+) -> anyhow::Result<BTreeMap<String, FileSpec>> {
     let mut files = BTreeMap::new();
     for (name, bytes) in file_bytes {
         let uploaded = client
@@ -192,6 +213,16 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
             bail!("--file {name} is given twice");
         }
     }
+    Ok(files)
+}
+
+/// The job the flags describe, its module and files already uploaded.
+fn job_spec(
+    args: &SubmitArgs,
+    module: String,
+    files: BTreeMap<String, FileSpec>,
+    inputs: Vec<InputSpec>,
+) -> JobSpec {
     let name = args.name.clone().or_else(|| {
         // The last path segment, also of a URL (`https://host/wc.wasm` -> `wc`).
         args.module
@@ -199,7 +230,7 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
             .map(|s| s.to_string_lossy().into_owned())
             .filter(|s| !s.starts_with("sha256:"))
     });
-    let spec = JobSpec {
+    JobSpec {
         name,
         module,
         module_sha256: args.module_sha256.clone(),
@@ -216,29 +247,27 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
         },
         priority: args.priority,
         ..JobSpec::default()
-    };
-    let job = client
-        .submit_with_key(&spec, None, args.idempotency_key.as_ref())
-        .await?;
-    if !args.wait && args.out.is_none() {
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&job)?);
-        } else {
-            println!("{}", job.id);
-        }
-        return Ok(0);
     }
-    let job = follow(&client, job, args.progress).await?;
+}
+
+/// Waits for the submitted job to end, then prints or saves its results and says what
+/// failed: exit code 0 when it succeeded, else 1.
+async fn follow_to_the_end(
+    client: &Client,
+    args: &SubmitArgs,
+    job: JobView,
+) -> anyhow::Result<i32> {
+    let job = follow(client, job, args.progress).await?;
     let tasks = client.tasks(&job.id.0).await?;
     if args.json {
         if let Some(dir) = &args.out {
-            jobs::write_results(&client, &job.id.0, &tasks, Some(dir)).await?;
+            jobs::write_results(client, &job.id.0, &tasks, Some(dir)).await?;
         }
-        let tasks = with_inline_results(&client, &job.id.0, &tasks).await?;
+        let tasks = with_inline_results(client, &job.id.0, &tasks).await?;
         let both = serde_json::json!({"job": job, "tasks": tasks});
         println!("{}", serde_json::to_string_pretty(&both)?);
     } else {
-        jobs::write_results(&client, &job.id.0, &tasks, args.out.as_deref()).await?;
+        jobs::write_results(client, &job.id.0, &tasks, args.out.as_deref()).await?;
     }
     if job.state == JobState::Succeeded {
         return Ok(0);

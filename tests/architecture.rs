@@ -1,21 +1,19 @@
 //! The workspace's shape, kept by a test: no source file grows past [`MAX_LINES`]
 //! (a file that long holds more than one responsibility: split it by what it does, not
-//! by where line 500 falls), and the binary crate's top-level modules (`src/x.rs` or
-//! `src/x/`) never name each other in a circle, so each command can be read, and
-//! changed, from the modules it names downward. And the package's tests stay two
+//! by where line 500 falls), and no modules anywhere name each other in a circle
+//! ([`circles`]: in every crate, at every level, so that each module can be read, and
+//! changed, from the modules it names downward). And the package's tests stay two
 //! binaries: this one, and every end-to-end scenario as a module of `tests/e2e/main.rs`
 //! (each test binary is one more link of every dependency it uses), with no file there
 //! left undeclared (it would never be compiled, so its tests never run).
 //!
-//! Like `driver/tests/architecture.rs`, this reads source text, not the compiler's view:
-//! every `crate::` path outside comments and string literals counts (in `use` lists,
-//! grouped or not, and in expressions), as does `super::` up to the crate root.
+//! Like `driver/tests/architecture.rs`, this reads source text, not the compiler's view.
 //! Test-only files (`tests.rs`, anything under a `tests/` folder) are left out of both
 //! checks, and `#[cfg(test)]` items out of the circle check: tests may reach anywhere to
 //! set a scene, and a long test file is a list of cases, not a tangle of
 //! responsibilities. An inline test module still counts towards its file's lines.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The most lines a non-test source file may have.
@@ -32,20 +30,12 @@ const SOURCE_DIRS: &[&str] = &[
     "src",
 ];
 
-/// The binary crate's root: it declares and dispatches to every module, so naming it
-/// from one of them (`crate::some_fn` of `main.rs`) is itself a circle.
-const ROOT: &str = "main";
-
+#[path = "architecture/circles.rs"]
+mod circles;
 mod source_text;
-use source_text::{code_of, named_modules};
+use source_text::code_of;
 
-/// How many `super::` reach the crate root from the file at `relative`: one per folder,
-/// plus one unless it is a folder's `mod.rs`.
-fn depth_of(relative: &Path) -> usize {
-    let folders = relative.components().count() - 1;
-    let is_mod = relative.file_name().is_some_and(|n| n == "mod.rs");
-    folders + usize::from(!is_mod)
-}
+use circles::{Crate, ROOT, declared_modules, describe_cycle, find_cycle};
 
 /// Whether `relative` (under a `src/`) is test-only.
 fn is_test_file(relative: &Path) -> bool {
@@ -68,130 +58,6 @@ fn too_long(files: &[(PathBuf, String)]) -> Vec<String> {
             })
         })
         .collect()
-}
-
-/// The top-level module a file under `src/` belongs to: `x.rs` and everything under
-/// `x/` are `x`; `main.rs` is the crate root.
-fn module_of(relative: &Path) -> String {
-    let first = relative
-        .components()
-        .next()
-        .and_then(|c| c.as_os_str().to_str())
-        .unwrap_or_default();
-    first.trim_end_matches(".rs").to_owned()
-}
-
-/// The modules the crate root declares (`mod x;`, `pub mod x;`, ...).
-fn declared_modules(code: &str) -> BTreeSet<String> {
-    code.lines()
-        .filter_map(|line| {
-            let mut line = line.trim();
-            if let Some(rest) = line.strip_prefix("pub") {
-                line = match rest.strip_prefix('(') {
-                    Some(visibility) => visibility.split_once(')')?.1,
-                    None => rest,
-                }
-                .trim_start();
-            }
-            let name = line.strip_prefix("mod ")?.strip_suffix(';')?.trim();
-            Some(name.to_owned())
-        })
-        .collect()
-}
-
-/// Which top-level module names which, each edge with the first file that made it.
-type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
-
-/// The module graph of a binary crate's files (paths relative to its `src/`). An edge
-/// `a -> b` is a file of `a` naming `crate::b` (or `super::` up to the root, then `b`);
-/// naming anything of the root that is not a module is an edge to the root, and the
-/// root has an edge to every module it declares.
-fn module_graph(files: &[(PathBuf, String)]) -> Graph {
-    let modules: BTreeSet<String> = files
-        .iter()
-        .map(|(path, _)| module_of(path))
-        .filter(|m| m != ROOT)
-        .collect();
-    let mut graph = Graph::new();
-    for (path, source) in files {
-        if is_test_file(path) {
-            continue;
-        }
-        let from = module_of(path);
-        let code = code_of(source);
-        let mut named = named_modules(&code, depth_of(path));
-        if from == ROOT {
-            named.extend(declared_modules(&code));
-        }
-        for name in named {
-            let to = match modules.contains(&name) {
-                true => name,
-                false => ROOT.to_owned(),
-            };
-            if to != from {
-                graph
-                    .entry(from.clone())
-                    .or_default()
-                    .entry(to)
-                    .or_insert_with(|| path.clone());
-            }
-        }
-    }
-    graph
-}
-
-/// A circle in `graph` as the modules along it, the first repeated at the end; `None`
-/// when the graph is acyclic.
-fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
-    fn visit(
-        node: &str,
-        graph: &Graph,
-        done: &mut BTreeSet<String>,
-        path: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(at) = path.iter().position(|n| n == node) {
-            let mut cycle = path[at..].to_vec();
-            cycle.push(node.to_owned());
-            return Some(cycle);
-        }
-        if done.contains(node) {
-            return None;
-        }
-        path.push(node.to_owned());
-        for next in graph.get(node).into_iter().flat_map(|edges| edges.keys()) {
-            if let Some(cycle) = visit(next, graph, done, path) {
-                return Some(cycle);
-            }
-        }
-        path.pop();
-        done.insert(node.to_owned());
-        None
-    }
-    let mut done = BTreeSet::new();
-    graph
-        .keys()
-        .find_map(|node| visit(node, graph, &mut done, &mut Vec::new()))
-}
-
-/// The failure message for a circle: the modules along it, then which file makes each
-/// step.
-fn describe_cycle(graph: &Graph, cycle: &[String]) -> String {
-    let mut text = format!(
-        "the binary crate's modules name each other in a circle: {}",
-        cycle.join(" -> ")
-    );
-    for step in cycle.windows(2) {
-        let file = graph[&step[0]][&step[1]].display();
-        let named = match step[1] == ROOT {
-            true => "an item of the crate root".to_owned(),
-            false => format!("crate::{}", step[1]),
-        };
-        text.push_str(&format!(
-            "\n  {} -> {}: {file} names {named}",
-            step[0], step[1]
-        ));
-    }
-    text
 }
 
 /// Every `.rs` file under `dir`, with paths relative to `dir`, in a stable order.
@@ -243,14 +109,69 @@ fn no_source_file_is_over_the_line_limit() {
 #[test]
 fn the_binary_crates_modules_name_each_other_in_no_circle() {
     let files = read_sources(&workspace().join("src"));
-    let graph = module_graph(&files);
+    let graph = Crate::read(&files)
+        .graphs()
+        .remove(&Vec::new())
+        .unwrap_or_default();
     assert!(
         graph.contains_key(ROOT) && graph.len() > 5,
         "read too little of src/: {graph:?}"
     );
     if let Some(cycle) = find_cycle(&graph) {
-        panic!("{}", describe_cycle(&graph, &cycle));
+        panic!("{}", describe_cycle(&[], &graph, &cycle));
     }
+}
+
+/// Circles found when this check first looked below the top level, in code being
+/// reorganised by others in the same change (issue 39): one edge of each, as
+/// (source folder, parent module, from, to), left out of the graph so that the check
+/// guards everything else now. An entry whose edge is gone fails the test: the list
+/// only shrinks.
+const KNOWN_CIRCLE_EDGES: &[(&str, &str, &str, &str)] = &[
+    // sandbox/files.rs takes EPOCH from determinism.rs, which links p1_files.rs, which
+    // reads files.rs's listing.
+    ("executor/src", "sandbox", "files", "determinism"),
+    // service/idempotency.rs answers with submission.rs's SubmitError and Submitted,
+    // which submission.rs builds from idempotency.rs's key.
+    ("driver/src", "service", "idempotency", "submission"),
+];
+
+#[test]
+fn no_modules_anywhere_name_each_other_in_a_circle() {
+    let mut found = Vec::new();
+    let mut known = KNOWN_CIRCLE_EDGES.to_vec();
+    let mut levels = 0;
+    for dir in SOURCE_DIRS {
+        let graphs = Crate::read(&read_sources(&workspace().join(dir))).graphs();
+        levels += graphs.len();
+        for (parent, mut graph) in graphs {
+            let parent_name = parent.join("::");
+            known.retain(|&(d, p, from, to)| {
+                let listed = d == *dir && p == parent_name;
+                let edges = graph.get_mut(from);
+                !(listed && edges.is_some_and(|edges| edges.remove(to).is_some()))
+            });
+            if let Some(cycle) = find_cycle(&graph) {
+                found.push(format!(
+                    "{dir}: {}",
+                    describe_cycle(&parent, &graph, &cycle)
+                ));
+            }
+        }
+    }
+    assert!(
+        levels >= 10,
+        "read too few modules whose modules name each other: {levels}"
+    );
+    assert!(
+        found.is_empty(),
+        "move what both sides of each circle need to a module both may name:\n{}",
+        found.join("\n")
+    );
+    assert!(
+        known.is_empty(),
+        "these circles are gone: take them out of KNOWN_CIRCLE_EDGES: {known:?}"
+    );
 }
 
 fn fake(files: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
@@ -258,10 +179,6 @@ fn fake(files: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
         .iter()
         .map(|(path, source)| (PathBuf::from(path), (*source).to_owned()))
         .collect()
-}
-
-fn cycle_in(files: &[(&str, &str)]) -> Option<Vec<String>> {
-    find_cycle(&module_graph(&fake(files)))
 }
 
 #[test]
@@ -290,6 +207,13 @@ fn the_line_limit_counts_every_line_and_spares_only_test_files() {
         ]))
         .is_empty()
     );
+}
+
+fn cycle_in(files: &[(&str, &str)]) -> Option<Vec<String>> {
+    Crate::read(&fake(files))
+        .graphs()
+        .values()
+        .find_map(find_cycle)
 }
 
 #[test]
@@ -338,8 +262,11 @@ fn the_cycle_finder_finds_a_circle_in_each_form_of_path() {
     files[4] = ("c.rs", "fn f() { crate::shutdown(); }\n");
     let found = cycle(&files);
     assert!(found.contains(&ROOT.to_owned()), "{found:?}");
-    let graph = module_graph(&fake(&files));
-    let text = describe_cycle(&graph, &found);
+    let graph = Crate::read(&fake(&files))
+        .graphs()
+        .remove(&Vec::new())
+        .unwrap();
+    let text = describe_cycle(&[], &graph, &found);
     assert!(
         text.contains("c -> main: c.rs names an item of the crate root"),
         "{text}"

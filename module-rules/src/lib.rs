@@ -247,39 +247,8 @@ impl Walk {
                 wasmparser::Encoding::Module => Frame::Module(ModuleCounts::default()),
                 wasmparser::Encoding::Component => Frame::Component,
             }),
-            Payload::TypeSection(reader) => {
-                let module = self.module()?;
-                for group in reader.into_iter().flatten() {
-                    for sub in group.into_types() {
-                        module.types += 1;
-                        module.nullary.push(matches!(
-                            &sub.composite_type.inner,
-                            CompositeInnerType::Func(f) if f.params().is_empty() && f.results().is_empty()
-                        ));
-                    }
-                }
-            }
-            Payload::ImportSection(reader) => {
-                let module = self.module()?;
-                for import in reader.into_imports().flatten() {
-                    match import.ty {
-                        TypeRef::Func(ty) | TypeRef::FuncExact(ty) => {
-                            module.functions.push(ty);
-                            module.imported_functions += 1;
-                        }
-                        TypeRef::Global(_) => {
-                            module.globals += 1;
-                            module.other_imports += 1;
-                        }
-                        // Imported memories and tables are not the pool's to hold (WASI
-                        // provides none, so such a module fails to link), but their import
-                        // records are in the instance.
-                        TypeRef::Memory(_) | TypeRef::Table(_) | TypeRef::Tag(_) => {
-                            module.other_imports += 1
-                        }
-                    }
-                }
-            }
+            Payload::TypeSection(reader) => self.types(reader)?,
+            Payload::ImportSection(reader) => self.imports(reader)?,
             Payload::FunctionSection(reader) => {
                 let module = self.module()?;
                 module.functions.extend(reader.into_iter().flatten());
@@ -291,69 +260,9 @@ impl Walk {
             Payload::ElementSection(reader) => {
                 self.module()?.data_segments += u64::from(reader.count())
             }
-            Payload::TableSection(reader) => {
-                for table in reader.into_iter().flatten() {
-                    if table.ty.initial > limits.table_elements {
-                        return Err(Rejection {
-                            limit: Limit::TableElements,
-                            message: format!(
-                                "a table starts with {} elements; a table may have at most {} \
-                                 elements",
-                                table.ty.initial, limits.table_elements
-                            ),
-                        });
-                    }
-                    self.module()?.tables += 1;
-                    self.tables += 1;
-                }
-            }
-            Payload::MemorySection(reader) => {
-                for memory in reader.into_iter().flatten() {
-                    let bytes = memory.initial.saturating_mul(PAGE);
-                    if bytes > limits.max_memory_bytes {
-                        return Err(Rejection {
-                            limit: Limit::InitialMemory,
-                            message: format!(
-                                "a memory starts at {} MiB; a task may have at most {} MiB \
-                                 of memory",
-                                bytes >> 20,
-                                limits.max_memory_bytes >> 20
-                            ),
-                        });
-                    }
-                    self.initial_memory_bytes = self.initial_memory_bytes.max(bytes);
-                    self.module()?.memories += 1;
-                    self.memories += 1;
-                }
-            }
-            Payload::ExportSection(reader) if top_level => {
-                let Some(Frame::Module(module)) = self.stack.last() else {
-                    return Ok(());
-                };
-                for export in reader.into_iter().flatten() {
-                    if export.name != "_start" {
-                        continue;
-                    }
-                    let nullary = (export.kind == ExternalKind::Func)
-                        .then(|| module.functions.get(export.index as usize))
-                        .flatten()
-                        .and_then(|ty| module.nullary.get(*ty as usize))
-                        .copied();
-                    self.start = Some(match nullary {
-                        Some(true) => Ok(()),
-                        Some(false) => Err(Rejection {
-                            limit: Limit::Start,
-                            message: "the module's `_start` is not a `() -> ()` function, as a \
-                                      WASI command's must be"
-                                .into(),
-                        }),
-                        None => Err(Rejection {
-                            limit: Limit::Start,
-                            message: "the module exports `_start` but not as a function".into(),
-                        }),
-                    });
-                }
-            }
+            Payload::TableSection(reader) => self.tables(reader, limits)?,
+            Payload::MemorySection(reader) => self.memories(reader, limits)?,
+            Payload::ExportSection(reader) if top_level => self.start(reader),
             Payload::InstanceSection(reader) => {
                 self.instances += reader
                     .into_iter()
@@ -369,6 +278,121 @@ impl Walk {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Counts the types, and which are the `() -> ()` function type.
+    fn types(&mut self, reader: wasmparser::TypeSectionReader<'_>) -> Result<(), Rejection> {
+        let module = self.module()?;
+        for group in reader.into_iter().flatten() {
+            for sub in group.into_types() {
+                module.types += 1;
+                module.nullary.push(matches!(
+                    &sub.composite_type.inner,
+                    CompositeInnerType::Func(f) if f.params().is_empty() && f.results().is_empty()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn imports(&mut self, reader: wasmparser::ImportSectionReader<'_>) -> Result<(), Rejection> {
+        let module = self.module()?;
+        for import in reader.into_imports().flatten() {
+            match import.ty {
+                TypeRef::Func(ty) | TypeRef::FuncExact(ty) => {
+                    module.functions.push(ty);
+                    module.imported_functions += 1;
+                }
+                TypeRef::Global(_) => {
+                    module.globals += 1;
+                    module.other_imports += 1;
+                }
+                // Imported memories and tables are not the pool's to hold (WASI
+                // provides none, so such a module fails to link), but their import
+                // records are in the instance.
+                TypeRef::Memory(_) | TypeRef::Table(_) | TypeRef::Tag(_) => {
+                    module.other_imports += 1
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tables(
+        &mut self,
+        reader: wasmparser::TableSectionReader<'_>,
+        limits: &Limits,
+    ) -> Result<(), Rejection> {
+        for table in reader.into_iter().flatten() {
+            if table.ty.initial > limits.table_elements {
+                return Err(Rejection {
+                    limit: Limit::TableElements,
+                    message: format!(
+                        "a table starts with {} elements; a table may have at most {} \
+                         elements",
+                        table.ty.initial, limits.table_elements
+                    ),
+                });
+            }
+            self.module()?.tables += 1;
+            self.tables += 1;
+        }
+        Ok(())
+    }
+
+    fn memories(
+        &mut self,
+        reader: wasmparser::MemorySectionReader<'_>,
+        limits: &Limits,
+    ) -> Result<(), Rejection> {
+        for memory in reader.into_iter().flatten() {
+            let bytes = memory.initial.saturating_mul(PAGE);
+            if bytes > limits.max_memory_bytes {
+                return Err(Rejection {
+                    limit: Limit::InitialMemory,
+                    message: format!(
+                        "a memory starts at {} MiB; a task may have at most {} MiB \
+                         of memory",
+                        bytes >> 20,
+                        limits.max_memory_bytes >> 20
+                    ),
+                });
+            }
+            self.initial_memory_bytes = self.initial_memory_bytes.max(bytes);
+            self.module()?.memories += 1;
+            self.memories += 1;
+        }
+        Ok(())
+    }
+
+    /// The top-level module's `_start`, if it exports one: whether it has the right type.
+    fn start(&mut self, reader: wasmparser::ExportSectionReader<'_>) {
+        let Some(Frame::Module(module)) = self.stack.last() else {
+            return;
+        };
+        for export in reader.into_iter().flatten() {
+            if export.name != "_start" {
+                continue;
+            }
+            let nullary = (export.kind == ExternalKind::Func)
+                .then(|| module.functions.get(export.index as usize))
+                .flatten()
+                .and_then(|ty| module.nullary.get(*ty as usize))
+                .copied();
+            self.start = Some(match nullary {
+                Some(true) => Ok(()),
+                Some(false) => Err(Rejection {
+                    limit: Limit::Start,
+                    message: "the module's `_start` is not a `() -> ()` function, as a \
+                              WASI command's must be"
+                        .into(),
+                }),
+                None => Err(Rejection {
+                    limit: Limit::Start,
+                    message: "the module exports `_start` but not as a function".into(),
+                }),
+            });
+        }
     }
 
     /// The module whose section this is (only modules have these sections).

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use flint_protocol::api::{ExecutorState, InputSpec, JobSpec, JobState};
+use flint_protocol::api::{ExecutorState, InputSpec, JobSpec, JobState, TaskView};
 
 use super::NOOP_WASM;
 use super::args::BenchArgs;
@@ -280,9 +280,6 @@ pub async fn result_figures(
     mib: usize,
     data_dir: &Path,
 ) -> anyhow::Result<ResultFigures> {
-    use futures_util::StreamExt;
-    use sha2::Digest as _;
-
     let client = Client::new(&cluster.http_url);
     wait_for_executors(args, cluster).await?;
     let module = client.upload_module(wasm).await?;
@@ -304,22 +301,7 @@ pub async fn result_figures(
     let total = (args.result_tasks * mib) as u64 * 1024 * 1024;
 
     // The baseline, on the same file system as the block store.
-    let path = data_dir.join("bench-raw-write");
-    let (written, synced) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
-        use std::io::Write;
-        let piece = vec![0x5au8; 1 << 20];
-        let mut file = std::fs::File::create(&path)?;
-        let t = Instant::now();
-        for _ in 0..total >> 20 {
-            file.write_all(&piece)?;
-        }
-        let written = t.elapsed();
-        file.sync_all()?;
-        let synced = t.elapsed();
-        std::fs::remove_file(&path)?;
-        Ok((written, synced))
-    })
-    .await??;
+    let (written, synced) = raw_write(data_dir.join("bench-raw-write"), total).await?;
 
     let pids: Vec<u32> = std::iter::once(std::process::id())
         .chain(client.executors().await?.items.iter().filter_map(|e| e.pid))
@@ -342,12 +324,59 @@ pub async fn result_figures(
     let produced_cpu = process_cpu(&pids) - ours;
     let tasks = client.tasks(&view.id.0).await?;
 
+    let (read, read_busy, read_cpu) = read_results(cluster, &view.id.0, &tasks, &pids).await?;
+    Ok(ResultFigures {
+        tasks: tasks.len(),
+        total,
+        written,
+        synced,
+        produced,
+        produced_busy,
+        produced_cpu,
+        read,
+        read_busy,
+        read_cpu,
+    })
+}
+
+/// `total` bytes written to a file at `path` (then removed) in MiB pieces: the time to
+/// write them, and to write and sync them.
+async fn raw_write(path: std::path::PathBuf, total: u64) -> anyhow::Result<(Duration, Duration)> {
+    let (written, synced) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        use std::io::Write;
+        let piece = vec![0x5au8; 1 << 20];
+        let mut file = std::fs::File::create(&path)?;
+        let t = Instant::now();
+        for _ in 0..total >> 20 {
+            file.write_all(&piece)?;
+        }
+        let written = t.elapsed();
+        file.sync_all()?;
+        let synced = t.elapsed();
+        std::fs::remove_file(&path)?;
+        Ok((written, synced))
+    })
+    .await??;
+    Ok((written, synced))
+}
+
+/// Every task's result of `job` fetched at once, each checked against its size and
+/// digest: how long that took, how busy the CPUs were, and the CPU time `pids` used.
+async fn read_results(
+    cluster: &Cluster,
+    job: &str,
+    tasks: &[TaskView],
+    pids: &[u32],
+) -> anyhow::Result<(Duration, f64, f64)> {
+    use futures_util::StreamExt;
+    use sha2::Digest as _;
+
     let http = reqwest::Client::builder().no_proxy().build()?;
     let t = Instant::now();
     let fetches = tasks.iter().map(|task| {
         let url = format!(
-            "{}/v1/jobs/{}/tasks/{}/result",
-            cluster.http_url, view.id, task.index
+            "{}/v1/jobs/{job}/tasks/{}/result",
+            cluster.http_url, task.index
         );
         let http = http.clone();
         tokio::spawn(async move {
@@ -361,11 +390,11 @@ pub async fn result_figures(
         })
     });
     let cpu = CpuTimes::now()?;
-    let ours = process_cpu(&pids);
+    let ours = process_cpu(pids);
     let fetched = futures_util::future::join_all(fetches).await;
     let read = t.elapsed();
     let read_busy = cpu.busy_since()?;
-    let read_cpu = process_cpu(&pids) - ours;
+    let read_cpu = process_cpu(pids) - ours;
     for (task, got) in tasks.iter().zip(fetched) {
         let chunks = got??;
         let mut hasher = sha2::Sha256::new();
@@ -380,18 +409,7 @@ pub async fn result_figures(
             );
         }
     }
-    Ok(ResultFigures {
-        tasks: tasks.len(),
-        total,
-        written,
-        synced,
-        produced,
-        produced_busy,
-        produced_cpu,
-        read,
-        read_busy,
-        read_cpu,
-    })
+    Ok((read, read_busy, read_cpu))
 }
 
 /// The driver's memory per pending task: resident set size before and after one job of

@@ -5,7 +5,9 @@
 //! `args` holds the flags and turns them into the `flint dev` cluster to measure,
 //! `floor` each end-to-end figure beside its floor (`--floor`),
 //! `measure` the measurements, `soak` the long run of many jobs (`--soak`), `procfs`
-//! what they read from `/proc`.
+//! what they read from `/proc`. With `--simulated-executors`, `scale` measures the driver
+//! alone and `tenants` (with `--tenants`) its fairness, both on executors `simulate`
+//! starts; `scale_up` measures starting executors from none (`--scale-up`).
 
 mod args;
 mod floor;
@@ -49,7 +51,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let soak = args.soak()?;
     if !args.simulated_executors.is_empty() {
-        return scale::run(&args).await;
+        return match args.tenants {
+            0 => scale::run(&args).await,
+            _ => tenants::run(&args).await,
+        };
     }
     if !args.scale_up.is_empty() {
         if args.module.is_none() {

@@ -15,6 +15,7 @@ use super::NOOP_WASM;
 use super::args::BenchArgs;
 use super::measure::{ensure_succeeded, wait_for_alive};
 use super::procfs::{cpu_model, num_cpus, process_cpu, resident_bytes};
+use super::simulate;
 use crate::client::Client;
 use crate::dev::Cluster;
 use flint_driver::scheduler::latency::LatencyHistogram;
@@ -37,9 +38,6 @@ struct Row {
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    if args.tenants > 0 {
-        return super::tenants::run(args).await;
-    }
     if let [executors] = args.simulated_executors[..] {
         let row = one_size(args, executors)
             .await
@@ -67,7 +65,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "flint bench: the driver with simulated executors of {} cores, {} tasks per job{}",
         args.cores,
         args.simulated_tasks,
-        task_length(args),
+        simulate::task_length(args),
     );
     println!("  machine: {} cpus, {}", num_cpus(), cpu_model());
     // Each size in a process of its own: the memory one size's job freed would
@@ -112,14 +110,6 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long a simulated task runs, for the heading.
-pub(super) fn task_length(args: &BenchArgs) -> String {
-    match args.simulated_task_us {
-        0 => ", each ended at once".to_owned(),
-        us => format!(", each ended after {us} us"),
-    }
-}
-
 /// This bench's own arguments with one size instead of the list.
 fn argv_for(args: impl Iterator<Item = String>, executors: u32) -> Vec<String> {
     let mut out = Vec::new();
@@ -135,45 +125,6 @@ fn argv_for(args: impl Iterator<Item = String>, executors: u32) -> Vec<String> {
     }
     out.push(format!("--simulated-executors={executors}"));
     out
-}
-
-/// `flint simulate-executors` processes with `executors` executors between them, dialing
-/// `cluster`'s executor listener (with `secret`, when it wants one).
-pub(super) fn spawn_simulators(
-    args: &BenchArgs,
-    cluster: &Cluster,
-    executors: u32,
-    secret: Option<&str>,
-) -> anyhow::Result<Vec<tokio::process::Child>> {
-    let exe = std::env::current_exe().context("locating the flint binary")?;
-    let processes = args.simulator_processes.min(executors);
-    let mut simulators = Vec::new();
-    let mut first_id = 0;
-    for p in 0..processes {
-        // Spread as evenly as whole executors allow.
-        let share = executors / processes + u32::from(p < executors % processes);
-        let mut command = tokio::process::Command::new(&exe);
-        command
-            .arg("simulate-executors")
-            .arg(format!("--driver={}", cluster.executors_addr))
-            .arg(format!("--executors={share}"))
-            .arg(format!("--cores={}", args.cores))
-            .arg(format!("--first-id={first_id}"))
-            .arg(format!("--task-us={}", args.simulated_task_us))
-            .env_remove("FLINT_CLUSTER_SECRET")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        if let Some(secret) = secret {
-            command.arg(format!("--secret={secret}"));
-        }
-        simulators.push(
-            command
-                .spawn()
-                .context("starting flint simulate-executors")?,
-        );
-        first_id += share;
-    }
-    Ok(simulators)
 }
 
 async fn one_size(args: &BenchArgs, executors: u32) -> anyhow::Result<Row> {
@@ -204,7 +155,7 @@ async fn measure(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_before = resident_bytes()?;
     let started = Instant::now();
-    let simulators = spawn_simulators(args, cluster, executors, None)?;
+    let simulators = simulate::spawn(args, cluster, executors, None)?;
     wait_for_alive(cluster, executors as usize, Duration::from_secs(60)).await?;
     let registered_in = started.elapsed();
     let pids: Vec<u32> = simulators.iter().filter_map(|c| c.id()).collect();

@@ -4,9 +4,11 @@
 //! at once with an empty result, or after `--task-us`. No wasm, no fetches, no task
 //! threads: what is left to measure is the driver. Many run in one process on one
 //! runtime thread (a thousand fit on this machine), started by the bench as
-//! `flint simulate-executors` child processes so that the driver's CPU is its own.
+//! `flint simulate-executors` child processes so that the driver's CPU is its own
+//! ([`spawn`], which `scale` and `tenants` share).
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -19,6 +21,9 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
+
+use super::args::BenchArgs;
+use crate::dev::Cluster;
 
 /// `flint simulate-executors` (hidden: the bench starts it).
 #[derive(clap::Args, Clone, Debug)]
@@ -77,6 +82,53 @@ pub fn run(args: SimulateArgs) -> i32 {
             eprintln!("flint simulate-executors: {e:#}");
             1
         }
+    }
+}
+
+/// `flint simulate-executors` processes with `executors` executors between them, dialing
+/// `cluster`'s executor listener (with `secret`, when it wants one).
+pub(super) fn spawn(
+    args: &BenchArgs,
+    cluster: &Cluster,
+    executors: u32,
+    secret: Option<&str>,
+) -> anyhow::Result<Vec<tokio::process::Child>> {
+    let exe = std::env::current_exe().context("locating the flint binary")?;
+    let processes = args.simulator_processes.min(executors);
+    let mut simulators = Vec::new();
+    let mut first_id = 0;
+    for p in 0..processes {
+        // Spread as evenly as whole executors allow.
+        let share = executors / processes + u32::from(p < executors % processes);
+        let mut command = tokio::process::Command::new(&exe);
+        command
+            .arg("simulate-executors")
+            .arg(format!("--driver={}", cluster.executors_addr))
+            .arg(format!("--executors={share}"))
+            .arg(format!("--cores={}", args.cores))
+            .arg(format!("--first-id={first_id}"))
+            .arg(format!("--task-us={}", args.simulated_task_us))
+            .env_remove("FLINT_CLUSTER_SECRET")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(secret) = secret {
+            command.arg(format!("--secret={secret}"));
+        }
+        simulators.push(
+            command
+                .spawn()
+                .context("starting flint simulate-executors")?,
+        );
+        first_id += share;
+    }
+    Ok(simulators)
+}
+
+/// How long a simulated task runs, for the heading.
+pub(super) fn task_length(args: &BenchArgs) -> String {
+    match args.simulated_task_us {
+        0 => ", each ended at once".to_owned(),
+        us => format!(", each ended after {us} us"),
     }
 }
 

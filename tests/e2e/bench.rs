@@ -59,6 +59,39 @@ fn simulated_executors_drive_a_job_at_each_size_and_report_every_figure() {
     assert!(!out.contains("http: "), "{out}");
 }
 
+/// A benchmark prints its figures: the in-process driver's line per job is not among
+/// them unless `FLINT_LOG` asks for it.
+#[test]
+fn the_bench_logs_nothing_unless_asked() {
+    let run = |log: Option<&str>| {
+        let mut command = Command::new(FLINT);
+        command
+            .args(["bench", "--simulated-executors", "2", "--cores", "2"])
+            .args(["--simulated-tasks", "200", "--latency-jobs", "2"])
+            .env_remove("FLINT_LOG")
+            .env_remove("FLINT_TOKEN")
+            .env_remove("FLINT_CLUSTER_SECRET");
+        if let Some(log) = log {
+            command.env("FLINT_LOG", log);
+        }
+        let out = command.output().unwrap();
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let (stdout, stderr) = run(None);
+    assert!(stdout.contains("2 executors: "), "{stdout}");
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(!text.contains(" INFO "), "an INFO line on {name}:\n{text}");
+    }
+    let (stdout, stderr) = run(Some("info"));
+    assert!(stdout.contains("2 executors: "), "{stdout}");
+    assert!(
+        stderr.contains(" INFO "),
+        "FLINT_LOG=info shows the log:\n{stderr}"
+    );
+}
+
 #[test]
 fn the_tenants_bench_prints_each_tenants_share_against_its_weight() {
     let out = bench(&[

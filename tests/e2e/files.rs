@@ -117,8 +117,8 @@ fn bad_file_references_are_refused_by_name() {
     );
 }
 
-/// API.md's sketch writes a file by URL as a plain string; it means what `{"url": ...}`
-/// means.
+/// The API's first sketch wrote a file by URL as a plain string; it means what
+/// `{"url": ...}` means.
 #[test]
 fn a_file_named_by_a_plain_url_string_is_fetched() {
     let words = b"a plain string, fetched\n".to_vec();

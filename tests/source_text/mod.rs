@@ -1,8 +1,9 @@
 //! Reading Rust source as text for the architecture tests (`tests/architecture.rs`, the
 //! workspace's line limit and module circles; `driver/tests/architecture.rs`, the
-//! driver's layers): comments and literals out, `#[cfg(test)]` items out, and the
-//! top-level modules a file names through `crate::` and `super::` paths. One copy, which
-//! both tests include with `#[path]` (neither is a library a test could depend on).
+//! driver's layers): comments and literals out, `#[cfg(test)]` items out, the paths a
+//! file names (`crate::`, `super::`, `self::` or a name, `use` groups opened), and the
+//! top-level modules among them. One copy, which both tests include with `#[path]`
+//! (neither is a library a test could depend on).
 
 use std::collections::BTreeSet;
 
@@ -153,40 +154,39 @@ fn ident(s: &str) -> (&str, &str) {
     (&s[..end], &s[end..])
 }
 
-/// The first names of every path in a `{ ... }` group (nested groups opened), after
-/// the opening brace.
-fn group_heads(group: &str, out: &mut BTreeSet<String>) {
-    let mut depth = 0;
-    let mut at_item_start = true;
-    let mut k = 0;
-    let bytes = group.as_bytes();
-    while k < group.len() {
-        match bytes[k] {
-            b'{' => {
-                depth += 1;
-                at_item_start = depth == 0;
-            }
-            b'}' if depth == 0 => return,
-            b'}' => depth -= 1,
-            b',' if depth == 0 => at_item_start = true,
-            c if at_item_start && depth == 0 && !c.is_ascii_whitespace() => {
-                let (name, _) = ident(&group[k..]);
-                if !name.is_empty() && name != "self" {
-                    out.insert(name.to_owned());
-                }
-                at_item_start = false;
-            }
-            _ => {}
-        }
-        k += 1;
-    }
+/// Where a path starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// `crate::`
+    Crate,
+    /// `super::` this many times.
+    Super(usize),
+    /// `self::`
+    Current,
+    /// A name: a child module, a name a glob brought in, or another crate.
+    Bare,
 }
 
-/// The top-level modules that code in a file at `depth` (how many `super::` reach the
-/// crate root from it) names, through `crate::` or enough `super::`, with groups
-/// opened.
-pub fn named_modules(code: &str, depth: usize) -> BTreeSet<String> {
-    let mut named = BTreeSet::new();
+/// One path the code names, a `use` group opened into one per leaf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPath {
+    pub start: Start,
+    /// The names after the start (`{self}` adds none; a glob's path ends at what it globs).
+    pub names: Vec<String>,
+    /// `...::*`
+    pub glob: bool,
+    /// Whether it is (a leaf of) a `use` declaration.
+    pub imported: bool,
+    /// Whether that declaration is `pub` (of any reach): other modules may name it.
+    pub reexported: bool,
+    /// The name a `use` gives it (`as x`, else its last name).
+    pub alias: Option<String>,
+}
+
+/// Every path in `code` (comments and literals already out) that starts with `crate::`,
+/// `super::`, `self::` or a name followed by `::`, in order.
+pub fn named_paths(code: &str) -> Vec<NamedPath> {
+    let mut found = Vec::new();
     let mut k = 0;
     while k < code.len() {
         let rest = &code[k..];
@@ -194,50 +194,171 @@ pub fn named_modules(code: &str, depth: usize) -> BTreeSet<String> {
             .chars()
             .next_back()
             .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':' || c == '$');
-        if boundary && rest.starts_with("crate") {
-            let after = rest["crate".len()..].trim_start();
-            if let Some(path) = after.strip_prefix("::") {
-                head_of(path.trim_start(), &mut named);
-            }
-            k += "crate".len();
+        let (name, after_name) = ident(rest);
+        if !boundary || name.is_empty() || rest.len() - after_name.len() != name.len() {
+            k += rest.chars().next().map_or(1, char::len_utf8);
             continue;
         }
-        if boundary && rest.starts_with("super") {
-            // `super::super::x`: at the crate root once as many as the file is deep.
-            let mut after = rest;
-            let mut ups = 0;
-            while let Some(more) = after.strip_prefix("super") {
-                let Some(more) = more.trim_start().strip_prefix("::") else {
-                    break;
-                };
-                ups += 1;
-                after = more.trim_start();
-            }
-            if ups == 0 {
-                // `pub(super)`, or `super` alone: no path to follow.
-                k += "super".len();
-                continue;
-            }
-            if ups >= depth {
-                head_of(after, &mut named);
-            }
-            k += rest.len() - after.len();
+        let Some(start) = path_start(rest) else {
+            k += name.len();
             continue;
+        };
+        let (start, tree_at) = start;
+        let (imported, reexported) = use_before(&code[..k]);
+        let mut leaves = Vec::new();
+        let after = tree(tree_at, Vec::new(), &mut leaves);
+        for (names, glob, renamed) in leaves {
+            let alias = match (imported, glob) {
+                (true, false) => renamed.or_else(|| names.last().cloned()),
+                _ => None,
+            };
+            found.push(NamedPath {
+                start,
+                names,
+                glob,
+                imported,
+                reexported,
+                alias,
+            });
         }
-        k += rest.chars().next().map_or(1, char::len_utf8);
+        k = code.len() - after.len();
     }
-    named
+    found
 }
 
-/// The top-level module a path after the crate root starts with, or every one a group
-/// there names.
-fn head_of(path: &str, named: &mut BTreeSet<String>) {
-    if let Some(group) = path.strip_prefix('{') {
-        group_heads(group, named);
-    } else {
-        let (name, _) = ident(path);
-        if !name.is_empty() {
-            named.insert(name.to_owned());
+/// The start of the path at the beginning of `s` and the text after its `::`, or `None`
+/// when no path starts there (`pub(super)`, `super` alone, a name not followed by `::`).
+fn path_start(s: &str) -> Option<(Start, &str)> {
+    let (name, rest) = ident(s);
+    match name {
+        "crate" => Some((Start::Crate, double_colon(rest)?)),
+        "self" => Some((Start::Current, double_colon(rest)?)),
+        "super" => {
+            // `super::super::x`: one step up each.
+            let mut after = double_colon(rest)?;
+            let mut ups = 1;
+            loop {
+                let (next, more) = ident(after);
+                match double_colon(more) {
+                    Some(more) if next == "super" => {
+                        ups += 1;
+                        after = more;
+                    }
+                    _ => break,
+                }
+            }
+            Some((Start::Super(ups), after))
         }
+        "Self" => None,
+        _ => double_colon(rest).map(|_| (Start::Bare, s)),
     }
+}
+
+/// The text after a `::` at the start of `s`, unless it opens a turbofish (`f::<T>` is
+/// not a path into `f`).
+fn double_colon(s: &str) -> Option<&str> {
+    let rest = s.trim_start().strip_prefix("::")?;
+    (!rest.trim_start().starts_with('<')).then_some(rest)
+}
+
+/// Whether the code before a path ends with `use` (or `use ::`), so the path is
+/// imported, and whether with a `pub` before it (`pub(crate)` and the like too).
+fn use_before(before: &str) -> (bool, bool) {
+    let word_ends = |s: &str| {
+        !s.chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    };
+    let before = before.trim_end();
+    let before = before.strip_suffix("::").unwrap_or(before).trim_end();
+    let Some(before) = before.strip_suffix("use").filter(|b| word_ends(b)) else {
+        return (false, false);
+    };
+    let mut before = before.trim_end();
+    if let Some(open) = before.strip_suffix(')').and_then(|b| b.rfind('(')) {
+        before = before[..open].trim_end();
+    }
+    let public = before.strip_suffix("pub").is_some_and(word_ends);
+    (true, public)
+}
+
+/// The leaves of the path or `use` tree at the start of `s`, each as the names to it
+/// (after `prefix`), whether it is a glob and its `as` name; returns the text after it.
+fn tree<'a>(
+    mut s: &'a str,
+    mut names: Vec<String>,
+    out: &mut Vec<(Vec<String>, bool, Option<String>)>,
+) -> &'a str {
+    loop {
+        s = s.trim_start();
+        if let Some(mut group) = s.strip_prefix('{') {
+            loop {
+                group = group.trim_start();
+                if let Some(rest) = group.strip_prefix(',') {
+                    group = rest;
+                } else if let Some(rest) = group.strip_prefix('}') {
+                    return rest;
+                } else if group.is_empty() {
+                    return group;
+                } else {
+                    let before = group.len();
+                    group = tree(group, names.clone(), out);
+                    if group.len() == before {
+                        // Not a path (a stray token): step over it.
+                        group = &group[group.chars().next().map_or(0, char::len_utf8)..];
+                    }
+                }
+            }
+        }
+        if let Some(rest) = s.strip_prefix('*') {
+            out.push((names, true, None));
+            return rest;
+        }
+        let (name, rest) = ident(s);
+        if name.is_empty() {
+            if !names.is_empty() {
+                out.push((names, false, None));
+            }
+            return s;
+        }
+        let after = rest.trim_start();
+        if let Some(more) = after.strip_prefix("::")
+            && !more.trim_start().starts_with('<')
+        {
+            names.push(name.to_owned());
+            s = more;
+            continue;
+        }
+        let (renamed, rest) = match after.strip_prefix("as") {
+            Some(r) if r.starts_with(char::is_whitespace) => {
+                let (alias, r) = ident(r);
+                (Some(alias.to_owned()), r)
+            }
+            _ => (None, rest),
+        };
+        if name != "self" {
+            names.push(name.to_owned());
+        }
+        out.push((names, false, renamed));
+        return rest;
+    }
+}
+
+/// The top-level modules that code in a file at `depth` (how many `super::` reach the
+/// crate root from it) names, through `crate::` or enough `super::`, with groups
+/// opened.
+#[allow(
+    dead_code,
+    reason = "driver/tests/architecture.rs's layers; tests/architecture.rs resolves whole paths"
+)]
+pub fn named_modules(code: &str, depth: usize) -> BTreeSet<String> {
+    named_paths(code)
+        .into_iter()
+        .filter(|path| match path.start {
+            Start::Crate => true,
+            Start::Super(ups) => ups >= depth,
+            Start::Current | Start::Bare => false,
+        })
+        .filter_map(|path| path.names.into_iter().next())
+        .collect()
 }

@@ -1,5 +1,6 @@
-//! The scheduler's types: executors, jobs and tasks as the state holds them, what a
-//! change asks the service to do ([`Action`]).
+//! The scheduler's types: executors, jobs and tasks as the state holds them, and what a
+//! change asks the service to do ([`Action`]). How placement is configured is in
+//! `settings.rs`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Instant, SystemTime};
@@ -359,6 +360,20 @@ impl Job {
         let idle =
             self.pending.is_empty() && self.constrained.is_empty() && self.speculative.is_empty();
         !self.state.is_final() && !idle
+    }
+
+    /// Puts a task back to be launched again.
+    pub(super) fn requeue(&mut self, index: u32, front: bool) {
+        let task = &mut self.tasks[index as usize];
+        set_state(&mut self.counts, task, TaskState::Pending);
+        self.speculative.retain(|&i| i != index);
+        if !task.failed_on.is_empty() {
+            self.constrained.push(index);
+        } else if front {
+            self.pending.push_front(index);
+        } else {
+            self.pending.push_back(index);
+        }
     }
 
     pub fn counts(&self) -> TaskCounts {

@@ -105,9 +105,20 @@ pub fn executor_pod(
     };
     root.insert("apiVersion".into(), json!("v1"));
     root.insert("kind".into(), json!("Pod"));
-    let name = pod_name(&settings.app_id, id);
+    put_metadata(object(root, "metadata")?, settings, id)?;
+    let spec = object(root, "spec")?;
+    put_pod_spec(spec, settings)?;
+    put_container(spec, settings, id, cores, memory_mb)?;
+    serde_json::from_value(pod).map_err(|e| format!("the executor pod is not a valid Pod: {e}"))
+}
 
-    let metadata = object(root, "metadata")?;
+/// The pod's name, namespace, labels (the watch finds executors by them) and owner.
+fn put_metadata(
+    metadata: &mut Map<String, Value>,
+    settings: &PodSettings,
+    id: &ExecutorId,
+) -> Result<(), String> {
+    let name = pod_name(&settings.app_id, id);
     // A template's name would make every executor's pod the same one.
     metadata.remove("generateName");
     metadata.insert("name".into(), json!(name));
@@ -131,8 +142,11 @@ pub fn executor_pod(
             "controller": true,
         }));
     }
+    Ok(())
+}
 
-    let spec = object(root, "spec")?;
+/// The pod-wide settings an executor needs, and its volumes.
+fn put_pod_spec(spec: &mut Map<String, Value>, settings: &PodSettings) -> Result<(), String> {
     // The driver replaces executors itself; a kubelet restarting one in place would
     // bring back an id the driver has already given up on.
     spec.insert("restartPolicy".into(), json!("Never"));
@@ -159,7 +173,18 @@ pub fn executor_pod(
             volumes.push(json!({ "name": volume, "emptyDir": {} }));
         }
     }
+    Ok(())
+}
 
+/// The executor's container: the image, its settings as environment, its resources and
+/// mounts.
+fn put_container(
+    spec: &mut Map<String, Value>,
+    settings: &PodSettings,
+    id: &ExecutorId,
+    cores: u32,
+    memory_mb: u64,
+) -> Result<(), String> {
     let containers = array(spec, "containers")?;
     let at = containers
         .iter()
@@ -228,7 +253,7 @@ pub fn executor_pod(
             mounts.push(json!({ "name": volume, "mountPath": path }));
         }
     }
-    serde_json::from_value(pod).map_err(|e| format!("the executor pod is not a valid Pod: {e}"))
+    Ok(())
 }
 
 fn value_env(name: &str, value: &str) -> Value {

@@ -209,7 +209,6 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
     else {
         return Ok(None);
     };
-    let created = summary.created_at_ms;
     let record = txn
         .open_table(JOBS)
         .map_err(db_error)?
@@ -217,40 +216,8 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
         .map_err(db_error)?
         .map(|v| postcard::from_bytes::<JobRecord>(v.value()))
         .transpose()?;
-    {
-        let mut ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
-        let sequences: Vec<u64> = ends
-            .range((id, 0)..=(id, u64::MAX))
-            .map_err(db_error)?
-            .map(|e| e.map(|(k, _)| k.value().1))
-            .collect::<Result<_, _>>()
-            .map_err(db_error)?;
-        for sequence in sequences {
-            ends.remove((id, sequence)).map_err(db_error)?;
-        }
-    }
-    {
-        // Its memo entries: later jobs find nothing of it (those that took a result from
-        // it keep their own copy).
-        let mut by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
-        let mut memo = txn.open_table(MEMO).map_err(db_error)?;
-        let entries: Vec<(u32, Vec<u8>)> = by_job
-            .range((id, 0)..=(id, u32::MAX))
-            .map_err(db_error)?
-            .map(|e| e.map(|(k, v)| (k.value().1, v.value().to_vec())))
-            .collect::<Result<_, _>>()
-            .map_err(db_error)?;
-        for (index, key) in entries {
-            by_job.remove((id, index)).map_err(db_error)?;
-            let ours = memo
-                .get(key.as_slice())
-                .map_err(db_error)?
-                .map(|v| v.value() == (id, index));
-            if ours == Some(true) {
-                memo.remove(key.as_slice()).map_err(db_error)?;
-            }
-        }
-    }
+    delete_task_ends(txn, id)?;
+    delete_memo(txn, id)?;
     txn.open_table(JOB_ENDS)
         .map_err(db_error)?
         .remove(id)
@@ -261,6 +228,66 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
             .remove(id)
             .map_err(db_error)?;
     }
+    unindex(txn, id, &summary)?;
+    let key = txn
+        .open_table(JOB_KEYS)
+        .map_err(db_error)?
+        .remove(id)
+        .map_err(db_error)?
+        .map(|v| v.value().to_owned());
+    if let Some(key) = &key {
+        txn.open_table(IDEMPOTENCY_KEYS)
+            .map_err(db_error)?
+            .remove(key.as_str())
+            .map_err(db_error)?;
+    }
+    if let Some(record) = &record {
+        release_blobs(txn, record)?;
+    }
+    Ok(Some(Deleted { summary, key }))
+}
+
+fn delete_task_ends(txn: &WriteTransaction, id: &str) -> Result<(), StoreError> {
+    let mut ends = txn.open_table(TASK_ENDS).map_err(db_error)?;
+    let sequences: Vec<u64> = ends
+        .range((id, 0)..=(id, u64::MAX))
+        .map_err(db_error)?
+        .map(|e| e.map(|(k, _)| k.value().1))
+        .collect::<Result<_, _>>()
+        .map_err(db_error)?;
+    for sequence in sequences {
+        ends.remove((id, sequence)).map_err(db_error)?;
+    }
+    Ok(())
+}
+
+/// A deleted job's memo entries: later jobs find nothing of it (those that took a result
+/// from it keep their own copy).
+fn delete_memo(txn: &WriteTransaction, id: &str) -> Result<(), StoreError> {
+    let mut by_job = txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
+    let mut memo = txn.open_table(MEMO).map_err(db_error)?;
+    let entries: Vec<(u32, Vec<u8>)> = by_job
+        .range((id, 0)..=(id, u32::MAX))
+        .map_err(db_error)?
+        .map(|e| e.map(|(k, v)| (k.value().1, v.value().to_vec())))
+        .collect::<Result<_, _>>()
+        .map_err(db_error)?;
+    for (index, key) in entries {
+        by_job.remove((id, index)).map_err(db_error)?;
+        let ours = memo
+            .get(key.as_slice())
+            .map_err(db_error)?
+            .map(|v| v.value() == (id, index));
+        if ours == Some(true) {
+            memo.remove(key.as_slice()).map_err(db_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes a deleted job out of the listing indexes.
+fn unindex(txn: &WriteTransaction, id: &str, summary: &JobSummaryRecord) -> Result<(), StoreError> {
+    let created = summary.created_at_ms;
     txn.open_table(BY_CREATED)
         .map_err(db_error)?
         .remove((created, id))
@@ -279,31 +306,22 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
             .remove((finished, id))
             .map_err(db_error)?;
     }
-    let key = txn
-        .open_table(JOB_KEYS)
-        .map_err(db_error)?
-        .remove(id)
-        .map_err(db_error)?
-        .map(|v| v.value().to_owned());
-    if let Some(key) = &key {
-        txn.open_table(IDEMPOTENCY_KEYS)
+    Ok(())
+}
+
+/// One reference fewer to each blob a deleted job's record names.
+fn release_blobs(txn: &WriteTransaction, record: &JobRecord) -> Result<(), StoreError> {
+    let mut refs = txn.open_table(BLOB_REFS).map_err(db_error)?;
+    for blob in blob_keys(&record.def) {
+        let n = refs
+            .get(blob.as_str())
             .map_err(db_error)?
-            .remove(key.as_str())
-            .map_err(db_error)?;
-    }
-    if let Some(record) = &record {
-        let mut refs = txn.open_table(BLOB_REFS).map_err(db_error)?;
-        for blob in blob_keys(&record.def) {
-            let n = refs
-                .get(blob.as_str())
-                .map_err(db_error)?
-                .map_or(0, |v| v.value());
-            if n <= 1 {
-                refs.remove(blob.as_str()).map_err(db_error)?;
-            } else {
-                refs.insert(blob.as_str(), n - 1).map_err(db_error)?;
-            }
+            .map_or(0, |v| v.value());
+        if n <= 1 {
+            refs.remove(blob.as_str()).map_err(db_error)?;
+        } else {
+            refs.insert(blob.as_str(), n - 1).map_err(db_error)?;
         }
     }
-    Ok(Some(Deleted { summary, key }))
+    Ok(())
 }
