@@ -122,35 +122,14 @@ fn the_binary_crates_modules_name_each_other_in_no_circle() {
     }
 }
 
-/// Circles found when this check first looked below the top level, in code being
-/// reorganised by others in the same change (issue 39): one edge of each, as
-/// (source folder, parent module, from, to), left out of the graph so that the check
-/// guards everything else now. An entry whose edge is gone fails the test: the list
-/// only shrinks.
-const KNOWN_CIRCLE_EDGES: &[(&str, &str, &str, &str)] = &[
-    // sandbox/files.rs takes EPOCH from determinism.rs, which links p1_files.rs, which
-    // reads files.rs's listing.
-    ("executor/src", "sandbox", "files", "determinism"),
-    // service/idempotency.rs answers with submission.rs's SubmitError and Submitted,
-    // which submission.rs builds from idempotency.rs's key.
-    ("driver/src", "service", "idempotency", "submission"),
-];
-
 #[test]
 fn no_modules_anywhere_name_each_other_in_a_circle() {
     let mut found = Vec::new();
-    let mut known = KNOWN_CIRCLE_EDGES.to_vec();
     let mut levels = 0;
     for dir in SOURCE_DIRS {
         let graphs = Crate::read(&read_sources(&workspace().join(dir))).graphs();
         levels += graphs.len();
-        for (parent, mut graph) in graphs {
-            let parent_name = parent.join("::");
-            known.retain(|&(d, p, from, to)| {
-                let listed = d == *dir && p == parent_name;
-                let edges = graph.get_mut(from);
-                !(listed && edges.is_some_and(|edges| edges.remove(to).is_some()))
-            });
+        for (parent, graph) in graphs {
             if let Some(cycle) = find_cycle(&graph) {
                 found.push(format!(
                     "{dir}: {}",
@@ -167,10 +146,6 @@ fn no_modules_anywhere_name_each_other_in_a_circle() {
         found.is_empty(),
         "move what both sides of each circle need to a module both may name:\n{}",
         found.join("\n")
-    );
-    assert!(
-        known.is_empty(),
-        "these circles are gone: take them out of KNOWN_CIRCLE_EDGES: {known:?}"
     );
 }
 

@@ -44,13 +44,17 @@ pub use self::config::{
     precompile,
 };
 use self::determinism::VirtualClock;
-pub use self::determinism::{EPOCH, fixed_times};
+pub use self::determinism::fixed_times;
 use self::engines::Linked;
 use self::files::FixedFiles;
 use self::link::{link_component, link_module};
 pub use self::stop::{Kill, helper_cpu_us, thread_cpu_us};
 use crate::outcome::TaskLimiter;
 use crate::results::ResultTarget;
+
+/// Where a deterministic guest's wall clock starts, and every fixed file time:
+/// 2000-01-01T00:00:00Z. Here, not in `determinism`, because both it and `files` read it.
+pub const EPOCH: Duration = Duration::from_secs(946_684_800);
 
 /// Random bytes one `random_get` / `get-random-bytes` call may ask for.
 pub const MAX_RANDOM_BYTES: u64 = 4 << 20;

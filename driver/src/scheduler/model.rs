@@ -362,20 +362,6 @@ impl Job {
         !self.state.is_final() && !idle
     }
 
-    /// Puts a task back to be launched again.
-    pub(super) fn requeue(&mut self, index: u32, front: bool) {
-        let task = &mut self.tasks[index as usize];
-        set_state(&mut self.counts, task, TaskState::Pending);
-        self.speculative.retain(|&i| i != index);
-        if !task.failed_on.is_empty() {
-            self.constrained.push(index);
-        } else if front {
-            self.pending.push_front(index);
-        } else {
-            self.pending.push_back(index);
-        }
-    }
-
     pub fn counts(&self) -> TaskCounts {
         debug_assert_eq!(self.counts, self.scan_counts(), "job {}", self.def.id);
         self.counts

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use flint_protocol::api::{CodedError, ErrorCode, TaskState};
 use flint_protocol::{Digest, JobId, TaskResult};
 
-use super::idempotency::IdempotencyKey;
+use super::idempotency_key::IdempotencyKey;
 use super::tenancy;
 use super::{Deferred, Driver};
 use crate::admission::{self, Rejection};

@@ -12,10 +12,8 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::{Caller, Engine, Linker};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 
-use super::{ComponentCtx, ModuleCtx, TaskEnv};
+use super::{ComponentCtx, EPOCH, ModuleCtx, TaskEnv};
 
-/// Where a deterministic guest's wall clock starts: 2000-01-01T00:00:00Z.
-pub const EPOCH: Duration = Duration::from_secs(946_684_800);
 /// The resolution both virtual clocks report.
 const RESOLUTION_NS: u64 = 1_000;
 

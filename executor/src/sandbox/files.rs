@@ -25,7 +25,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     PathFlags,
 };
 
-use super::determinism::EPOCH;
+use super::EPOCH;
 
 /// Every time a deterministic guest reads of its files, in nanoseconds since 1970.
 pub const FILE_TIME_NS: u64 = EPOCH.as_secs() * 1_000_000_000;
