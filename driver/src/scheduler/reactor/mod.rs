@@ -27,6 +27,20 @@ mod tick;
 #[cfg(test)]
 mod tests;
 
+/// One attempt's end, as the function of its outcome needs it.
+pub(super) struct End<'a> {
+    pub task: &'a TaskId,
+    pub executor: &'a ExecutorId,
+    /// The driver killed it for another tenant (see `preemption`).
+    pub preempted: bool,
+    /// Another attempt of the task still runs (a speculative copy): that one, not this
+    /// end, decides whether the task runs again.
+    pub copy_running: bool,
+    /// The wall clock (a job's end time) and the scheduler's (exclusion windows).
+    pub now: SystemTime,
+    pub clock: Instant,
+}
+
 /// Where a task put back to pending waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Rejoin {

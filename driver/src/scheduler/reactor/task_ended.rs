@@ -30,20 +30,6 @@ pub(super) enum Verdict {
     Failed(TaskFailure),
 }
 
-/// One attempt's end, as the function of its outcome needs it.
-pub(super) struct End<'a> {
-    pub task: &'a TaskId,
-    pub executor: &'a ExecutorId,
-    /// The driver killed it for another tenant (see `preemption`).
-    pub preempted: bool,
-    /// Another attempt of the task still runs (a speculative copy): that one, not this
-    /// end, decides whether the task runs again.
-    pub copy_running: bool,
-    /// The wall clock (a job's end time) and the scheduler's (exclusion windows).
-    pub now: SystemTime,
-    pub clock: Instant,
-}
-
 impl ClusterState {
     /// A task attempt ended on an executor. Stale reports (an old attempt, another
     /// executor, a lost generation) change nothing. The first success of a task wins; a

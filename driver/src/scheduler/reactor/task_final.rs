@@ -2,7 +2,6 @@
 //! still running is killed), or it failed, its result over the job's limit or its
 //! failure past retrying, and its job fails with it.
 
-use super::task_ended::End;
 use super::*;
 
 /// The task's result is taken: the task has succeeded, and a speculative copy of it

@@ -4,7 +4,6 @@
 //! the job's `max_failures`. While a speculative copy still runs, the copy decides
 //! instead and nothing is put back.
 
-use super::task_ended::End;
 use super::*;
 use crate::scheduler::exclusion::ExclusionConfig;
 use flint_protocol::Resources;

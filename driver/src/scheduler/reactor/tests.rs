@@ -7,7 +7,8 @@ use std::time::{Instant, SystemTime};
 use flint_protocol::records::Escalation;
 use flint_protocol::{Resources, TaskFailure};
 
-use super::task_ended::{End, Verdict, verdict};
+use super::End;
+use super::task_ended::{Verdict, verdict};
 use super::task_final::{on_result_over_limit, on_task_failed, on_task_succeeded};
 use super::task_requeued::{on_attempt_withdrawn, on_task_escalated, on_task_retried};
 use super::*;
