@@ -15,9 +15,9 @@ mod measure;
 mod procfs;
 mod scale;
 mod scale_up;
+mod shares;
 pub mod simulate;
 mod soak;
-mod tenants;
 
 use anyhow::{Context, bail};
 
@@ -53,7 +53,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.simulated_executors.is_empty() {
         return match args.tenants {
             0 => scale::run(&args).await,
-            _ => tenants::run(&args).await,
+            _ => shares::run(&args).await,
         };
     }
     if !args.scale_up.is_empty() {
