@@ -2,13 +2,12 @@
 //! heartbeats) become the driver's state changes while its outbox is written out,
 //! batched.
 
-use flint_protocol::codec::write_batched;
 use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage};
-use futures_util::{FutureExt, SinkExt, StreamExt};
+use futures_util::SinkExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use super::{Connection, Ended};
+use super::{Connection, Ended, Frames, ended_meanwhile, pump};
 use crate::service::Driver;
 
 /// Task ends applied together at most, so that one busy executor cannot hold the
@@ -79,32 +78,12 @@ pub(super) async fn serve(
     let Link {
         id,
         generation,
-        mut outbox,
+        outbox,
     } = link;
-    let (sink, mut frames) = conn.split();
-    let mut writer = tokio::spawn(async move { write_batched(sink, &mut outbox).await });
-    let reason = loop {
-        tokio::select! {
-            frame = frames.next() => match frame {
-                Some(Ok(message)) => {
-                    if let Some(reason) = apply_burst(driver, &id, generation, message, &mut frames) {
-                        break reason;
-                    }
-                }
-                Some(Err(e)) => break format!("reading: {e}"),
-                None => break "connection closed".to_owned(),
-            },
-            // The outbox closes when the driver gives up on this executor (heartbeat
-            // timeout) or the socket cannot be written.
-            _ = &mut writer => break "outbox closed".to_owned(),
-            () = stop.cancelled() => {
-                // Let the Shutdown already queued go out before the socket is dropped.
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
-                break "driver stopped".to_owned();
-            }
-        }
-    };
-    writer.abort();
+    let reason = pump(conn, outbox, &stop, |message, frames| {
+        apply_burst(driver, &id, generation, message, frames)
+    })
+    .await;
     driver.executor_lost(&id, generation, &reason);
     Ended::Lost(reason)
 }
@@ -117,10 +96,7 @@ fn apply_burst(
     id: &ExecutorId,
     generation: u64,
     first: ExecutorMessage,
-    frames: &mut (
-             impl futures_util::Stream<Item = Result<ExecutorMessage, flint_protocol::codec::FrameError>>
-             + Unpin
-         ),
+    frames: &mut Frames<ExecutorMessage, DriverMessage>,
 ) -> Option<String> {
     let mut statuses = Vec::new();
     let mut next = Some(first);
@@ -136,11 +112,9 @@ fn apply_burst(
         if statuses.len() >= STATUS_BATCH {
             break;
         }
-        match frames.next().now_or_never() {
-            Some(Some(Ok(message))) => next = Some(message),
-            Some(Some(Err(e))) => ended = Some(format!("reading: {e}")),
-            Some(None) => ended = Some("connection closed".to_owned()),
-            None => {}
+        match ended_meanwhile(frames) {
+            Ok(message) => next = message,
+            Err(reason) => ended = Some(reason),
         }
     }
     driver.status_updates(id, generation, statuses);

@@ -8,11 +8,14 @@
 
 use std::sync::Arc;
 
-use flint_protocol::codec::FrameCodec;
+use flint_protocol::codec::{FrameCodec, FrameError, write_batched};
 use flint_protocol::handshake::{HelloError, welcome};
 use flint_protocol::{DriverMessage, ExecutorMessage};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
@@ -125,5 +128,61 @@ async fn handle(stream: TcpStream, driver: Arc<Driver>, stop: CancellationToken)
             Ok(link) => executor::serve(conn, &driver, link, stop).await,
             Err(ended) => ended,
         };
+    }
+}
+
+/// Serves a registered peer, executor or worker alike: its outbox written out batched
+/// while its frames are read and handed to `on_frame` (which may read more of them, and
+/// may end the connection with a reason), until the connection ends, the outbox closes
+/// (the driver gave up on the peer, or the socket cannot be written) or the driver
+/// stops. Why it ended.
+async fn pump<In, Out>(
+    conn: Framed<TcpStream, FrameCodec<In, Out>>,
+    mut outbox: UnboundedReceiver<Out>,
+    stop: &CancellationToken,
+    mut on_frame: impl FnMut(In, &mut Frames<In, Out>) -> Option<String>,
+) -> String
+where
+    In: DeserializeOwned + Send + 'static,
+    Out: Serialize + Send + 'static,
+{
+    let (sink, mut frames) = conn.split();
+    let mut writer = tokio::spawn(async move { write_batched(sink, &mut outbox).await });
+    let reason = loop {
+        tokio::select! {
+            frame = frames.next() => match frame {
+                Some(Ok(message)) => {
+                    if let Some(reason) = on_frame(message, &mut frames) {
+                        break reason;
+                    }
+                }
+                Some(Err(e)) => break format!("reading: {e}"),
+                None => break "connection closed".to_owned(),
+            },
+            _ = &mut writer => break "outbox closed".to_owned(),
+            () = stop.cancelled() => {
+                // Let the Shutdown already queued go out before the socket is dropped.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
+                break "driver stopped".to_owned();
+            }
+        }
+    };
+    writer.abort();
+    reason
+}
+
+/// The read half of a registered peer's connection.
+type Frames<In, Out> = futures_util::stream::SplitStream<Framed<TcpStream, FrameCodec<In, Out>>>;
+
+/// Whether `frames` says the connection ended, read without waiting.
+fn ended_meanwhile<In>(
+    frames: &mut (impl Stream<Item = Result<In, FrameError>> + Unpin),
+) -> Result<Option<In>, String> {
+    use futures_util::FutureExt;
+    match frames.next().now_or_never() {
+        Some(Some(Ok(message))) => Ok(Some(message)),
+        Some(Some(Err(e))) => Err(format!("reading: {e}")),
+        Some(None) => Err("connection closed".to_owned()),
+        None => Ok(None),
     }
 }

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use flint_protocol::codec::{FrameCodec, write_batched};
+use flint_protocol::codec::FrameCodec;
 use flint_protocol::messages::{DriverToWorker, WorkerMessage, WorkerRegistration};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
-use super::{Connection, Ended};
+use super::{Connection, Ended, pump};
 use crate::service::Driver;
 
 pub(super) async fn serve(
@@ -23,7 +23,7 @@ pub(super) async fn serve(
     let mut conn: Framed<TcpStream, FrameCodec<WorkerMessage, DriverToWorker>> =
         conn.map_codec(|c| c.retype());
     let id = registration.worker_id.clone();
-    let (outbox, mut orders) = tokio::sync::mpsc::unbounded_channel();
+    let (outbox, orders) = tokio::sync::mpsc::unbounded_channel();
     let generation = match driver.cluster.workers.register(
         registration,
         outbox,
@@ -42,23 +42,12 @@ pub(super) async fn serve(
         }
     };
     tracing::info!(worker = %id, generation, "worker registered");
-    let (sink, mut frames) = conn.split();
-    let mut writer = tokio::spawn(async move { write_batched(sink, &mut orders).await });
-    let reason = loop {
-        tokio::select! {
-            frame = frames.next() => match frame {
-                Some(Ok(message)) => driver.cluster.workers.message(&id, generation, message),
-                Some(Err(e)) => break format!("reading: {e}"),
-                None => break "connection closed".to_owned(),
-            },
-            _ = &mut writer => break "outbox closed".to_owned(),
-            () = stop.cancelled() => {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer).await;
-                break "driver stopped".to_owned();
-            }
-        }
-    };
-    writer.abort();
+    let workers = &driver.cluster.workers;
+    let reason = pump(conn, orders, &stop, |message, _| {
+        workers.message(&id, generation, message);
+        None
+    })
+    .await;
     tracing::warn!(worker = %id, generation, reason, "worker lost");
     driver.cluster.workers.lost(&id, generation, &reason);
     Ended::Lost(reason)
