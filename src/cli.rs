@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::flags::{CompileArgs, DriverCommand, ExecutorArgs};
-use crate::{bench, dev, jobs, replay, submit, worker};
+use crate::{bench, dev, graph, jobs, replay, submit, worker};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,8 @@ pub enum Command {
     Submit(submit::SubmitArgs),
     /// A job's state, counts and failed tasks.
     Status(jobs::StatusArgs),
+    /// Graphs of jobs submitted in one request: `submit FILE`, `status`, `kill`, `delete`.
+    Graph(graph::GraphArgs),
     /// A job's results, in task order (or one file per task with --out).
     Results(jobs::ResultsArgs),
     /// A task's log (its stderr).

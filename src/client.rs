@@ -5,7 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 use flint_driver::service::IdempotencyKey;
 use flint_protocol::api::{
-    ErrorCode, ErrorResponse, ExecutorList, JobSpec, JobView, List, TaskView, Uploaded, WorkerView,
+    ErrorCode, ErrorResponse, ExecutorList, GraphCreated, GraphView, JobSpec, JobView, List,
+    TaskView, Uploaded, WorkerView,
 };
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -145,6 +146,39 @@ impl Client {
         Ok(check(response).await?.bytes().await?.to_vec())
     }
 
+    /// Submits a graph of jobs (`{"jobs": {...}}`) in one request.
+    pub async fn submit_graph(&self, graph: &serde_json::Value) -> anyhow::Result<GraphCreated> {
+        let request = self
+            .request(reqwest::Method::POST, "/v1/graphs")
+            .json(graph);
+        self.send(request).await
+    }
+
+    /// A graph; with `wait`, once every job has ended or the time has passed.
+    pub async fn graph(&self, id: &str, wait: Option<Duration>) -> anyhow::Result<GraphView> {
+        let mut url = self.url(&format!("/v1/graphs/{id}"));
+        if let Some(wait) = wait {
+            url.push_str(&format!("?wait={}", wait.as_secs_f64()));
+        }
+        self.send(self.request(reqwest::Method::GET, &url)).await
+    }
+
+    /// Submits a failed or killed graph again; the new graph.
+    pub async fn recover_graph(&self, id: &str) -> anyhow::Result<GraphCreated> {
+        let url = self.url(&format!("/v1/graphs/{id}/recover"));
+        self.send(self.request(reqwest::Method::POST, &url)).await
+    }
+
+    pub async fn kill_graph(&self, id: &str) -> anyhow::Result<GraphView> {
+        let url = self.url(&format!("/v1/graphs/{id}/kill"));
+        self.send(self.request(reqwest::Method::POST, &url)).await
+    }
+
+    /// Deletes a graph and its jobs.
+    pub async fn delete_graph(&self, id: &str) -> anyhow::Result<()> {
+        self.delete_at(&format!("/v1/graphs/{id}")).await
+    }
+
     pub async fn kill(&self, id: &str) -> anyhow::Result<JobView> {
         let url = self.url(&format!("/v1/jobs/{id}/kill"));
         self.send(self.request(reqwest::Method::POST, &url)).await
@@ -152,7 +186,12 @@ impl Client {
 
     /// Deletes a finished job and everything it owns.
     pub async fn delete(&self, id: &str) -> anyhow::Result<()> {
-        let url = self.url(&format!("/v1/jobs/{id}"));
+        self.delete_at(&format!("/v1/jobs/{id}")).await
+    }
+
+    /// `DELETE path`, answered without a body worth reading.
+    async fn delete_at(&self, path: &str) -> anyhow::Result<()> {
+        let url = self.url(path);
         let response = self
             .request(reqwest::Method::DELETE, &url)
             .send()

@@ -153,9 +153,15 @@ impl Tally {
 fn likely_previous(counts: &TaskCounts, now: TaskState) -> TaskState {
     match now {
         TaskState::Running => TaskState::Pending,
+        TaskState::Waiting => TaskState::Waiting,
+        // Its results are there; or it ran before and goes round again.
+        TaskState::Pending if counts.waiting > 0 => TaskState::Waiting,
+        // Never ran: a result it waited for will never be there.
+        TaskState::Failed if counts.running == 0 && counts.waiting > 0 => TaskState::Waiting,
         TaskState::Pending | TaskState::Succeeded | TaskState::Failed => TaskState::Running,
-        // A killed job's pending tasks end killed without running.
+        // A killed job's pending and waiting tasks end killed without running.
         TaskState::Killed if counts.pending > 0 => TaskState::Pending,
+        TaskState::Killed if counts.waiting > 0 => TaskState::Waiting,
         TaskState::Killed => TaskState::Running,
     }
 }
@@ -298,6 +304,24 @@ mod tests {
         tally.apply(&event(2, TaskState::Killed, 0));
         let c = &tally.view().counts;
         assert_eq!((c.pending, c.killed), (0, 2), "{c:?}");
+    }
+
+    #[test]
+    fn waiting_tasks_move_to_pending_or_end_unrun() {
+        let mut tally = Tally::new(job(0));
+        tally.view.tasks = 3;
+        tally.view.counts = TaskCounts {
+            waiting: 3,
+            ..TaskCounts::default()
+        };
+        // Its results are there: pending, then it runs.
+        tally.apply(&event(0, TaskState::Pending, 0));
+        let c = &tally.view().counts;
+        assert_eq!((c.waiting, c.pending), (2, 1), "{c:?}");
+        // An upstream failed: it ends without running.
+        tally.apply(&event(1, TaskState::Failed, 0));
+        let c = &tally.view().counts;
+        assert_eq!((c.waiting, c.pending, c.failed), (1, 1, 1), "{c:?}");
     }
 
     #[test]

@@ -151,7 +151,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<i32> {
 fn print_job(job: &JobView) {
     let c = &job.counts;
     println!(
-        "{} {} ({}): {} tasks: {} succeeded, {} failed, {} killed, {} running, {} pending",
+        "{} {} ({}): {} tasks: {} succeeded, {} failed, {} killed, {} running, {} pending{}",
         job.id,
         job.name,
         job.state.as_str(),
@@ -160,7 +160,8 @@ fn print_job(job: &JobView) {
         c.failed,
         c.killed,
         c.running,
-        c.pending
+        c.pending,
+        crate::progress::waiting(c)
     );
     if let Some(error) = &job.error {
         println!("  {}: {}", error.kind, error.message);

@@ -10,6 +10,7 @@ mod client;
 mod dev;
 mod flags;
 mod follow;
+mod graph;
 mod jobs;
 mod progress;
 mod replay;
@@ -131,6 +132,7 @@ async fn run(cli: Cli, matches: &ArgMatches) -> i32 {
             submit::run(args, sub).await
         }
         Command::Status(args) => jobs::status(args).await,
+        Command::Graph(args) => graph::run(args).await,
         Command::Results(args) => jobs::results(args).await,
         Command::Logs(args) => jobs::logs(args).await,
         Command::Kill(args) => jobs::kill(args).await,

@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use flint_protocol::api::JobView;
+use flint_protocol::api::{JobState, JobView, TaskCounts};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// `--progress`: where and how to show the job's progress (always on stderr).
@@ -101,15 +101,31 @@ impl Progress {
 
 /// `job-…: 3/10 done, 2 running, 0 failed, 5 pending (running)`.
 pub fn plain_line(job: &JobView) -> String {
-    let c = &job.counts;
     format!(
-        "{}: {}/{} done, {} running, {} failed, {} pending ({})",
+        "{}: {}",
         job.id,
+        counts_line(&job.counts, job.tasks, job.state)
+    )
+}
+
+/// `3/10 done, 2 running, 0 failed, 5 pending, 1 waiting (running)`: a job's progress,
+/// `waiting` only where tasks wait.
+pub fn counts_line(c: &TaskCounts, tasks: u32, state: JobState) -> String {
+    format!(
+        "{}/{tasks} done, {} running, {} failed, {} pending{} ({})",
         c.succeeded + c.failed + c.killed,
-        job.tasks,
         c.running,
         c.failed,
         c.pending,
-        job.state.as_str()
+        waiting(c),
+        state.as_str()
     )
+}
+
+/// `, N waiting` where tasks wait for results; nothing where none does.
+pub fn waiting(c: &TaskCounts) -> String {
+    match c.waiting {
+        0 => String::new(),
+        n => format!(", {n} waiting"),
+    }
 }

@@ -43,9 +43,10 @@ pub struct SubmitArgs {
     /// A task's input given as text (repeat for more tasks).
     #[arg(long = "input-text", value_name = "TEXT")]
     input_texts: Vec<String>,
-    /// A task whose input is every result of an earlier job, one after the other in task
+    /// A task whose input is every result of another job, one after the other in task
     /// order, read by the executors from the driver: a reduce over a map job (repeat for
-    /// more tasks). The job must have succeeded.
+    /// more tasks). The job may still be running: the task waits (`waiting`) until every
+    /// one of its tasks has succeeded, and fails `upstream_failed` if one does not.
     #[arg(long = "input-results", value_name = "JOB")]
     input_results: Vec<String>,
     /// An argument for every task (repeat for more).

@@ -108,6 +108,7 @@ pub fn render_state(
             "Tasks of the jobs the driver holds (live, and finished ones kept in the job store), by state.",
         );
         for (state, n) in TaskState::ALL.into_iter().zip([
+            tasks.waiting,
             tasks.pending,
             tasks.running,
             tasks.succeeded,

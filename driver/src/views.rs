@@ -48,7 +48,7 @@ pub fn summary_view(id: &JobId, summary: &JobSummaryRecord, owner: &Owner) -> Jo
         created_at: rfc3339_ms(summary.created_at_ms),
         finished_at: summary.finished_at_ms.map(rfc3339_ms),
         tasks: summary.tasks,
-        counts: summary.counts,
+        counts: summary.counts.into(),
         error: summary.error.as_ref().map(|(kind, message)| ErrorBody {
             kind: kind.clone(),
             message: message.clone(),

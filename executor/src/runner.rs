@@ -241,6 +241,14 @@ impl TaskRunner {
                     TaskInput::Parts(parts) => {
                         desc.input = TaskInput::Inline(runner.assemble(parts).await?);
                     }
+                    // The driver makes a waiting task's input before launching it; a
+                    // driver that did not is the host's fault, not the guest's.
+                    TaskInput::Upstream(upstream) => {
+                        return Err(TaskFailure::new(
+                            FailureKind::HostError,
+                            format!("the input {upstream:?} is results still to come"),
+                        ));
+                    }
                 }
                 let kind = EngineKind::of(desc.job.determinism.is_some());
                 let (digest, compiled) = runner.resolve_module(&desc.job.module, kind).await?;
@@ -364,7 +372,7 @@ impl TaskRunner {
         let stdin = match std::mem::replace(&mut desc.input, TaskInput::Inline(Vec::new())) {
             TaskInput::Inline(bytes) => bytes,
             // `launch` fetches such inputs before a task is queued.
-            input @ (TaskInput::Fetch(_) | TaskInput::Parts(_)) => {
+            input @ (TaskInput::Fetch(_) | TaskInput::Parts(_) | TaskInput::Upstream(_)) => {
                 let failure = TaskFailure::new(
                     FailureKind::HostError,
                     format!("input {input:?} was not fetched before the task ran"),

@@ -8,6 +8,7 @@
 
 mod cluster;
 mod error;
+mod graphs;
 mod jobs;
 mod replay;
 mod spec;
@@ -23,6 +24,7 @@ pub use cluster::{
     WorkerView,
 };
 pub use error::{CodedError, ErrorCode, ErrorResponse, RequestError};
+pub use graphs::{GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView};
 pub use jobs::{
     AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo, TaskAttemptView,
     TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,

@@ -76,6 +76,9 @@ pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 pub const RETRY_AFTER_SECS: u64 = 1;
 /// Most tasks in one job.
 pub const MAX_TASKS_PER_JOB: usize = 1_000_000;
+/// Jobs in one graph (`POST /v1/graphs`): a graph is checked, stored and answered in
+/// one request.
+pub const MAX_GRAPH_JOBS: usize = 10_000;
 /// Largest input a task may have when it is assembled from parts (a `results` input: the
 /// earlier results concatenated). The executor holds a task's input in memory, and one
 /// fetched input is capped at the same size.

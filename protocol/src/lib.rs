@@ -33,6 +33,6 @@ pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_V
 pub use task::{
     BlockRef, Determinism, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Pins,
     Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult,
-    TaskStatus,
+    TaskStatus, Upstream,
 };
 pub use usage::Usage;

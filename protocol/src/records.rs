@@ -142,8 +142,68 @@ pub struct JobSummaryRecord {
     pub created_at_ms: u64,
     pub finished_at_ms: Option<u64>,
     pub tasks: u32,
-    pub counts: crate::api::TaskCounts,
+    pub counts: StoredCounts,
     pub error: Option<(String, String)>,
+}
+
+/// [`TaskCounts`](crate::api::TaskCounts) as a summary keeps them: the five counts of
+/// before tasks could wait (a record encodes fields by place). A summary is written as
+/// its job is accepted, every unended task counted pending, and as it ends, when no task
+/// waits; so waiting tasks are counted as pending here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredCounts {
+    pub pending: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub killed: u32,
+}
+
+impl StoredCounts {
+    /// The count of tasks in `state` (none waits in a summary).
+    pub fn of(&self, state: crate::api::TaskState) -> u32 {
+        match state {
+            crate::api::TaskState::Waiting => 0,
+            state => crate::api::TaskCounts::from(*self).of(state),
+        }
+    }
+
+    /// The count of tasks in `state`, to change (a waiting task counts as pending).
+    pub fn of_mut(&mut self, state: crate::api::TaskState) -> &mut u32 {
+        use crate::api::TaskState;
+        match state {
+            TaskState::Waiting | TaskState::Pending => &mut self.pending,
+            TaskState::Running => &mut self.running,
+            TaskState::Succeeded => &mut self.succeeded,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Killed => &mut self.killed,
+        }
+    }
+}
+
+impl From<crate::api::TaskCounts> for StoredCounts {
+    fn from(c: crate::api::TaskCounts) -> Self {
+        StoredCounts {
+            pending: c.pending + c.waiting,
+            running: c.running,
+            succeeded: c.succeeded,
+            failed: c.failed,
+            killed: c.killed,
+        }
+    }
+}
+
+impl From<StoredCounts> for crate::api::TaskCounts {
+    fn from(c: StoredCounts) -> Self {
+        crate::api::TaskCounts {
+            waiting: 0,
+            pending: c.pending,
+            running: c.running,
+            succeeded: c.succeeded,
+            failed: c.failed,
+            killed: c.killed,
+        }
+    }
 }
 
 /// One attempt of a task, for a finished job's timeline: written once the job's last
@@ -202,4 +262,19 @@ impl AttemptOutcome {
             AttemptOutcome::Preempted => "preempted",
         }
     }
+}
+
+/// A graph of jobs submitted together (the table `graphs.v1`): each job's local name
+/// and id, in an order where each comes after the jobs it reads, and the edges between
+/// them by place in `jobs` (read, reader).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphRecord {
+    pub id: String,
+    pub created_at_ms: u64,
+    /// The tenant that submitted it; none for the admin.
+    pub tenant: Option<String>,
+    pub jobs: Vec<(String, JobId)>,
+    pub edges: Vec<(u32, u32)>,
+    /// The graph this one recovers (`POST /v1/graphs/{id}/recover`), if it does.
+    pub recovered_from: Option<String>,
 }

@@ -10,6 +10,9 @@ pub use crate::usage::Usage;
 use crate::defaults;
 use crate::ids::{Digest, JobId, TaskId};
 
+mod input;
+pub use input::{InputPart, TaskInput, Upstream};
+
 /// What every task of a job shares: sent to an executor once, in
 /// [`DriverMessage::DefineJob`](crate::DriverMessage::DefineJob), before the job's first
 /// launch there, so that a launch carries only what is the task's own (a 200k-task job
@@ -192,47 +195,6 @@ impl FileRef {
     /// cluster secret. Decided by `size`, never by the URL.
     pub fn served_by_driver(&self) -> bool {
         self.size.is_some()
-    }
-}
-
-/// A task's stdin.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskInput {
-    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// Bytes the executor fetches through its fetch cache: a `url` input, or an earlier
-    /// task's result kept in the block store (chained jobs).
-    Fetch(Box<FetchRef>),
-    /// Several pieces, read one after the other as one stdin: a `results` input (a reduce
-    /// over earlier tasks' results). Its total is at most
-    /// [`defaults::MAX_TASK_INPUT_BYTES`].
-    Parts(Vec<InputPart>),
-}
-
-/// One piece of a [`TaskInput::Parts`].
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum InputPart {
-    /// Small results, copied into the launch.
-    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// The rest, fetched by the executor (from the driver or the block store).
-    Fetch(FetchRef),
-}
-
-impl fmt::Debug for TaskInput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TaskInput::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
-            TaskInput::Fetch(r) => write!(f, "Fetch({})", r.url),
-            TaskInput::Parts(parts) => write!(f, "Parts({} parts)", parts.len()),
-        }
-    }
-}
-
-impl fmt::Debug for InputPart {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InputPart::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
-            InputPart::Fetch(r) => write!(f, "Fetch({})", r.url),
-        }
     }
 }
 
@@ -442,6 +404,12 @@ pub enum FailureKind {
     /// not the guest's and not a source's: retried, and counted towards excluding the
     /// executor ([`FailureKind::blames_executor`]).
     HostError,
+    /// Never ran: a task whose result its input names failed or was killed (the
+    /// message names which). Decided by the driver, never retried.
+    UpstreamFailed,
+    /// Never ran: the results its input names came to more than a task's input may
+    /// take (`MAX_TASK_INPUT_BYTES`), found once they were there.
+    InputTooLarge,
 }
 
 impl FailureKind {
@@ -461,6 +429,8 @@ impl FailureKind {
             FailureKind::FuelLimit => "fuel_limit",
             FailureKind::FetchError => "fetch_error",
             FailureKind::HostError => "host_error",
+            FailureKind::UpstreamFailed => "upstream_failed",
+            FailureKind::InputTooLarge => "input_too_large",
         }
     }
 

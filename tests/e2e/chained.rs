@@ -117,15 +117,22 @@ fn results_inputs_concatenate_inline_fetched_and_block_parts_in_order() {
         "{error}"
     );
 
-    // A task still running has no result yet; once killed, it never will.
+    // A task still running has no result yet: a job naming it waits for it; once it is
+    // killed, the waiting task ends `upstream_failed` unrun, and a new job naming it is
+    // refused, as it never will have a result.
     let (status, sleeper) = cluster.post_raw(
         "/v1/jobs",
         json!({"module": echo, "args": ["sleep", "60000"], "inputs": [{"text": ""}]}).to_string(),
     );
     assert_eq!(status, 202, "{sleeper}");
     let sleeper_id = sleeper["id"].as_str().unwrap();
-    let error = refused(&cluster, spec(json!({"results": {"job": sleeper_id}})));
-    assert_eq!(error["kind"], "result_not_ready", "{error}");
+    let (status, reader) = cluster.post_raw(
+        "/v1/jobs",
+        spec(json!({"results": {"job": sleeper_id}})).to_string(),
+    );
+    assert_eq!(status, 202, "{reader}");
+    assert_eq!(reader["counts"]["waiting"], 1, "{reader}");
+    let reader_id = reader["id"].as_str().unwrap();
     let response = cluster
         .client
         .post(cluster.url(&format!("/v1/jobs/{sleeper_id}/kill")))
@@ -134,6 +141,16 @@ fn results_inputs_concatenate_inline_fetched_and_block_parts_in_order() {
     assert_eq!(response.status().as_u16(), 202);
     let (_, killed) = cluster.get(&format!("/v1/jobs/{sleeper_id}?wait=30"));
     assert_eq!(killed["state"], "killed", "{killed}");
+    let (_, reader) = cluster.get(&format!("/v1/jobs/{reader_id}?wait=30"));
+    assert_eq!(reader["state"], "failed", "{reader}");
+    assert_eq!(reader["error"]["kind"], "upstream_failed", "{reader}");
+    assert!(
+        reader["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(sleeper_id),
+        "{reader}"
+    );
     let error = refused(&cluster, spec(json!({"results": {"job": sleeper_id}})));
     assert_eq!(error["kind"], "no_result", "{error}");
     assert!(

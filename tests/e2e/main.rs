@@ -43,6 +43,7 @@ mod fetch;
 mod files;
 mod first_use;
 mod fuzz_corpora;
+mod graphs;
 mod hostile;
 mod idempotency;
 mod jobs;

@@ -128,6 +128,15 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
     let executor = s.cluster.executors()[0]["id"].as_str().unwrap().to_owned();
     let none_module = format!("sha256:{}", "0".repeat(64));
     let none_job = "job-0190000000007000800000000000000";
+    // And a graph of A's.
+    let (status, graph) = s.a.post_raw(
+        "/v1/graphs?wait=30",
+        json!({"jobs": {"only": {"module": module, "args": ["noop"], "inputs": [{"text": ""}]}}})
+            .to_string(),
+    );
+    assert_eq!(status, 202, "{graph}");
+    let graph = graph["id"].as_str().unwrap().to_owned();
+    let none_graph = "graph-0190000000007000800000000000000";
 
     // Every route of the OpenAPI document, and the block routes beside it, as B: once
     // naming A's objects and once naming objects that do not exist. The answers must
@@ -151,13 +160,14 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
     routes.push(("put".into(), "/v1/blocks/{job}/{name}".into()));
     assert!(routes.len() > 25, "{routes:?}");
     let fill = |template: &str, real: bool| {
-        let (job, module, file, block, tenant) = match real {
+        let (job, module, file, block, tenant, graph) = match real {
             true => (
                 id.as_str(),
                 module.as_str(),
                 file.as_str(),
                 block.as_str(),
                 "a",
+                graph.as_str(),
             ),
             false => (
                 none_job,
@@ -165,10 +175,13 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
                 none_module.as_str(),
                 "0-1-1",
                 "zz",
+                none_graph,
             ),
         };
         let object = if template.starts_with("/v1/modules/") {
             module
+        } else if template.starts_with("/v1/graphs/") {
+            graph
         } else if template.starts_with("/v1/files/") {
             file
         } else if template.starts_with("/v1/executors/") || template.starts_with("/v1/workers/") {
@@ -262,7 +275,10 @@ fn tenant_b_can_neither_see_nor_touch_any_of_tenant_as_objects_on_any_route() {
     // B's listing holds none of A's jobs; the admin's holds A's, and filters by tenant.
     assert_eq!(s.b.get("/v1/jobs").1["items"], json!([]));
     let listed = s.cluster.get("/v1/jobs?tenant=a").1;
-    assert_eq!(listed["items"][0]["id"], id.as_str(), "{listed}");
+    let listed_ids: Vec<&str> = (listed["items"].as_array().unwrap().iter())
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert!(listed_ids.contains(&id.as_str()), "{listed}");
     assert_eq!(s.cluster.get("/v1/jobs?tenant=b").1["items"], json!([]));
     // Nothing B did changed A's job.
     let (status, after) = s.a.get(&format!("/v1/jobs/{id}"));
@@ -935,4 +951,58 @@ fn each_tenant_has_its_own_share_of_the_event_streams() {
     for (api, job) in [(&s.a, &a_job), (&s.b, &b_job)] {
         assert_eq!(api.post_raw(&format!("/v1/jobs/{job}/kill"), "").0, 202);
     }
+}
+
+#[test]
+fn a_graph_is_its_tenants_its_waiting_tasks_count_and_it_cannot_name_anothers_job() {
+    let s = start(1, 1, "max_pending_tasks = 5", &[]);
+    let a_module = s.a.upload(&guests().testkit);
+    let b_module = s.b.upload(&guests().testkit);
+    let a_job = s.a.submit(&spec(&a_module, &["sleep", "60000"], &[""]));
+    let graph = |module: &str, upstream: &str, readers: usize| {
+        json!({"jobs": {
+            "up": {"module": module, "args": ["sleep", "60000"], "inputs": [{"text": ""}]},
+            "down": {"module": module, "args": ["echo"],
+                     "inputs": vec![json!({"results": {"job": upstream}}); readers]},
+        }})
+    };
+    // Another tenant's job is as if it did not exist.
+    let (status, body) =
+        s.b.post_raw("/v1/graphs", graph(&b_module, &a_job, 1).to_string());
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["kind"], "unknown_result", "{body}");
+    // 1 + 5 waiting tasks: over max_pending_tasks (5), counted over the whole graph.
+    let (status, body) =
+        s.b.post_raw("/v1/graphs", graph(&b_module, "up", 5).to_string());
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_pending_tasks is 5"),
+        "{body}"
+    );
+    let (_, list) = s.b.get("/v1/jobs");
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        0,
+        "nothing stored: {list}"
+    );
+    // 1 + 4 fit; then the waiting tasks hold the quota: one more task does not fit.
+    let (status, created) =
+        s.b.post_raw("/v1/graphs", graph(&b_module, "up", 4).to_string());
+    assert_eq!(status, 202, "{created}");
+    let (status, body) =
+        s.b.post_raw("/v1/jobs", spec(&b_module, &["noop"], &[""]).to_string());
+    assert_eq!(status, 429, "{body}");
+    // A sees nothing of B's graph.
+    let id = created["id"].as_str().unwrap();
+    let (status, body) = s.a.get(&format!("/v1/graphs/{id}"));
+    assert_eq!(
+        (status, body["error"]["kind"].as_str()),
+        (404, Some("graph_not_found"))
+    );
+    let (status, view) = s.b.get(&format!("/v1/graphs/{id}"));
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["jobs"]["down"]["counts"]["waiting"], 4, "{view}");
 }

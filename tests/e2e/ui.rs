@@ -7,8 +7,10 @@
 //! kept as test artifacts at `$CARGO_TARGET_DIR/artifacts/ui.png` and `ui-secured.png`
 //! (`target/artifacts/` by default), and of the charts of a job with a retry and a
 //! speculative copy (`ui-timeline.png`, `ui-throughput.png`, `ui-durations.png`,
-//! `ui-cluster.png`), of a 20,000-task job's timeline (`ui-timeline-20k.png`), and of
-//! the page with a tenant's token (`ui-tenant.png`).
+//! `ui-cluster.png`), of a 20,000-task job's timeline (`ui-timeline-20k.png`), of
+//! the page with a tenant's token (`ui-tenant.png`), and of a graph's page: ended
+//! (`ui-graph.png`), with a reader waiting (`ui-graph-waiting.png`) and that reader's
+//! tasks and what it waits for (`ui-graph-job.png`).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -948,4 +950,188 @@ fn the_admin_sees_each_jobs_tenant_and_filters_them_and_a_tenant_sees_its_own_vi
         json!("none")
     );
     save_artifact("ui-tenant.png", &browser.screenshot());
+}
+
+#[test]
+fn the_web_ui_draws_a_graph_by_stage_follows_it_to_its_end_shows_what_waits_and_kills_one() {
+    let cluster = DevCluster::start(2, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let browser = Browser::start();
+    browser.goto(&cluster.url("/ui"));
+    browser.wait_for_text(
+        "#jobs-body td.empty",
+        "no jobs yet: flint submit task.wasm --wait",
+    );
+    let node = |name: &str| format!("#graph-canvas a[data-node='{name}']");
+    let graph_state = |state: &str| {
+        format!("return document.getElementById('graph').getAttribute('data-state') === '{state}';")
+    };
+
+    // A map of two tasks, the second computing for a while on its first attempt, and a
+    // reduce reading all of map's results. Opened by its URL.
+    let graph = json!({"jobs": {
+        "map": {"module": testkit, "tasks": [
+            {"args": ["echo"], "input": {"text": "a"}},
+            {"args": ["slow-first", "1500"], "input": {"text": "b"}},
+        ]},
+        "reduce": {"module": testkit, "args": ["echo"], "inputs": [{"results": {"job": "map"}}]},
+    }});
+    let (status, created) = cluster.post_raw("/v1/graphs", graph.to_string());
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let map = created["jobs"]["map"].as_str().unwrap().to_owned();
+    let reduce = created["jobs"]["reduce"].as_str().unwrap().to_owned();
+    browser.goto(&cluster.url(&format!("/ui#graph={id}")));
+    browser.wait_for_text("#graph-title", &format!("Graph {id}"));
+    browser.wait_for("the graph to end", &graph_state("succeeded"));
+    for (name, done) in [("map", "2/2"), ("reduce", "1/1")] {
+        let at = node(name);
+        assert_eq!(
+            browser.text(&format!("{at} [data-col='state']")).as_deref(),
+            Some("succeeded")
+        );
+        assert_eq!(
+            browser.text(&format!("{at} [data-col='done']")).as_deref(),
+            Some(done)
+        );
+        assert_eq!(
+            browser.text(&format!("{at} [data-col='name']")).as_deref(),
+            Some(name)
+        );
+    }
+    // By stage: map in the first column, reduce in the second, to its right.
+    let columns = browser.eval(
+        "return ['map', 'reduce'].map((n) => Number(document.querySelector(`#graph-canvas a[data-node='${n}']`).getAttribute('data-column')));",
+    );
+    assert_eq!(columns, json!([0, 1]));
+    // One edge, drawn from map's right side to reduce's left side.
+    let edges = browser.eval(
+        "return [...document.querySelectorAll('#graph-canvas svg path[data-edge]')].map((p) => p.getAttribute('data-edge'));",
+    );
+    assert_eq!(edges, json!(["map->reduce"]));
+    let spans = browser.eval(
+        "const box = (s) => document.querySelector(s).getBoundingClientRect(); \
+         const m = box(\"#graph-canvas a[data-node='map']\"), r = box(\"#graph-canvas a[data-node='reduce']\"); \
+         const p = box(\"#graph-canvas path[data-edge='map->reduce']\"); \
+         return m.right < r.left && p.left >= m.right - 1 && p.right <= r.left + 1 && p.width > 20;",
+    );
+    assert_eq!(spans, true);
+    // The graph has ended: the page reads it no more.
+    let fetches = "return Number(document.getElementById('graph').getAttribute('data-fetches'));";
+    let before = browser.eval(fetches);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(browser.eval(fetches), before);
+    save_artifact("ui-graph.png", &browser.element_screenshot("#graph"));
+
+    // Each node links to its job's page, the graph still shown above it.
+    let href = browser.eval(&format!(
+        "return document.querySelector(\"{}\").getAttribute('href');",
+        node("reduce")
+    ));
+    assert_eq!(href, json!(format!("#graph={id}&job={reduce}")));
+    browser.click(&node("reduce"));
+    browser.wait_for_text("#tasks-title", &format!("Tasks of {reduce}"));
+    assert_tasks_succeeded(&browser, &reduce, 1);
+    browser.wait_for_text("#job-waits [data-upstream='map'] a", "map");
+    let upstream = browser.eval(
+        "return document.querySelector(\"#job-waits [data-upstream='map'] a\").getAttribute('href');",
+    );
+    assert_eq!(upstream, json!(format!("#graph={id}&job={map}")));
+    assert_eq!(
+        browser.eval(&format!(
+            "return document.querySelector(\"{}\").classList.contains('selected');",
+            node("reduce")
+        )),
+        true
+    );
+
+    // A reader whose upstream never ends (until the graph is killed) waits. Opened by its
+    // id pasted into the header's field.
+    let graph = json!({"jobs": {
+        "slow": {"module": testkit, "args": ["sleep", "60000"], "inputs": [{"text": ""}]},
+        "after": {"module": testkit, "args": ["echo"], "inputs": [{"results": {"job": "slow"}}]},
+    }});
+    let (status, created) = cluster.post_raw("/v1/graphs", graph.to_string());
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let after = created["jobs"]["after"].as_str().unwrap().to_owned();
+    browser.type_into("#graph-id", &id);
+    browser.click("#open-graph button");
+    browser.wait_for_text("#graph-title", &format!("Graph {id}"));
+    browser.wait_for_text(&format!("{} [data-col='state']", node("slow")), "running");
+    browser.wait_for_text(
+        &format!("{} [data-col='counts']", node("after")),
+        "1 waiting",
+    );
+    assert_eq!(
+        browser
+            .text(&format!("{} [data-col='done']", node("after")))
+            .as_deref(),
+        Some("0/1")
+    );
+    assert_eq!(
+        browser.eval("return document.querySelector(\"#graph-canvas path[data-edge='slow->after']\").getAttribute('class');"),
+        json!("edge waiting")
+    );
+    assert_eq!(
+        browser.eval("return document.querySelector(\"#graph-canvas a[data-node='after'] .bar span\").getAttribute('data-seg');"),
+        json!("waiting")
+    );
+    browser.wait_for_text(
+        &format!("tr[data-job='{after}'] td[data-col='waiting']"),
+        "1",
+    );
+    // The reader's page: its task waiting, in the waiting colour, and what it waits for.
+    let href = browser.eval(&format!(
+        "return document.querySelector(\"{}\").getAttribute('href');",
+        node("after")
+    ));
+    browser.goto(&cluster.url(&format!("/ui{}", href.as_str().unwrap())));
+    browser.wait_for_text("#tasks-title", &format!("Tasks of {after}"));
+    browser.wait_for_text("tr[data-task='0'] td[data-col='state']", "waiting");
+    assert_eq!(
+        browser
+            .text("tr[data-task='0'] td[data-col='outcome']")
+            .as_deref(),
+        Some("waits for the results its input names")
+    );
+    assert_eq!(
+        browser.eval("return getComputedStyle(document.querySelector(\"tr[data-task='0'] td[data-col='state'] .state\")).backgroundColor;"),
+        json!("rgb(12, 133, 153)")
+    );
+    browser.wait_for(
+        "what the job waits for",
+        "const w = document.querySelector(\"#job-waits [data-col='waiting']\"); \
+         const up = document.querySelector(\"#job-waits [data-upstream='slow']\"); \
+         return !!w && w.textContent.includes('1 task waits') && !!up && up.textContent.includes('running');",
+    );
+    save_artifact(
+        "ui-graph-waiting.png",
+        &browser.element_screenshot("#graph"),
+    );
+    save_artifact("ui-graph-job.png", &browser.element_screenshot("#tasks"));
+
+    // Killed from the page, after a confirmation naming it: every job ends, the reader
+    // unrun.
+    browser.click("#graph-kill");
+    let asked = browser.session_call("GET", "/alert/text", Value::Null);
+    assert!(asked.as_str().unwrap().contains(&id), "{asked}");
+    browser.session_call("POST", "/alert/accept", json!({}));
+    browser.wait_for("the graph to be killed", &graph_state("killed"));
+    browser.wait_for_text(&format!("{} [data-col='state']", node("slow")), "killed");
+    browser.wait_for_text(&format!("{} [data-col='state']", node("after")), "killed");
+    assert_eq!(
+        browser.eval("return document.getElementById('graph-kill').disabled;"),
+        true
+    );
+    let (_, view) = cluster.get(&format!("/v1/graphs/{id}"));
+    assert_eq!(view["state"], "killed", "{view}");
+    browser.wait_for_text("tr[data-task='0'] td[data-col='state']", "killed");
+
+    // An unknown graph says so.
+    browser.goto(&cluster.url("/ui#graph=graph-nope"));
+    browser.wait_for(
+        "the unknown graph's answer",
+        "const n = document.getElementById('graph-note'); return !n.hidden && n.textContent.startsWith('404 graph_not_found');",
+    );
 }

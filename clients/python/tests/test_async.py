@@ -101,3 +101,29 @@ async def test_timeline_history_and_usage(driver: Driver, guests: Guests) -> Non
         assert usage is not None and usage.cpu_us > 0
         (task,) = [t async for t in job.tasks()]
         assert task.usage is not None and [a.outcome for a in task.history] == ["succeeded"]
+
+
+async def test_a_graph_and_a_job_that_waits(driver: Driver, guests: Guests) -> None:
+    async with AsyncClient(driver.url) as client:
+        graph = await client.graph(
+            {
+                "map": dict(module=guests.wordcount, inputs=["x y", "y z"]),
+                "reduce": dict(module=guests.reduce, inputs=[flint_client.graph_results("map")]),
+            }
+        )
+        assert isinstance(graph, flint_client.AsyncGraph)
+        view = await graph.wait(120, raise_on_failure=True)
+        assert view.state == "succeeded" and [(e.from_, e.to) for e in view.edges] == [("map", "reduce")]
+        assert await graph["reduce"].json(0) == {"x": 1, "y": 2, "z": 1}
+        again = await client.get_graph(graph.id)
+        assert again.view is not None and again.view.jobs["reduce"].id == graph["reduce"].id
+        await graph.delete()
+        with pytest.raises(NotFound) as gone:
+            await client.get_graph(graph.id)
+        assert gone.value.kind == "graph_not_found"
+
+        # A reduce submitted right after its map, without waiting for it.
+        mapped = await client.submit(guests.wordcount, ["a b", "b"])
+        total = await client.submit(guests.reduce, [mapped.results_ref()])
+        assert (await total.wait(120, raise_on_failure=True)).state == "succeeded"
+        assert await total.json(0) == {"a": 1, "b": 2}

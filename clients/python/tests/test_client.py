@@ -499,3 +499,167 @@ def test_a_results_stream_cut_by_a_lost_block_is_an_error_not_missing_results(gu
     finally:
         driver.stop()
         shutil.rmtree(driver.data_dir, ignore_errors=True)
+
+
+# --- pipelines: waiting tasks and graphs ----------------------------------------------
+
+
+def test_a_job_reading_a_running_job_waits_for_it(client: Client, guests: Guests) -> None:
+    # No wait between the two submissions: the readers' tasks wait for the map's results
+    # (slow-first spins 1.5 s on its first attempt, then echoes its input).
+    mapped = client.submit(guests.testkit, ["to ", "be"], args=["slow-first", "1500"])
+    joined = client.submit(guests.testkit, [mapped.results_ref()], args=["echo"])
+    one = client.submit(guests.testkit, [mapped.result_ref(1)], args=["echo"])
+    view = joined.info()
+    assert view.counts.waiting == 1 and view.counts.done == 0 and not view.ended, view
+    (task,) = joined.tasks()
+    assert task.state == "waiting" and task.attempts == 0
+    assert mapped.info().state in ("queued", "running")
+    # The event stream of a waiting job: it starts waiting, then runs like any other.
+    events = list(one.events())
+    first = events[0]
+    assert isinstance(first, flint_client.JobEvent) and first.job.counts.waiting == 1
+    states = [e.state for e in events if isinstance(e, flint_client.TaskEvent)]
+    assert states[-3:] == ["pending", "running", "succeeded"], states
+    assert isinstance(events[-1], flint_client.EndEvent) and events[-1].job.state == "succeeded"
+    assert one.result(0) == b"be"
+    final = joined.wait(120, progress=True, raise_on_failure=True)
+    assert final.counts == flint_client.TaskCounts(succeeded=1)
+    assert joined.result(0) == b"to be"
+    assert mapped.wait(60).state == "succeeded"
+
+
+def test_a_failed_upstream_fails_its_readers_without_running_them(client: Client, guests: Guests) -> None:
+    # Still running when the reader comes (a job that has already failed is refused:
+    # `no_result`), then out of time.
+    failing = client.submit(guests.testkit, [""], args=["sleep", "60000"], resources=Resources(timeout_ms=1500))
+    reader = client.submit(guests.testkit, [failing.results_ref()], args=["echo"])
+    assert reader.info().counts.waiting == 1
+    view = reader.wait(120)
+    assert view.state == "failed" and view.error is not None and view.error.kind == "upstream_failed", view
+    (task,) = reader.tasks()
+    assert task.state == "failed" and task.error is not None and task.error.kind == "upstream_failed"
+    assert task.attempts == 0, "it never ran"
+    with pytest.raises(JobFailed) as caught:
+        reader.results()
+    assert caught.value.kind == "upstream_failed"
+    assert [(f.index, f.kind) for f in caught.value.failures] == [(0, "upstream_failed")]
+    assert failing.info().state == "failed"
+    (upstream,) = failing.tasks()
+    assert upstream.error is not None and upstream.error.kind == "timeout"
+    # Once it has failed, a new reader is refused at once.
+    with pytest.raises(Conflict) as refused:
+        client.submit(guests.testkit, [failing.result_ref(0)], args=["echo"])
+    assert refused.value.kind == "no_result"
+
+    # The same in a graph: the graph fails, and raises about the job that failed itself.
+    graph = client.graph(
+        {
+            "split": dict(module=guests.testkit, inputs=["x"], args=["exit", "3"]),
+            "reader": dict(module=guests.testkit, inputs=[flint_client.graph_result("split", 0)], args=["echo"]),
+        }
+    )
+    view = graph.wait(120)
+    assert view.state == "failed"
+    split, read = view.jobs["split"], view.jobs["reader"]
+    assert split.state == "failed" and split.error is not None and split.error.kind == "task_failed"
+    assert read.state == "failed" and read.error is not None and read.error.kind == "upstream_failed"
+    assert read.counts == flint_client.TaskCounts(failed=1)
+    with pytest.raises(flint_client.GraphFailed) as raised:
+        graph.wait(raise_on_failure=True)
+    failed = raised.value
+    assert failed.name == "split" and failed.job.id == graph["split"].id and failed.kind == "task_failed"
+    assert [(f.index, f.kind, f.exit_code) for f in failed.failures] == [(0, "exit", 3)]
+    assert "reader" in str(failed)
+
+
+def test_a_graph_map_reduce_in_one_call(client: Client, guests: Guests) -> None:
+    texts = [
+        "It was the best of times, it was the worst of times,",
+        "it was the age of wisdom, it was the age of foolishness,",
+        "it was the epoch of belief, it was the epoch of incredulity,",
+        "It was the season of Light, it was the season of Darkness.",
+    ]
+    module = client.upload_module(guests.reduce)
+    graph = client.graph(
+        {
+            "map": dict(module=guests.wordcount, inputs=texts, name="py-graph-map"),
+            "reduce": dict(module=module, inputs=[flint_client.graph_results("map")]),
+            "top": dict(module=module, inputs=[flint_client.graph_results("map", [0, 0])], args=["--top", "2"]),
+        }
+    )
+    assert graph.id.startswith("graph-") and list(graph.jobs) == ["map", "reduce", "top"]
+    assert all(job.id.startswith("job-") for job in graph.jobs.values())
+    view = graph.wait(120, raise_on_failure=True)
+    assert view.state == "succeeded" and view.succeeded and view.created_at_ms > 0
+    assert {name: job.id for name, job in view.jobs.items()} == {name: job.id for name, job in graph.jobs.items()}
+    assert all(job.state == "succeeded" for job in view.jobs.values())
+    assert view.jobs["map"].tasks == 4 and view.jobs["map"].counts.succeeded == 4
+    assert sorted((e.from_, e.to) for e in view.edges) == [("map", "reduce"), ("map", "top")]
+    assert graph["reduce"].json(0) == words(" ".join(texts))
+    assert graph["top"].json(0) == {"it": 4, "of": 4}
+    assert graph["map"].info().name == "py-graph-map"
+
+    # Read again by id; then submitted with wait=, answered once it ended.
+    again = client.get_graph(graph.id)
+    assert again == graph and again.view is not None and again.view.state == "succeeded"
+    assert {n: j.id for n, j in again.jobs.items()} == {n: j.id for n, j in graph.jobs.items()}
+    waited = client.graph({"count": dict(module=guests.wordcount, inputs=["a b a"])}, wait=60)
+    assert waited.created is not None and waited.created.state == "succeeded"
+    assert waited["count"].json(0) == {"a": 2, "b": 1}
+
+    # Deleting the graph deletes its jobs.
+    graph.delete()
+    with pytest.raises(NotFound) as gone:
+        graph.info()
+    assert gone.value.kind == "graph_not_found"
+    with pytest.raises(NotFound) as job_gone:
+        graph["reduce"].info()
+    assert job_gone.value.kind == "job_not_found"
+
+
+def test_a_graph_reads_a_job_outside_it_and_is_killed_whole(client: Client, guests: Guests) -> None:
+    sleeping = client.submit(guests.testkit, [""], args=["sleep", "60000"])
+    graph = client.graph(
+        {
+            "after": dict(module=guests.testkit, inputs=[sleeping.results_ref()], args=["echo"]),
+            "last": dict(module=guests.testkit, inputs=[flint_client.graph_results("after")], args=["echo"]),
+        }
+    )
+    view = graph.info()
+    assert view.state in ("queued", "running") and not view.ended
+    assert view.jobs["after"].counts.waiting == 1 and view.jobs["last"].counts.waiting == 1
+    assert view.counts.waiting == 2 and view.tasks == 2
+    assert [(e.from_, e.to) for e in view.edges] == [("after", "last")]
+    with pytest.raises(flint_client.WaitTimeout) as timed_out:
+        graph.wait(timeout=0.5)
+    assert timed_out.value.graph is not None and timed_out.value.graph.id == graph.id
+    with pytest.raises(Conflict) as running:
+        graph.delete()
+    assert running.value.kind == "job_running"
+    killed = graph.kill()
+    assert killed.state == "killed" and all(job.state == "killed" for job in killed.jobs.values())
+    assert graph.wait(30).state == "killed"
+    with pytest.raises(JobFailed) as caught:
+        graph.wait(raise_on_failure=True)
+    assert caught.value.kind == "killed"
+    graph.delete()
+    sleeping.kill()
+
+
+def test_graphs_refused_and_not_found(client: Client, guests: Guests) -> None:
+    with pytest.raises(NotFound) as missing:
+        client.get_graph("graph-00000000000000000000000000000000")
+    assert missing.value.kind == "graph_not_found" and missing.value.status == 404
+    module = client.upload_module(guests.testkit)
+    with pytest.raises(InvalidSpec) as cycle:
+        client.graph(
+            {
+                "a": dict(module=module, inputs=[flint_client.graph_results("b")], args=["echo"]),
+                "b": dict(module=module, inputs=[flint_client.graph_results("a")], args=["echo"]),
+            }
+        )
+    assert cycle.value.kind == "invalid_spec" and cycle.value.status == 422
+    with pytest.raises(InvalidSpec) as unknown:
+        client.graph({"a": dict(module=module, inputs=[flint_client.graph_results("nowhere")], args=["echo"])})
+    assert unknown.value.kind == "unknown_result"

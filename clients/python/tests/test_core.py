@@ -1,7 +1,7 @@
 """The sans-I/O core without a driver: frame and event decoding, error mapping, spec
 building, model parsing (usage, attempt history, pins and seeds, memoized tasks, replay
-bundles too), and, over mock transports, the request count of ``map``, what ``submit``
-sends and what ``replay`` asks for."""
+bundles, graphs and waiting tasks too), and, over mock transports, the request count of
+``map``, what ``submit`` and ``graph`` send and what ``replay`` asks for."""
 
 from __future__ import annotations
 
@@ -114,6 +114,7 @@ def response(status: int, body: object, headers: Optional[dict] = None) -> httpx
         (403, "admin_only", flint_client.Forbidden),
         (403, "some_new_kind", flint_client.Forbidden),
         (404, "tenant_not_found", flint_client.NotFound),
+        (404, "graph_not_found", flint_client.NotFound),
     ],
 )
 def test_errors_map_by_kind_then_status(status: int, kind: str, cls: type) -> None:
@@ -1036,3 +1037,261 @@ async def test_the_async_client_replays() -> None:
         with pytest.raises(flint_client.ReplayUnavailable):
             await client.replay("job-2", 0)
     assert seen[:2] == ["/v1/jobs/job-1/tasks/0/replay", "/v1/jobs/job-1/tasks/0/replay?attempt=1"]
+
+
+# --- graphs and waiting tasks --------------------------------------------------------
+
+
+def test_waiting_tasks_are_counted_and_not_done() -> None:
+    view = from_json(
+        flint_client.JobView,
+        {"id": "job-2", "state": "queued", "tasks": 3, "counts": {"waiting": 2, "pending": 1}},
+    )
+    assert view.counts.waiting == 2 and view.counts.done == 0 and not view.ended
+    # A driver before pipelines has no `waiting`: 0.
+    assert from_json(flint_client.TaskCounts, {"pending": 1}).waiting == 0
+    total = flint_client.TaskCounts(waiting=1, succeeded=2) + flint_client.TaskCounts(waiting=2, failed=1)
+    assert total == flint_client.TaskCounts(waiting=3, succeeded=2, failed=1) and total.done == 3
+
+
+def test_the_progress_bar_moves_waiting_tasks() -> None:
+    from flint_client._progress import Progress
+
+    view = from_json(
+        flint_client.JobView, {"id": "job-2", "state": "queued", "tasks": 2, "counts": {"waiting": 2}}
+    )
+    bar = Progress("job-2", enabled=False)
+    bar.event(flint_client.JobEvent(view))
+    bar.event(flint_client.TaskEvent(0, "pending"))  # its inputs came
+    assert (bar.counts["waiting"], bar.counts["pending"]) == (1, 1)
+    bar.event(flint_client.TaskEvent(0, "running", 1, "exec-1"))
+    bar.event(flint_client.TaskEvent(0, "succeeded", 1, "exec-1"))
+    bar.event(flint_client.TaskEvent(1, "failed"))  # upstream_failed: it never ran
+    assert bar.counts == {"waiting": 0, "pending": 0, "running": 0, "succeeded": 1, "failed": 1, "killed": 0}
+
+
+def test_graph_helpers_name_jobs_of_the_graph() -> None:
+    assert flint_client.graph_results("map") == flint_client.ResultsRef("map")
+    spec = core.build_spec(
+        {"module": "m"},
+        inputs=[flint_client.graph_results("map"), flint_client.graph_results("map", [1, 0]),
+                flint_client.graph_result("split", 3)],
+    )
+    assert spec["inputs"] == [
+        {"results": {"job": "map"}},
+        {"results": {"job": "map", "tasks": [1, 0]}},
+        {"result": {"job": "split", "task": 3}},
+    ]
+
+
+GRAPH_VIEW = {
+    "id": "graph-1",
+    "state": "failed",
+    "created_at_ms": 1765000000000,
+    "jobs": {
+        "map": {
+            "id": "job-m",
+            "state": "failed",
+            "tasks": 2,
+            "counts": {"succeeded": 1, "failed": 1},
+            "error": {"kind": "task_failed", "message": "task 1 failed: exit: exited with code 3"},
+        },
+        "reduce": {
+            "id": "job-r",
+            "state": "failed",
+            "tasks": 1,
+            "counts": {"failed": 1},
+            "error": {"kind": "upstream_failed", "message": "task 0 upstream_failed: not run: job-m task 1 failed"},
+        },
+        "side": {"id": "job-s", "state": "succeeded", "tasks": 1, "counts": {"succeeded": 1}},
+    },
+    "edges": [{"from": "map", "to": "reduce"}],
+}
+
+
+def test_a_graph_view_parses() -> None:
+    view = from_json(flint_client.GraphView, GRAPH_VIEW)
+    assert view.ended and not view.succeeded and view.created_at_ms == 1765000000000
+    assert view.edges == [flint_client.GraphEdge(from_="map", to="reduce")]
+    reduce = view.jobs["reduce"]
+    assert isinstance(reduce, flint_client.GraphJobView) and reduce.id == "job-r" and reduce.ended
+    assert reduce.error == flint_client.ErrorBody("upstream_failed", reduce.error.message if reduce.error else "")
+    assert view.tasks == 4 and view.counts == flint_client.TaskCounts(succeeded=2, failed=2)
+    assert core.blamed_job(view) == "map"
+    # Only jobs that failed for an upstream outside the graph: the first of them.
+    upstream_only = dict(GRAPH_VIEW, jobs={k: v for k, v in GRAPH_VIEW["jobs"].items() if k != "map"})
+    assert core.blamed_job(from_json(flint_client.GraphView, upstream_only)) == "reduce"
+    created = from_json(flint_client.GraphCreated, {"id": "graph-1", "jobs": {"a": "job-1"}, "state": "queued"})
+    assert created.jobs == {"a": "job-1"} and created.state == "queued"
+
+
+def graph_driver(seen: List[str], bodies: List[dict], running: bool = False) -> httpx.MockTransport:
+    """A mock driver of graph 1 (map, reduce and side; map failed), or of a graph that
+    keeps running."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        seen.append(f"{request.method} {path}" + (f"?{request.url.query.decode()}" if request.url.query else ""))
+        if request.method == "PUT" and path in ("/v1/modules", "/v1/files"):
+            digest = hashlib.sha256(request.content).hexdigest()
+            return httpx.Response(201, json={"id": f"sha256:{digest}", "size": len(request.content)})
+        if request.method == "POST" and path == "/v1/graphs":
+            body = json.loads(request.content)
+            bodies.append(body)
+            ids = {name: f"job-{name[0]}" for name in sorted(body["jobs"])}
+            return httpx.Response(202, json={"id": "graph-1", "jobs": ids, "state": "queued"})
+        if path == "/v1/graphs/graph-1":
+            if request.method == "DELETE":
+                return httpx.Response(204)
+            if running:
+                jobs = {n: dict(j, state="running", error=None) for n, j in GRAPH_VIEW["jobs"].items()}
+                return httpx.Response(200, json=dict(GRAPH_VIEW, state="running", jobs=jobs))
+            return httpx.Response(200, json=GRAPH_VIEW)
+        if path == "/v1/graphs/graph-1/kill":
+            return httpx.Response(202, json=GRAPH_VIEW)
+        if path == "/v1/jobs/job-m":
+            return httpx.Response(
+                200,
+                json={
+                    "id": "job-m",
+                    "state": "failed",
+                    "tasks": 2,
+                    "counts": {"succeeded": 1, "failed": 1},
+                    "error": GRAPH_VIEW["jobs"]["map"]["error"],  # type: ignore[index]
+                },
+            )
+        if path == "/v1/jobs/job-m/tasks":
+            items = [
+                {"index": 0, "state": "succeeded", "attempts": 1},
+                {"index": 1, "state": "failed", "attempts": 1, "exit_code": 3,
+                 "error": {"kind": "exit", "message": "exited with code 3"}},
+            ]
+            return httpx.Response(200, json={"items": items, "next": None})
+        kind = "graph_not_found" if path.startswith("/v1/graphs/") else "not_found"
+        return httpx.Response(404, json={"error": {"kind": kind, "message": f"no {path}"}})
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_graph_sends_every_job_uploading_each_module_once(tmp_path: Path) -> None:
+    module = tmp_path / "m.wasm"
+    module.write_bytes(b"\0asm module")
+    seen: List[str] = []
+    bodies: List[dict] = []
+    with flint_client.Client("http://flint.test", transport=graph_driver(seen, bodies)) as client:
+        outside = client.job("job-0")
+        graph = client.graph(
+            {
+                "side": dict(module="sha256:00", inputs=[outside.results_ref()], args=["echo"]),
+                "map": dict(module=module, inputs=["a", b"b"], files={"f": b"file", "g": b"file"}, args=["echo"]),
+                "reduce": dict(
+                    module=str(module),
+                    inputs=[flint_client.graph_results("map"), flint_client.graph_result("map", 1)],
+                    resources=flint_client.Resources(memory_mb=64),
+                ),
+            },
+            wait=5,
+        )
+    module_id = "sha256:" + hashlib.sha256(b"\0asm module").hexdigest()
+    file_id = "sha256:" + hashlib.sha256(b"file").hexdigest()
+    # The module and the file once each, however many jobs and names use them.
+    assert seen == ["PUT /v1/modules", "PUT /v1/files", "POST /v1/graphs?wait=5"]
+    assert bodies == [
+        {
+            "jobs": {
+                "side": {"module": "sha256:00", "inputs": [{"results": {"job": "job-0"}}], "args": ["echo"]},
+                "map": {
+                    "module": module_id,
+                    "inputs": [{"text": "a"}, {"base64": "Yg=="}],
+                    "files": {"f": file_id, "g": file_id},
+                    "args": ["echo"],
+                },
+                "reduce": {
+                    "module": module_id,
+                    "inputs": [{"results": {"job": "map"}}, {"result": {"job": "map", "task": 1}}],
+                    "resources": {"memory_mb": 64},
+                },
+            }
+        }
+    ]
+    assert isinstance(graph, flint_client.Graph) and graph.id == "graph-1"
+    assert list(graph.jobs) == ["side", "map", "reduce"], "in the order given"
+    assert graph["reduce"] == client.job("job-r") and graph.jobs["map"].id == "job-m"
+    assert graph.created is not None and graph.created.state == "queued" and graph.view is None
+
+
+def test_a_graph_job_is_checked_before_anything_is_sent() -> None:
+    seen: List[str] = []
+    with flint_client.Client("http://flint.test", transport=graph_driver(seen, [])) as client:
+        with pytest.raises(TypeError, match=r"graph job 'a': unknown arguments \['idempotency_key'\]"):
+            client.graph({"a": dict(module="sha256:00", inputs=[""], idempotency_key="k")})
+        with pytest.raises(TypeError, match="graph job 'a': no module"):
+            client.graph({"a": dict(inputs=[""])})
+        with pytest.raises(TypeError, match="give a dict of submit's arguments"):
+            client.graph({"a": "sha256:00"})  # type: ignore[dict-item]
+        with pytest.raises(ValueError, match="graph job 'b': give exactly one of inputs"):
+            client.graph({"a": dict(module="sha256:00", inputs=[""]), "b": dict(module="sha256:00")})
+        with pytest.raises(ValueError, match="at least one job"):
+            client.graph({})
+    assert seen == []
+
+
+def test_a_graph_that_failed_raises_graph_failed_blaming_the_job_that_failed() -> None:
+    seen: List[str] = []
+    with flint_client.Client("http://flint.test", transport=graph_driver(seen, [])) as client:
+        graph = client.get_graph("graph-1")
+        assert seen == ["GET /v1/graphs/graph-1"]
+        assert graph.view is not None and list(graph.jobs) == ["map", "reduce", "side"]
+        view = graph.wait()  # already over: no request more, and no raise by default
+        assert view.state == "failed" and len(seen) == 1
+        with pytest.raises(flint_client.JobFailed) as caught:
+            graph.wait(raise_on_failure=True)
+        failed = caught.value
+        assert isinstance(failed, flint_client.GraphFailed)
+        assert failed.name == "map" and failed.graph == view and failed.kind == "task_failed"
+        assert failed.job.id == "job-m"
+        assert failed.failures == [flint_client.TaskFailure(1, "exit", "exited with code 3", 3)]
+        assert str(failed).startswith("task_failed: graph graph-1 failed: job 'map': job job-m failed")
+        assert "also ended without succeeding: reduce" in str(failed)
+        assert graph.kill().state == "failed"
+        graph.delete()
+        with pytest.raises(flint_client.NotFound) as missing:
+            client.get_graph("graph-none")
+        assert missing.value.kind == "graph_not_found" and missing.value.status == 404
+    assert seen[-3:] == ["POST /v1/graphs/graph-1/kill", "DELETE /v1/graphs/graph-1", "GET /v1/graphs/graph-none"]
+
+
+def test_a_graph_wait_times_out_with_the_graph_as_last_seen() -> None:
+    seen: List[str] = []
+    with flint_client.Client("http://flint.test", transport=graph_driver(seen, [], running=True)) as client:
+        graph = client.get_graph("graph-1")
+        with pytest.raises(flint_client.WaitTimeout) as caught:
+            graph.wait(timeout=0.2)
+    timeout = caught.value
+    assert timeout.graph is not None and timeout.graph.state == "running"
+    assert timeout.job.id == "graph-1" and timeout.job.tasks == 4 and timeout.job.counts.running == 0
+    assert any(s.startswith("GET /v1/graphs/graph-1?wait=0.") for s in seen), seen
+
+
+@pytest.mark.anyio
+async def test_the_async_client_submits_and_follows_graphs() -> None:
+    seen: List[str] = []
+    bodies: List[dict] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=graph_driver(seen, bodies)) as client:
+        graph = await client.graph(
+            {
+                "map": {"module": b"\0asm", "inputs": ["x"]},
+                "reduce": {"module": b"\0asm", "inputs": [flint_client.graph_results("map")]},
+            }
+        )
+        assert isinstance(graph, flint_client.AsyncGraph) and isinstance(graph["map"], flint_client.AsyncJob)
+        assert (await graph.info()).jobs["map"].state == "failed"
+        with pytest.raises(flint_client.GraphFailed) as caught:
+            await graph.wait(raise_on_failure=True)
+        assert caught.value.name == "map" and [f.index for f in caught.value.failures] == [1]
+        assert (await graph.kill()).ended
+        await graph.delete()
+        with pytest.raises(flint_client.NotFound):
+            await client.get_graph("graph-none")
+    assert seen[:2] == ["PUT /v1/modules", "POST /v1/graphs"]
+    assert bodies[0]["jobs"]["reduce"]["inputs"] == [{"results": {"job": "map"}}]

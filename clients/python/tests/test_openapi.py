@@ -14,7 +14,7 @@ import pytest
 from flint_client import _core as core
 from flint_client import errors
 from flint_client import specs
-from flint_client.models import ROUTE_SCHEMAS, SCHEMAS, InlinePart, ReplayInputPart, ReplaySource
+from flint_client.models import ROUTE_SCHEMAS, SCHEMAS, InlinePart, ReplayInputPart, ReplaySource, json_name
 
 from .conftest import Driver
 
@@ -54,7 +54,8 @@ def properties(doc: Dict[str, Any], schema: Dict[str, Any]) -> Set[str]:
 
 
 def fields(cls: type) -> Set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    """A model's fields by their JSON names (``GraphEdge.from_`` is ``from``)."""
+    return {json_name(f) for f in dataclasses.fields(cls)}
 
 
 @pytest.mark.parametrize("model", list(SCHEMAS), ids=lambda m: m.__name__)
@@ -95,6 +96,28 @@ def test_spec_types_match_their_schemas(document: Dict[str, Any], cls: type) -> 
 def test_submit_knows_every_job_spec_field(document: Dict[str, Any]) -> None:
     have = properties(document, document["components"]["schemas"]["JobSpec"])
     assert set(core.JOB_SPEC_FIELDS) == have, f"JobSpec drifted: {sorted(set(core.JOB_SPEC_FIELDS) ^ have)}"
+
+
+def test_a_graph_is_jobs_by_name(document: Dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    graph = schemas["GraphSpec"]
+    assert set(core.GRAPH_SPEC_FIELDS) == properties(document, graph)
+    # Each job of a graph is a JobSpec, which submit's arguments make (checked above).
+    assert graph["properties"]["jobs"]["additionalProperties"] == {"$ref": "#/components/schemas/JobSpec"}
+    # What a graph's job may be given: every JobSpec field (a module's digest and
+    # timestamp through a Url).
+    assert set(core.SPEC_OPTIONS) == set(core.JOB_SPEC_FIELDS) - {"module_sha256", "module_timestamp_ms"}
+    view = schemas["GraphView"]["properties"]["jobs"]["additionalProperties"]
+    assert view == {"$ref": "#/components/schemas/GraphJobView"}
+
+
+def test_the_graph_routes_the_client_calls_exist(document: Dict[str, Any]) -> None:
+    paths = document["paths"]
+    assert "202" in paths["/v1/graphs"]["post"]["responses"]
+    assert {"get", "delete"} <= set(paths["/v1/graphs/{id}"])
+    assert "202" in paths["/v1/graphs/{id}/kill"]["post"]["responses"]
+    counts = properties(document, document["components"]["schemas"]["TaskCounts"])
+    assert "waiting" in counts
 
 
 def test_every_input_kind_is_known(document: Dict[str, Any]) -> None:

@@ -1,11 +1,15 @@
 //! Task inputs made of earlier results (`result` and `results` in a job spec): checked
 //! at submit against the jobs the driver holds, turned into what executors fetch or
-//! are handed. Each named task must have succeeded; the sizes are known then, so the
-//! limits (`MAX_TASK_INPUT_BYTES`, `MAX_INPUT_PARTS_PER_JOB`, the inline budget) are
-//! checked here, before anything runs.
+//! are handed. Where every named task has succeeded the sizes are known, so the limits
+//! (`MAX_TASK_INPUT_BYTES`, `MAX_INPUT_PARTS_PER_JOB`, the inline budget) are checked
+//! here, before anything runs. Where some are still to come the task waits
+//! ([`TaskInput::Upstream`]), and the same functions make its input once they are
+//! there ([`resolve`]); a named task that ended without a result refuses the spec.
 
 use flint_protocol::api::{ErrorCode, ResultsRef, TaskState};
-use flint_protocol::{Digest, FetchRef, InputPart, TaskInput, TaskResult, defaults};
+use flint_protocol::{
+    Digest, FetchRef, InputPart, JobId, TaskInput, TaskResult, Upstream, defaults,
+};
 
 use super::{Catalog, Rejection};
 use crate::scheduler::Job;
@@ -30,32 +34,27 @@ pub(crate) fn results_input(
     at: &str,
     budget: &mut InputBudget,
 ) -> Result<TaskInput, Rejection> {
-    let count = r.tasks.as_ref().map_or(job.tasks.len(), Vec::len);
-    if count == 0 {
-        return Err(Rejection::new(
-            ErrorCode::InvalidSpec,
-            format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
-        ));
+    let tasks = job.tasks.len() as u32;
+    let count = count_parts(r, tasks, at, budget)?;
+    let indices = || named_tasks(r, tasks);
+    // Results still to come make a waiting task; one that never will refuses the spec.
+    let mut coming = false;
+    for index in indices() {
+        match ready_result(job, index, at) {
+            Ok(_) => {}
+            Err(e) if e.code == ErrorCode::ResultNotReady => coming = true,
+            Err(e) => return Err(e),
+        }
     }
-    if count > budget.parts_left {
-        return Err(Rejection::new(
-            ErrorCode::TooManyInputParts,
-            format!(
-                "{at}: the job's `results` inputs name more than {} results together \
-                 (MAX_INPUT_PARTS_PER_JOB); reduce in stages",
-                defaults::MAX_INPUT_PARTS_PER_JOB
-            ),
-        ));
+    if coming {
+        return Ok(TaskInput::Upstream(Box::new(Upstream::Results {
+            job: r.job.clone(),
+            tasks: r.tasks.clone(),
+        })));
     }
-    budget.parts_left -= count;
-    let all = || 0..job.tasks.len() as u32;
-    let indices: Box<dyn Iterator<Item = u32> + '_> = match &r.tasks {
-        Some(tasks) => Box::new(tasks.iter().copied()),
-        None => Box::new(all()),
-    };
     let mut parts = Vec::with_capacity(count);
     let mut total = 0u64;
-    for index in indices {
+    for index in indices() {
         let result = ready_result(job, index, at)?;
         total += result.len();
         if total > defaults::MAX_TASK_INPUT_BYTES {
@@ -95,9 +94,87 @@ pub(crate) fn results_input(
     Ok(TaskInput::Parts(parts))
 }
 
+/// The tasks a `results` input names, in its order: `tasks`, or all `count` of them.
+fn named_tasks(r: &ResultsRef, count: u32) -> Box<dyn Iterator<Item = u32> + '_> {
+    match &r.tasks {
+        Some(tasks) => Box::new(tasks.iter().copied()),
+        None => Box::new(0..count),
+    }
+}
+
+/// A `results` input naming a job of the same graph, which is not stored yet: its
+/// tasks are checked against the job's `count`, and the task waits for them.
+pub(crate) fn coming_results(
+    r: &ResultsRef,
+    count: u32,
+    at: &str,
+    budget: &mut InputBudget,
+) -> Result<TaskInput, Rejection> {
+    count_parts(r, count, at, budget)?;
+    if let Some(index) = r.tasks.iter().flatten().find(|&&i| i >= count) {
+        return Err(past_the_count(at, &r.job, *index, count));
+    }
+    Ok(TaskInput::Upstream(Box::new(Upstream::Results {
+        job: r.job.clone(),
+        tasks: r.tasks.clone(),
+    })))
+}
+
+/// A `result` input naming task `index` of a job of the same graph (see
+/// [`coming_results`]).
+pub(crate) fn coming_result(
+    job: &JobId,
+    index: u32,
+    count: u32,
+    at: &str,
+) -> Result<TaskInput, Rejection> {
+    if index >= count {
+        return Err(past_the_count(at, job, index, count));
+    }
+    Ok(TaskInput::Upstream(Box::new(Upstream::Result {
+        job: job.clone(),
+        task: index,
+    })))
+}
+
+fn past_the_count(at: &str, job: &JobId, index: u32, count: u32) -> Rejection {
+    Rejection::new(
+        ErrorCode::UnknownResult,
+        format!("{at}: job {job} has no task {index} (it has {count})"),
+    )
+}
+
+/// How many results a `results` input names, taken from the job's budget of parts.
+fn count_parts(
+    r: &ResultsRef,
+    tasks: u32,
+    at: &str,
+    budget: &mut InputBudget,
+) -> Result<usize, Rejection> {
+    let count = r.tasks.as_ref().map_or(tasks as usize, Vec::len);
+    if count == 0 {
+        return Err(Rejection::new(
+            ErrorCode::InvalidSpec,
+            format!("{at}: `results.tasks` is empty; leave it out for every task of the job"),
+        ));
+    }
+    if count > budget.parts_left {
+        return Err(Rejection::new(
+            ErrorCode::TooManyInputParts,
+            format!(
+                "{at}: the job's `results` inputs name more than {} results together \
+                 (MAX_INPUT_PARTS_PER_JOB); reduce in stages",
+                defaults::MAX_INPUT_PARTS_PER_JOB
+            ),
+        ));
+    }
+    budget.parts_left -= count;
+    Ok(count)
+}
+
 /// Task `index`'s result, if it has one to give: 422 `unknown_result` for a task the job
-/// does not have, `result_not_ready` for one still to run, `no_result` for one that
-/// ended without a result.
+/// does not have, `result_not_ready` for one still to run (a task naming it waits for
+/// it), `no_result` for one that ended without a result.
 pub(crate) fn ready_result<'j>(
     job: &'j Job,
     index: u32,
@@ -112,14 +189,15 @@ pub(crate) fn ready_result<'j>(
     })?;
     match (&task.result, task.state) {
         (Some(result), TaskState::Succeeded) => Ok(result),
-        (_, state @ (TaskState::Pending | TaskState::Running)) => Err(Rejection::new(
-            ErrorCode::ResultNotReady,
-            format!(
-                "{at}: task {index} of {id} is {} and has no result yet; submit this job once \
-                 that one has succeeded",
-                state.as_str()
-            ),
-        )),
+        (_, state @ (TaskState::Waiting | TaskState::Pending | TaskState::Running)) => {
+            Err(Rejection::new(
+                ErrorCode::ResultNotReady,
+                format!(
+                    "{at}: task {index} of {id} is {} and has no result yet",
+                    state.as_str()
+                ),
+            ))
+        }
         (_, state) => Err(Rejection::new(
             ErrorCode::NoResult,
             format!(

@@ -17,6 +17,7 @@ use crate::scheduler::{Job, JobDef, NewJob};
 use crate::store::StoreError;
 use crate::store::blobs::ModuleInfo;
 
+pub mod graph;
 pub mod guest_env;
 pub mod inputs;
 mod options;
@@ -28,6 +29,7 @@ pub use sources::parse_module_id;
 use sources::{file_ref, module_ref};
 #[cfg(test)]
 pub(crate) use tasks::decode_input;
+pub(crate) use tasks::resolve;
 
 /// The most a task of the submitting caller may be given, beyond the cluster's own
 /// bounds: its tenant's `max_task_memory_mb` and `max_task_timeout_ms` (none for the
@@ -101,6 +103,11 @@ pub trait Catalog {
     /// [`ErrorCode::Storage`] rejection. Called once per input that names earlier results, so a large spec
     /// never holds the scheduler's lock for long.
     fn job<R>(&self, id: &JobId, f: impl FnOnce(&Job) -> R) -> Result<Option<R>, Rejection>;
+    /// The task count of a job submitted with this one (a job of the same graph), not
+    /// stored yet: a task naming its results waits for them.
+    fn coming(&self, _id: &JobId) -> Option<u32> {
+        None
+    }
 }
 
 /// When the driver was first given each URL a job referred to (a module, a file or an
@@ -188,8 +195,24 @@ pub fn parse_job_spec(body: &[u8]) -> Result<JobSpec, Rejection> {
 /// resources and limits, the job's options.
 pub fn accept(
     catalog: &impl Catalog,
+    spec: JobSpec,
+    ceiling: &Ceiling,
+) -> Result<NewJob, Rejection> {
+    accept_as(catalog, spec, ceiling, new_job_id())
+}
+
+/// A new job's id: time-ordered, never chosen by a client.
+pub fn new_job_id() -> JobId {
+    JobId(format!("job-{}", uuid::Uuid::now_v7().simple()))
+}
+
+/// [`accept`], for a job whose id was given out already (a job of a graph, which the
+/// graph's other jobs name).
+pub(crate) fn accept_as(
+    catalog: &impl Catalog,
     mut spec: JobSpec,
     ceiling: &Ceiling,
+    id: JobId,
 ) -> Result<NewJob, Rejection> {
     // Of the whole spec, before its parts are taken apart below.
     let seed = match (spec.deterministic, spec.seed) {
@@ -219,7 +242,7 @@ pub fn accept(
         (&resources, ceiling),
     )?;
     let def = JobDef {
-        id: JobId(format!("job-{}", uuid::Uuid::now_v7().simple())),
+        id,
         name: spec.name.unwrap_or_else(|| "job".into()),
         module,
         files,

@@ -3,10 +3,12 @@
 //! inline. Inputs made of earlier results share one budget per job ([`InputBudget`]).
 
 use base64::Engine as _;
-use flint_protocol::api::{ErrorCode, InputSpec, TaskSpec};
-use flint_protocol::{FetchRef, JobId, TaskInput, TaskResult, defaults};
+use flint_protocol::api::{ErrorCode, InputSpec, ResultRef, ResultsRef, TaskSpec};
+use flint_protocol::{FetchRef, JobId, TaskInput, TaskResult, Upstream, defaults};
 
-use super::inputs::{InputBudget, block_fetch, ready_result, results_input};
+use super::inputs::{
+    InputBudget, block_fetch, coming_result, coming_results, ready_result, results_input,
+};
 use super::sources::{check_url, parse_sha256};
 use super::{Catalog, Rejection, guest_env};
 use crate::scheduler::NewTask;
@@ -105,19 +107,66 @@ pub(crate) fn decode_input(
                 url,
             })))
         }
-        InputSpec::Result(r) => catalog
-            .job(&r.job, |job| {
-                Ok(match ready_result(job, r.task, at)? {
-                    TaskResult::Inline(bytes) => TaskInput::Inline(bytes.clone()),
-                    TaskResult::Block(block) => {
-                        TaskInput::Fetch(Box::new(block_fetch(catalog, block)))
-                    }
-                })
-            })?
-            .unwrap_or_else(|| Err(unknown_result(at, &r.job))),
-        InputSpec::Results(r) => catalog
-            .job(&r.job, |job| results_input(catalog, job, &r, at, budget))?
-            .unwrap_or_else(|| Err(unknown_result(at, &r.job))),
+        InputSpec::Result(r) => {
+            if let Some(count) = catalog.coming(&r.job) {
+                return coming_result(&r.job, r.task, count, at);
+            }
+            catalog
+                .job(&r.job, |job| {
+                    Ok(match ready_result(job, r.task, at) {
+                        Ok(TaskResult::Inline(bytes)) => TaskInput::Inline(bytes.clone()),
+                        Ok(TaskResult::Block(block)) => {
+                            TaskInput::Fetch(Box::new(block_fetch(catalog, block)))
+                        }
+                        // Still to run: the task waits for it.
+                        Err(e) if e.code == ErrorCode::ResultNotReady => {
+                            TaskInput::Upstream(Box::new(Upstream::Result {
+                                job: r.job.clone(),
+                                task: r.task,
+                            }))
+                        }
+                        Err(e) => return Err(e),
+                    })
+                })?
+                .unwrap_or_else(|| Err(unknown_result(at, &r.job)))
+        }
+        InputSpec::Results(r) => {
+            if let Some(count) = catalog.coming(&r.job) {
+                return coming_results(&r, count, at, budget);
+            }
+            catalog
+                .job(&r.job, |job| results_input(catalog, job, &r, at, budget))?
+                .unwrap_or_else(|| Err(unknown_result(at, &r.job)))
+        }
+    }
+}
+
+/// The input of a waiting task whose named results have all succeeded, made as it
+/// would have been had they been there at submit. Results that are still not there (a
+/// job read back after a restart that has them running again) or never will be are a
+/// refusal, which fails the task.
+pub(crate) fn resolve(
+    catalog: &impl Catalog,
+    upstream: &Upstream,
+    at: &str,
+    budget: &mut InputBudget,
+) -> Result<TaskInput, Rejection> {
+    let spec = match upstream {
+        Upstream::Result { job, task } => InputSpec::Result(ResultRef {
+            job: job.clone(),
+            task: *task,
+        }),
+        Upstream::Results { job, tasks } => InputSpec::Results(ResultsRef {
+            job: job.clone(),
+            tasks: tasks.clone(),
+        }),
+    };
+    match decode_input(catalog, spec, at, budget)? {
+        TaskInput::Upstream(u) => Err(Rejection::new(
+            ErrorCode::ResultNotReady,
+            format!("{at}: the results of {} are not all there", u.job()),
+        )),
+        input => Ok(input),
     }
 }
 

@@ -59,6 +59,11 @@ pub(super) async fn gate(
                 )),
             }
         }
+        // A tenant's graphs are its own; another's answers as one that does not exist.
+        ["v1", "graphs", id, ..] => match driver.graph_record(id, caller) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        },
         // Any method: a HEAD (which axum answers from the GET route) would tell a size.
         ["v1", kind @ ("modules" | "files"), id, ..] => {
             let files = *kind == "files";

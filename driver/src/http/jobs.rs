@@ -34,9 +34,9 @@ pub(super) const MAX_PAGE: usize = 10_000;
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct WaitQuery {
-    /// Seconds to wait for the job to end (at most 300) before answering.
+    /// Seconds to wait for the job (or graph) to end (at most 300) before answering.
     #[param(minimum = 0)]
-    wait: Option<f64>,
+    pub(super) wait: Option<f64>,
 }
 
 /// Submits a job. It is stored before the answer, so an accepted job survives a driver
@@ -97,7 +97,7 @@ pub(super) async fn submit_job(
 }
 
 /// The request's `Idempotency-Key`, if it has one (and only one) that follows the rule.
-fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<IdempotencyKey>> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<IdempotencyKey>> {
     let mut given = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = given.next() else {
         return Ok(None);
@@ -133,6 +133,23 @@ pub(super) async fn get_job(
 
 /// The job's view once it has ended or `wait` seconds have passed, whichever is first.
 async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResult<JobView> {
+    wait_until_ended(
+        driver,
+        wait,
+        || Ok(driver.existing_job_view(id)?),
+        |view| view.state.is_final(),
+    )
+    .await
+}
+
+/// `view()` once `ended` says so or `wait` seconds (at most [`MAX_WAIT`]) have passed,
+/// looked at again whenever a job ends; at once without `wait`.
+pub(super) async fn wait_until_ended<V>(
+    driver: &Driver,
+    wait: Option<f64>,
+    view: impl Fn() -> ApiResult<V>,
+    ended: impl Fn(&V) -> bool,
+) -> ApiResult<V> {
     let wait = wait
         .filter(|w| w.is_finite() && *w > 0.0)
         // Clamped before converting: `from_secs_f64` panics past `Duration::MAX`
@@ -141,16 +158,16 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
     let deadline = wait.map(|w| Instant::now() + w);
     let mut endings = driver.job_endings();
     loop {
-        let view = driver.existing_job_view(id)?;
+        let seen = view()?;
         let Some(deadline) = deadline else {
-            return Ok(view);
+            return Ok(seen);
         };
-        if view.state.is_final() {
-            return Ok(view);
+        if ended(&seen) {
+            return Ok(seen);
         }
         let changed = tokio::time::timeout_at(deadline.into(), endings.changed()).await;
         if !matches!(changed, Ok(Ok(()))) {
-            return Ok(driver.existing_job_view(id)?);
+            return view();
         }
     }
 }

@@ -23,6 +23,7 @@ mod blobs;
 pub mod edge;
 pub mod error;
 mod events;
+mod graphs;
 mod jobs;
 pub mod openapi;
 mod operators;
@@ -48,6 +49,10 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .routes(routes!(jobs::list_jobs, jobs::submit_job))
         .routes(routes!(jobs::get_job, jobs::delete_job))
         .routes(routes!(jobs::kill_job))
+        .routes(routes!(graphs::submit_graph))
+        .routes(routes!(graphs::get_graph, graphs::delete_graph))
+        .routes(routes!(graphs::kill_graph))
+        .routes(routes!(graphs::recover_graph))
         .routes(routes!(events::job_events))
         .routes(routes!(jobs::list_tasks))
         .routes(routes!(results::get_result))

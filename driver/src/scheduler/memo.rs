@@ -67,6 +67,10 @@ pub fn key(
                 key.extend_from_slice(&digest.0);
             }
         }
+        // Known once the results are there (see `service::resolve`).
+        TaskInput::Upstream(_) => {
+            return Err(format!("task {index}'s input is results not there yet"));
+        }
     }
     let args: Vec<&String> = def.args.iter().chain(args).collect();
     key.extend_from_slice(&(args.len() as u64).to_le_bytes());
@@ -118,7 +122,10 @@ pub fn found(def: &JobDef, index: u32, count: u32, task: &Task) -> Option<Digest
         .binary_search_by_key(&index, |(task, _, _)| *task)
         .is_ok();
     let inline = matches!(task.result, Some(TaskResult::Inline(_)));
-    if !def.options.memoize || took || task.state != TaskState::Succeeded || !inline {
+    // A task that never ran took its result from an entry (a waiting task's, found once
+    // its inputs were there): it is no source of one.
+    let ran = task.attempts > 0;
+    if !def.options.memoize || took || !ran || task.state != TaskState::Succeeded || !inline {
         return None;
     }
     key(def, index, count, &task.input, &task.args, &task.env).ok()

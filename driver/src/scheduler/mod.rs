@@ -11,15 +11,16 @@
 //! registering or lost, a job submitted or killed, an attempt's end and its outcomes, the
 //! tick), sharing one `requeue`. `offers`: a round of placement onto free cores and
 //! queues, as its phases. [`policy`] places demands on offers; [`fair_share`] and
-//! `preemption` share the cluster between tenants; [`speculation`] copies slow tasks.
+//! `preemption` share the cluster between tenants; [`speculation`] copies slow tasks;
+//! `waits` holds tasks back until the results they read have succeeded.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::api::{ErrorBody, ExecutorState, JobState, TaskCounts, TaskEvent, TaskState};
 use flint_protocol::{
-    ExecutorId, FailureKind, JobId, JobTemplate, Pins, TaskFailure, TaskId, TaskLaunch, TaskResult,
-    TaskStatus, Usage,
+    ExecutorId, FailureKind, JobId, JobTemplate, Pins, TaskFailure, TaskId, TaskInput, TaskLaunch,
+    TaskResult, TaskStatus, Upstream, Usage,
 };
 
 use exclusion::excluded_for_task;
@@ -39,6 +40,7 @@ mod settings;
 pub mod speculation;
 #[cfg(test)]
 pub(crate) mod tests;
+mod waits;
 
 pub use model::*;
 pub use settings::*;
@@ -79,6 +81,8 @@ pub struct ClusterState {
     starving: FastMap<Option<String>, Instant>,
     /// Each tenant with work: the cores it was given over its weight (see [`fair_share`]).
     vtime: FastMap<Option<String>, f64>,
+    /// Tasks waiting for results, and what they wait for.
+    pub waits: waits::Waits,
 }
 
 /// What one tenant's attempts used since the driver started.
@@ -121,6 +125,7 @@ impl ClusterState {
             shares: fair_share::Shares::default(),
             starving: FastMap::default(),
             vtime: FastMap::default(),
+            waits: waits::Waits::default(),
         }
     }
 

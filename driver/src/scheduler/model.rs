@@ -52,6 +52,26 @@ pub enum Action {
     TaskRequeued { job: JobId, event: TaskEvent },
     /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
+    /// Waiting tasks of `job` whose named results have all succeeded: the service makes
+    /// their inputs (reading ended jobs from the job store where it must) and hands them
+    /// to [`super::ClusterState::inputs_ready`].
+    Resolve { job: JobId, tasks: Vec<u32> },
+}
+
+/// What the service made of a waiting task's input once its results were there (see
+/// [`super::ClusterState::inputs_ready`]).
+#[derive(Debug)]
+pub enum Resolved {
+    /// The input: the task is pending.
+    Input(TaskInput),
+    /// A memoized job's task whose key, known now, has an entry: it takes that result
+    /// and never runs.
+    Memoized {
+        input: TaskInput,
+        result: TaskResult,
+    },
+    /// The input could not be made: the task ends with this failure.
+    Failed(TaskFailure),
 }
 
 /// An attempt running on an executor.
@@ -341,8 +361,20 @@ impl Job {
         }
     }
 
-    /// Ends every task that has not started: its job is over.
+    /// Ends every task that has not started (pending, or waiting for results): its job
+    /// is over.
     pub(crate) fn kill_pending(&mut self) {
+        if self.counts.waiting > 0 {
+            for task in self.tasks.iter_mut() {
+                if task.state == TaskState::Waiting {
+                    set_state(&mut self.counts, task, TaskState::Killed);
+                    task.failure = Some(TaskFailure::new(
+                        FailureKind::Killed,
+                        "not run: the job ended while this task waited for the results it reads",
+                    ));
+                }
+            }
+        }
         self.speculative.clear();
         self.locality_wait_since = None;
         let constrained = std::mem::take(&mut self.constrained);
@@ -371,13 +403,14 @@ impl Job {
     pub fn all_final(&self) -> bool {
         // The field, not `counts()`: this runs per status update, and the debug check
         // there scans every task (once per API view is fine, once per end is not).
-        self.counts.pending == 0 && self.counts.running == 0
+        self.counts.pending == 0 && self.counts.running == 0 && self.counts.waiting == 0
     }
 
     fn scan_counts(&self) -> TaskCounts {
         let mut counts = TaskCounts::default();
         for task in &self.tasks {
             *match task.state {
+                TaskState::Waiting => &mut counts.waiting,
                 TaskState::Pending => &mut counts.pending,
                 TaskState::Running => &mut counts.running,
                 TaskState::Succeeded => &mut counts.succeeded,

@@ -27,7 +27,8 @@ impl Driver {
     pub(super) fn apply_inner<R>(&self, f: impl FnOnce(&mut Inner) -> (R, Vec<Action>)) -> R {
         let mut inner = self.lock();
         inner.state.set_clock(Instant::now(), SystemTime::now());
-        let (result, actions) = f(&mut inner);
+        let (result, mut actions) = f(&mut inner);
+        inner.state.settle_waits(&mut actions);
         let mut finished = false;
         for action in actions {
             match action {
@@ -63,6 +64,10 @@ impl Driver {
                 Action::JobFinished(job) => {
                     self.job_finished(&mut inner, &job);
                     finished = true;
+                }
+                Action::Resolve { job, tasks } => {
+                    // Off the lock: an input may name a job the store must read.
+                    let _ = self.resolver.send((job, tasks));
                 }
             }
         }

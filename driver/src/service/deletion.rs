@@ -263,7 +263,8 @@ async fn blocking<R: Send + 'static>(
 
 /// Which of `jobs` a live job's unfinished task reads results of (through a `result` or
 /// `results` input the executors fetch: a block, or a result too large to travel in the
-/// launch), and one such reader of each. A scan of the live tasks' inputs.
+/// launch; or one it waits for), and one such reader of each. A scan of the live tasks'
+/// inputs.
 fn readers_of(state: &ClusterState, jobs: &[&JobId]) -> HashMap<JobId, JobId> {
     let mut found = HashMap::new();
     if jobs.is_empty() {
@@ -271,6 +272,14 @@ fn readers_of(state: &ClusterState, jobs: &[&JobId]) -> HashMap<JobId, JobId> {
     }
     for (reader, job) in &state.jobs {
         for task in job.tasks.iter().filter(|t| !t.state.is_final()) {
+            if let TaskInput::Upstream(u) = &task.input
+                && let Some(wanted) = jobs.iter().find(|j| **j == u.job())
+            {
+                found
+                    .entry((*wanted).clone())
+                    .or_insert_with(|| reader.clone());
+                continue;
+            }
             let fetches: Vec<&FetchRef> = match &task.input {
                 TaskInput::Fetch(f) => vec![&**f],
                 TaskInput::Parts(parts) => parts
@@ -280,7 +289,7 @@ fn readers_of(state: &ClusterState, jobs: &[&JobId]) -> HashMap<JobId, JobId> {
                         InputPart::Inline(_) => None,
                     })
                     .collect(),
-                TaskInput::Inline(_) => Vec::new(),
+                TaskInput::Inline(_) | TaskInput::Upstream(_) => Vec::new(),
             };
             for fetch in fetches.into_iter().filter(|f| f.served_by_driver()) {
                 if let Some(source) = source_job(&fetch.url)

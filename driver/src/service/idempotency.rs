@@ -246,10 +246,38 @@ impl Driver {
     ) -> Result<Submitted, SubmitError> {
         let spec = spec_digest(&body)?;
         let driver = self.clone();
+        self.once(key, spec, move |key| async move {
+            let job = driver.admit(&body, &caller)?;
+            let id = job.def.id.clone();
+            let tenant = caller.tenant().cloned();
+            driver
+                .submit_keyed(job, Some((key.as_str().to_owned(), spec)), tenant)
+                .await?;
+            Ok(id)
+        })
+        .await
+    }
+
+    /// Makes what `make` makes under `key` once: the first submission of the key runs
+    /// it (the key stored with what it stores, in one transaction) and claims the key
+    /// for the id it returns; a repeat with the same `spec` gets that id, one with
+    /// another spec [`SubmitError::Conflict`]. Jobs and graphs share the keys: a key is
+    /// one submission, whichever it was.
+    pub(super) async fn once<F, Fut>(
+        self: &Arc<Self>,
+        key: IdempotencyKey,
+        spec: Digest,
+        make: F,
+    ) -> Result<Submitted, SubmitError>
+    where
+        F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<JobId, SubmitError>> + Send,
+    {
+        let driver = self.clone();
         // A task of its own: run to the end even if the request is dropped mid-commit.
         let submission = tokio::spawn(async move {
             let slot = driver.jobs.idempotency.slot(&key);
-            let outcome = driver.claim(&slot, &key, spec, &body, &caller).await;
+            let outcome = driver.claim(&slot, &key, spec, make).await;
             driver.jobs.idempotency.release(&key, slot);
             outcome
         });
@@ -260,15 +288,18 @@ impl Driver {
         })
     }
 
-    /// Under the key's lock: its job if it has one, else a new job stored with the key.
-    async fn claim(
-        self: &Arc<Self>,
+    /// Under the key's lock: what it was claimed for if it was, else `make`'s, claimed.
+    async fn claim<F, Fut>(
+        &self,
         slot: &Slot,
         key: &IdempotencyKey,
         spec: Digest,
-        body: &[u8],
-        caller: &crate::tenants::Caller,
-    ) -> Result<Submitted, SubmitError> {
+        make: F,
+    ) -> Result<Submitted, SubmitError>
+    where
+        F: FnOnce(IdempotencyKey) -> Fut,
+        Fut: std::future::Future<Output = Result<JobId, SubmitError>>,
+    {
         let mut claim = slot.lock().await;
         if let Some(Claim { spec: given, job }) = &*claim {
             return match *given == spec {
@@ -279,13 +310,9 @@ impl Driver {
                 }),
             };
         }
-        // A repeat is answered at the quota too; only a new job is refused.
+        // A repeat is answered at the quota too; only a new submission is refused.
         self.uploads.usage.check_not_full()?;
-        let job = self.admit(body, caller)?;
-        let id = job.def.id.clone();
-        let tenant = caller.tenant().cloned();
-        self.submit_keyed(job, Some((key.as_str().to_owned(), spec)), tenant)
-            .await?;
+        let id = make(key.clone()).await?;
         *claim = Some(Claim {
             spec,
             job: id.clone(),

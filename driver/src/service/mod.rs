@@ -35,12 +35,14 @@ mod archive;
 mod catalog;
 mod deletion;
 mod executors;
+mod graphs;
 pub mod idempotency;
 mod idempotency_key;
 mod listing;
 mod parts;
 mod reads;
 mod replay;
+mod resolve;
 mod submission;
 pub mod tenancy;
 mod uploads;
@@ -48,6 +50,7 @@ pub mod workers;
 
 pub use deletion::DeleteError;
 pub use executors::{AllocationCommand, ExecutorRefusal, LogError};
+pub use graphs::{GraphError, GraphSubmitted};
 use idempotency::IdempotencyKeys;
 pub use idempotency_key::{BadKey, IdempotencyKey};
 pub use listing::ListError;
@@ -110,6 +113,9 @@ pub struct Driver {
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
+    /// To the thread that makes the inputs of waiting tasks once their results are
+    /// there (see [`resolve`]).
+    resolver: std::sync::mpsc::Sender<(JobId, Vec<u32>)>,
 }
 
 impl Driver {
@@ -139,6 +145,7 @@ impl Driver {
         let blocks = BlockStore::open(&config.block_store, &config.data_dir, &http_base, &usage)?;
         let scheduling = config.scheduling.clone();
         let events = JobEvents::new(config.max_event_streams);
+        let (resolver, requests) = std::sync::mpsc::channel();
         let driver = Arc::new(Driver {
             config,
             http_base,
@@ -173,7 +180,9 @@ impl Driver {
             tenants: Default::default(),
             metrics: crate::metrics::Metrics::default(),
             events,
+            resolver,
         });
+        resolve::start(&driver, requests)?;
         driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
         if restored > 0 {
             tracing::info!(jobs = restored, "restored the live jobs from the job store");

@@ -86,7 +86,17 @@ impl Driver {
         seen: Seen,
     ) -> Result<ReplayBundle, ReplayError> {
         let JobRecord { def, mut tasks } = record;
-        let task = tasks.swap_remove(index as usize);
+        let mut task = tasks.swap_remove(index as usize);
+        // A task that waited for results is stored as it was submitted: its input is
+        // made again from them, the same bytes (which `input_sha256` pins).
+        if let TaskInput::Upstream(upstream) = &task.input {
+            let mut budget = crate::admission::inputs::InputBudget {
+                parts_left: usize::MAX,
+                inline_left: flint_protocol::defaults::INLINE_INPUT_PART_BYTES,
+            };
+            task.input = crate::admission::resolve(self, upstream, "its input", &mut budget)
+                .map_err(|e| ReplayError::Gone(format!("a result its input read ({e})")))?;
+        }
         let pins = seen.pins.as_ref();
         let module = match (def.module.served_by_driver(), def.module.digest) {
             (true, Some(digest)) => self.uploaded(false, digest, format!("module {digest}"))?,
@@ -190,6 +200,8 @@ impl Driver {
                     InputPart::Fetch(f) => ReplayInputPart::Fetch(fetch(f)),
                 })
                 .collect(),
+            // Made from its results before this is called (see `bundle`).
+            TaskInput::Upstream(_) => Vec::new(),
         }
     }
 }

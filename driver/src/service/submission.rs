@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use flint_protocol::api::{CodedError, ErrorCode, TaskState};
-use flint_protocol::{Digest, JobId, TaskResult};
+use flint_protocol::{Digest, JobId, TaskInput, TaskResult};
 
 use super::idempotency_key::IdempotencyKey;
 use super::tenancy;
@@ -66,6 +66,17 @@ impl From<Rejection> for SubmitError {
     fn from(r: Rejection) -> Self {
         SubmitError::Rejected(r)
     }
+}
+
+/// The most a task of `caller` may be given (see [`admission::Ceiling`]).
+pub(super) fn ceiling(caller: &Caller) -> admission::Ceiling {
+    caller
+        .tenant()
+        .map_or_else(Default::default, |t| admission::Ceiling {
+            tenant: Some(t.name.to_string()),
+            memory_mb: t.limits.max_task_memory_mb,
+            timeout_ms: t.limits.max_task_timeout_ms,
+        })
 }
 
 impl Driver {
@@ -149,23 +160,30 @@ impl Driver {
             Ok(stored) => stored,
             Err(e) => Err(StoreError::Db(format!("job store thread: {e}"))),
         };
+        self.settle_commit(&id, &stored);
+        Ok(stored?)
+    }
+
+    /// After a job's record was committed, or refused: the task and job ends held back
+    /// meanwhile are stored (or, for a job never stored, dropped and the job stopped).
+    pub(super) fn settle_commit(&self, id: &JobId, stored: &Result<(), StoreError>) {
         // A job that ended before its record was committed had its end held back: the
         // writer could otherwise commit the end first and find no job to end.
         let mut inner = self.lock();
-        let held = inner.storing.remove(&id).unwrap_or_default();
+        let held = inner.storing.remove(id).unwrap_or_default();
         if stored.is_ok() {
             // Before the job's end, which the writer stores with (or after) its tasks'.
             for (index, end, memo) in held {
-                self.store_task_end(&id, index, end, memo);
+                self.store_task_end(id, index, end, memo);
             }
         }
         if let Some(Deferred {
             end,
             summary,
             attempts,
-        }) = inner.deferred.remove(&id)
+        }) = inner.deferred.remove(id)
         {
-            let write = match &stored {
+            let write = match stored {
                 Ok(()) => {
                     let write = self.jobs.store.job_ended(id.clone(), end, summary);
                     match attempts {
@@ -179,17 +197,16 @@ impl Driver {
                     0
                 }
             };
-            inner.set_end_write(&id, write);
+            inner.set_end_write(id, write);
         }
         drop(inner);
-        if let Err(e) = &stored {
+        if let Err(e) = stored {
             let reason = format!("not accepted: the job store could not record it: {e}");
             self.apply(|s| {
-                let actions = s.stop_job(&id, reason, SystemTime::now());
+                let actions = s.stop_job(id, reason, SystemTime::now());
                 ((), actions.unwrap_or_default())
             });
         }
-        Ok(stored?)
     }
 
     /// The timestamp to fetch `url` under ([`crate::admission::UrlTimestamps::timestamp`]).
@@ -206,26 +223,30 @@ impl Driver {
             driver: self,
             caller,
         };
-        let ceiling = caller
-            .tenant()
-            .map_or_else(Default::default, |t| admission::Ceiling {
-                tenant: Some(t.name.to_string()),
-                memory_mb: t.limits.max_task_memory_mb,
-                timeout_ms: t.limits.max_task_timeout_ms,
-            });
         let spec = admission::parse_job_spec(body)?;
-        let mut job = admission::accept(&catalog, spec, &ceiling)?;
+        let mut job = admission::accept(&catalog, spec, &ceiling(caller))?;
+        self.admit_accepted(&mut job, caller)?;
+        Ok(job)
+    }
+
+    /// What admission leaves to the driver: whether an executor could run the job, its
+    /// tenant and the tenant's quotas, and its memoized tasks.
+    pub(super) fn admit_accepted(
+        &self,
+        job: &mut NewJob,
+        caller: &Caller,
+    ) -> Result<(), Rejection> {
         let (max_cores, any_fuel) =
             self.read(|s| (s.max_executor_cores(), s.any_executor_meters_fuel()));
-        admission::check_schedulable(&job, max_cores, any_fuel)?;
+        admission::check_schedulable(job, max_cores, any_fuel)?;
         if let Some(tenant) = caller.tenant() {
             job.def.owner.tenant = Some(tenant.name.to_string());
-            self.check_quotas(tenant, &job)?;
+            self.check_quotas(tenant, job)?;
         }
         if job.def.options.memoize {
-            self.take_memoized(&mut job)?;
+            self.take_memoized(job)?;
         }
-        Ok(job)
+        Ok(())
     }
 
     /// Gives each task of a `"memoize": true` job that an earlier task computed the
@@ -247,28 +268,45 @@ impl Driver {
         let count = job.tasks.len() as u32;
         for index in 0..count {
             let task = &job.tasks[index as usize];
+            // A waiting task's key is known once its results are there.
+            if matches!(task.input, TaskInput::Upstream(_)) {
+                continue;
+            }
             let key = memo::key(&job.def, index, count, &task.input, &task.args, &task.env)
                 .map_err(|why| Rejection::new(ErrorCode::InvalidSpec, format!("memoize: {why}")))?;
-            let Some((from, at)) = self.jobs.store.memo(&key).map_err(Rejection::from)? else {
-                continue;
-            };
-            let tenant = &job.def.owner.tenant;
-            let result = self
-                .job(&from, |j| {
-                    // Another tenant's results are not this one's to see, even the same.
-                    if j.def.owner.tenant != *tenant {
-                        return None;
-                    }
-                    let t = j.tasks.get(at as usize)?;
-                    (t.state == TaskState::Succeeded).then(|| t.result.clone())?
-                })
-                .map_err(Rejection::from)?
-                .flatten();
-            if let Some(result @ TaskResult::Inline(_)) = result {
+            if let Some((result, from, at)) = self.memo_lookup(&key, &job.def.owner.tenant)? {
                 job.tasks[index as usize].memoized = Some(result);
                 job.def.options.memoized.push((index, from, at));
             }
         }
         Ok(())
+    }
+
+    /// The result a memo entry for `key` points at, if it is still there to take: an
+    /// inline result of a task that succeeded, of the same tenant (another tenant's
+    /// results are not this one's to see, even the same). An entry whose job is gone, or
+    /// whose task no longer holds that result, is passed over.
+    pub(super) fn memo_lookup(
+        &self,
+        key: &Digest,
+        tenant: &Option<String>,
+    ) -> Result<Option<(TaskResult, JobId, u32)>, Rejection> {
+        let Some((from, at)) = self.jobs.store.memo(key).map_err(Rejection::from)? else {
+            return Ok(None);
+        };
+        let result = self
+            .job(&from, |j| {
+                if j.def.owner.tenant != *tenant {
+                    return None;
+                }
+                let t = j.tasks.get(at as usize)?;
+                (t.state == TaskState::Succeeded).then(|| t.result.clone())?
+            })
+            .map_err(Rejection::from)?
+            .flatten();
+        Ok(match result {
+            Some(result @ TaskResult::Inline(_)) => Some((result, from, at)),
+            _ => None,
+        })
     }
 }

@@ -326,7 +326,7 @@ impl Driver {
                 if is_live(job) {
                     let c = job.counts();
                     u.live_jobs += 1;
-                    u.pending_tasks += u64::from(c.pending);
+                    u.pending_tasks += u64::from(c.pending + c.waiting);
                     u.running_tasks += u64::from(c.running);
                     u.running_cores += u64::from(c.running) * u64::from(job.def.resources.cores);
                 }
@@ -364,24 +364,40 @@ pub(super) fn check_live_quotas(
     tenant: &Tenant,
     job: &NewJob,
 ) -> Result<(), Rejection> {
+    check_live_quotas_of(state, tenant, std::slice::from_ref(job))
+}
+
+/// [`check_live_quotas`] for jobs joining together (a graph's), summed.
+pub(super) fn check_live_quotas_of(
+    state: &ClusterState,
+    tenant: &Tenant,
+    new: &[NewJob],
+) -> Result<(), Rejection> {
     let limits = &tenant.limits;
     if limits.max_jobs.is_none() && limits.max_pending_tasks.is_none() {
         return Ok(());
     }
+    // Waiting tasks count: they are work the tenant has asked for, and will be pending.
     let (jobs, tasks) = state
         .jobs
         .values()
         .filter(|j| is_live(j) && j.def.owner.tenant.as_deref() == Some(&*tenant.name))
         .fold((0u64, 0u64), |(jobs, tasks), j| {
             let c = j.counts;
-            (jobs + 1, tasks + u64::from(c.pending + c.running))
+            (
+                jobs + 1,
+                tasks + u64::from(c.waiting + c.pending + c.running),
+            )
         });
+    let adding_jobs = new.len() as u64;
     if let Some(max) = limits.max_jobs
-        && jobs + 1 > max
+        && jobs + adding_jobs > max
     {
-        return Err(over(tenant, "max_jobs", max, jobs, 1));
+        return Err(over(tenant, "max_jobs", max, jobs, adding_jobs));
     }
-    let adding = job.tasks.iter().filter(|t| t.memoized.is_none()).count() as u64;
+    let adding: u64 = (new.iter())
+        .map(|job| job.tasks.iter().filter(|t| t.memoized.is_none()).count() as u64)
+        .sum();
     if let Some(max) = limits.max_pending_tasks
         && tasks + adding > max
     {

@@ -3,12 +3,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flint_protocol::TaskResult;
 use flint_protocol::api::{JobState, TaskCounts, TaskState};
 use flint_protocol::records::{
     AttemptRecord, JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord,
     TaskInputRecord,
 };
+use flint_protocol::{JobId, TaskResult};
 
 use crate::scheduler::{Action, AttemptSpan, ClusterState, Job, NewJob, NewTask, Task};
 use crate::store::StoredJob;
@@ -87,7 +87,7 @@ pub fn job_summary(job: &Job) -> JobSummaryRecord {
         created_at_ms: job.def.created_at_ms,
         finished_at_ms: job.finished_at.map(unix_ms),
         tasks: job.tasks.len() as u32,
-        counts: job.counts(),
+        counts: job.counts().into(),
         error: job.error.clone(),
     }
 }
@@ -229,7 +229,7 @@ impl ClusterState {
                     entry.error = end.error;
                     entry.kill_pending();
                 }
-                None if entry.pending.is_empty() => {
+                None if entry.all_final() => {
                     let failed = entry
                         .tasks
                         .iter()
@@ -257,6 +257,15 @@ impl ClusterState {
             if entry.state.is_final() || entry.pending.is_empty() {
                 self.queue.retain(|q| *q != id);
             }
+        }
+        // Every job is back: waiting tasks are linked to what they wait for, which may
+        // have ended before the restart (then they are resolved, or fail, now).
+        let waiting: Vec<JobId> = (self.jobs.iter())
+            .filter(|(_, j)| j.counts.waiting > 0 && !j.state.is_final())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in waiting {
+            self.link_waiting(&id, &mut actions);
         }
         actions
     }

@@ -59,6 +59,7 @@ error_codes! {
     /// No such route.
     NotFound = "not_found",
     JobNotFound = "job_not_found",
+    GraphNotFound = "graph_not_found",
     TaskNotFound = "task_not_found",
     AttemptNotFound = "attempt_not_found",
     ModuleNotFound = "module_not_found",
@@ -138,9 +139,9 @@ impl ErrorCode {
             InvalidJson | BadQuery | BadPath | BadBody | BadIdempotencyKey => 400,
             Unauthorized => 401,
             AdminOnly => 403,
-            NotFound | JobNotFound | TaskNotFound | AttemptNotFound | ModuleNotFound
-            | FileNotFound | BlockNotFound | ExecutorNotFound | WorkerNotFound | TenantNotFound
-            | NoLog => 404,
+            NotFound | JobNotFound | GraphNotFound | TaskNotFound | AttemptNotFound
+            | ModuleNotFound | FileNotFound | BlockNotFound | ExecutorNotFound | WorkerNotFound
+            | TenantNotFound | NoLog => 404,
             BodyTimeout => 408,
             JobRunning | JobInUse | ExecutorNotAlive | NotRun => 409,
             ReplayUnavailable => 410,

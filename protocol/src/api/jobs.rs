@@ -56,11 +56,16 @@ pub enum TaskState {
     Succeeded,
     Failed,
     Killed,
+    /// Its input names results not there yet (tasks of a job still running, or of a job
+    /// of its graph): it becomes pending once every one of them has succeeded. Last in
+    /// the enum because records encode a state by its place.
+    Waiting,
 }
 
 impl TaskState {
     /// Every state, in the order of a life (and of `/metrics` label values).
-    pub const ALL: [TaskState; 5] = [
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Waiting,
         TaskState::Pending,
         TaskState::Running,
         TaskState::Succeeded,
@@ -71,6 +76,7 @@ impl TaskState {
     /// The state's name, as the JSON API, `/metrics` and the CLI spell it.
     pub fn as_str(self) -> &'static str {
         match self {
+            TaskState::Waiting => "waiting",
             TaskState::Pending => "pending",
             TaskState::Running => "running",
             TaskState::Succeeded => "succeeded",
@@ -90,6 +96,9 @@ impl TaskState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskCounts {
+    /// Tasks whose inputs are results not there yet.
+    #[serde(default)]
+    pub waiting: u32,
     pub pending: u32,
     pub running: u32,
     pub succeeded: u32,
@@ -101,6 +110,7 @@ impl TaskCounts {
     /// The count of tasks in `state`.
     pub fn of(&self, state: TaskState) -> u32 {
         match state {
+            TaskState::Waiting => self.waiting,
             TaskState::Pending => self.pending,
             TaskState::Running => self.running,
             TaskState::Succeeded => self.succeeded,
@@ -112,6 +122,7 @@ impl TaskCounts {
     /// The count of tasks in `state`, to change.
     pub fn of_mut(&mut self, state: TaskState) -> &mut u32 {
         match state {
+            TaskState::Waiting => &mut self.waiting,
             TaskState::Pending => &mut self.pending,
             TaskState::Running => &mut self.running,
             TaskState::Succeeded => &mut self.succeeded,

@@ -11,8 +11,8 @@ read their results::
 See the package's README for a walkthrough.
 """
 
-from ._async import AsyncClient, AsyncJob
-from ._sync import DEFAULT_TIMEOUT, DEFAULT_URL, Client, Job
+from ._async import AsyncClient, AsyncGraph, AsyncJob
+from ._sync import DEFAULT_TIMEOUT, DEFAULT_URL, Client, Graph, Job
 from .errors import (
     BadRequest,
     Conflict,
@@ -20,6 +20,7 @@ from .errors import (
     FlintError,
     FlintTimeoutError,
     Forbidden,
+    GraphFailed,
     InvalidModule,
     InvalidSpec,
     JobFailed,
@@ -44,6 +45,10 @@ from .models import (
     Event,
     ExecutorList,
     ExecutorView,
+    GraphCreated,
+    GraphEdge,
+    GraphJobView,
+    GraphView,
     InlinePart,
     JobEvent,
     JobView,
@@ -66,7 +71,7 @@ from .models import (
     Usage,
     WorkerView,
 )
-from .specs import Escalate, Resources, ResultRef, ResultsRef, Task, Url
+from .specs import Escalate, Resources, ResultRef, ResultsRef, Task, Url, graph_result, graph_results
 
 __version__ = "0.1.0"
 
@@ -76,6 +81,8 @@ __all__ = [
     "Job",
     "AsyncClient",
     "AsyncJob",
+    "Graph",
+    "AsyncGraph",
     "DEFAULT_URL",
     "DEFAULT_TIMEOUT",
     "Url",
@@ -84,6 +91,8 @@ __all__ = [
     "Task",
     "ResultRef",
     "ResultsRef",
+    "graph_result",
+    "graph_results",
     "FlintError",
     "FlintConnectionError",
     "FlintTimeoutError",
@@ -103,6 +112,7 @@ __all__ = [
     "ProtocolError",
     "WaitTimeout",
     "JobFailed",
+    "GraphFailed",
     "TaskFailure",
     "JobView",
     "TaskCounts",
@@ -133,4 +143,8 @@ __all__ = [
     "ReplaySource",
     "InlinePart",
     "ReplayInputPart",
+    "GraphCreated",
+    "GraphView",
+    "GraphJobView",
+    "GraphEdge",
 ]

@@ -18,13 +18,15 @@ import httpx
 from . import _core as core
 from ._core import FileLike, Flow, Module, Request
 from ._progress import Progress
-from ._sync import DEFAULT_TIMEOUT, EVENTS_READ_TIMEOUT, _headers, _rfc3339, _settings
+from ._sync import DEFAULT_TIMEOUT, EVENTS_READ_TIMEOUT, _headers, _in_order, _rfc3339, _settings
 from .errors import FlintError, FlintTimeoutError, Overloaded, WaitTimeout
 from .models import (
     ClusterHistory,
     EndEvent,
     Event,
     ExecutorList,
+    GraphCreated,
+    GraphView,
     JobView,
     LaggedEvent,
     ReplayBundle,
@@ -37,7 +39,7 @@ from .models import (
 )
 from .specs import Escalate, Input, Resources, ResultRef, ResultsRef, Task
 
-__all__ = ["AsyncClient", "AsyncJob"]
+__all__ = ["AsyncClient", "AsyncJob", "AsyncGraph"]
 
 T = TypeVar("T")
 
@@ -223,6 +225,20 @@ class AsyncClient:
     def job(self, job_id: str) -> "AsyncJob":
         """The :class:`AsyncJob` of an id (no request is made)."""
         return AsyncJob(self, job_id)
+
+    # --- graphs -----------------------------------------------------------------------
+
+    async def graph(self, jobs: Mapping[str, Mapping[str, Any]], wait: Optional[float] = None) -> "AsyncGraph":
+        """Submits jobs together, as one graph, and returns its :class:`AsyncGraph`
+        (see :meth:`flint_client.Client.graph` for the arguments)."""
+        created = await self._drive(core.submit_graph(jobs, wait))
+        return AsyncGraph(self, created.id, _in_order(created.jobs, jobs), created=created)
+
+    async def get_graph(self, graph_id: str) -> "AsyncGraph":
+        """The :class:`AsyncGraph` of an id, read now (:class:`~flint_client.NotFound`
+        ``graph_not_found`` if there is none)."""
+        view = await self._drive(core.get_graph(graph_id))
+        return AsyncGraph(self, view.id, {name: job.id for name, job in view.jobs.items()}, view=view)
 
     async def jobs(
         self,
@@ -522,9 +538,72 @@ class AsyncJob:
         return await self.client._drive(core.get_timeline(self.id))
 
     def result_ref(self, index: int) -> ResultRef:
-        """Task ``index``'s result as an input of another job."""
+        """Task ``index``'s result as an input of another job, which may be submitted
+        at once: its task waits for the result (see
+        :meth:`flint_client.Job.result_ref`)."""
         return ResultRef(self.id, index)
 
     def results_ref(self, tasks: Optional[Sequence[int]] = None) -> ResultsRef:
-        """This job's results, one after the other, as one input of another job."""
+        """This job's results, one after the other, as one input of another job, which
+        may be submitted at once (see :meth:`flint_client.Job.results_ref`)."""
         return ResultsRef(self.id, list(tasks) if tasks is not None else None)
+
+
+class AsyncGraph:
+    """A graph of an :class:`AsyncClient`: :class:`~flint_client.Graph`'s methods,
+    awaited; its ``jobs`` are :class:`AsyncJob` handles by local name."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        graph_id: str,
+        jobs: Mapping[str, str],
+        view: Optional[GraphView] = None,
+        created: Optional[GraphCreated] = None,
+    ) -> None:
+        self.client = client
+        self.id = graph_id
+        self.jobs: Dict[str, AsyncJob] = {name: AsyncJob(client, job_id) for name, job_id in jobs.items()}
+        self.view = view
+        self.created = created
+
+    def __repr__(self) -> str:
+        state = f" {self.view.state}" if self.view else ""
+        return f"<AsyncGraph {self.id} ({', '.join(self.jobs)}){state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsyncGraph) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __getitem__(self, name: str) -> AsyncJob:
+        return self.jobs[name]
+
+    def _saw(self, view: GraphView) -> GraphView:
+        self.view = view
+        for name, job in view.jobs.items():
+            if name not in self.jobs:
+                self.jobs[name] = AsyncJob(self.client, job.id)
+        return view
+
+    async def info(self, wait: Optional[float] = None) -> GraphView:
+        """The graph now; with ``wait`` (seconds), once every job has ended or that time
+        passed (see :meth:`flint_client.Graph.info`)."""
+        return self._saw(await self.client._drive(core.get_graph(self.id, wait)))
+
+    async def wait(self, timeout: Optional[float] = None, *, raise_on_failure: bool = False) -> GraphView:
+        """Waits for every job of the graph to end and returns its final view (see
+        :meth:`flint_client.Graph.wait`)."""
+        view = self._saw(await self.client._drive(core.wait_graph(self.id, timeout, self.view)))
+        if raise_on_failure and not view.succeeded:
+            raise await self.client._drive(core.graph_failed(view))
+        return view
+
+    async def kill(self) -> GraphView:
+        """Kills every job of the graph that has not ended."""
+        return self._saw(await self.client._drive(core.kill_graph(self.id)))
+
+    async def delete(self) -> None:
+        """Deletes the graph and every job of it (each must have ended)."""
+        await self.client._drive(core.delete_graph(self.id))

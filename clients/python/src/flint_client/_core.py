@@ -34,6 +34,8 @@ from .models import (
     EndEvent,
     Event,
     ExecutorList,
+    GraphCreated,
+    GraphView,
     InlinePart,
     JobEvent,
     JobView,
@@ -359,6 +361,75 @@ def build_spec(
     return spec
 
 
+#: The keyword arguments of :meth:`Client.submit` that make a job's spec: what a job of
+#: a graph (:func:`submit_graph`) may be given.
+SPEC_OPTIONS = (
+    "module",
+    "inputs",
+    "tasks",
+    "files",
+    "args",
+    "env",
+    "resources",
+    "max_failures",
+    "max_result_bytes",
+    "name",
+    "accounting",
+    "retry",
+    "deterministic",
+    "seed",
+    "memoize",
+    "priority",
+)
+#: Every field of a ``GraphSpec`` (checked against the live document by the test suite).
+GRAPH_SPEC_FIELDS = ("jobs",)
+
+
+def _upload_key(value: Any) -> Optional[Tuple[str, str]]:
+    """What identifies bytes to upload (a path, or the bytes' digest), so that a graph
+    whose jobs share a module or a file uploads it once; ``None`` for what is not
+    uploaded."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ("bytes", hashlib.sha256(value).hexdigest())
+    if isinstance(value, os.PathLike) or (
+        isinstance(value, str) and not value.startswith("sha256:") and not _looks_like_url(value)
+    ):
+        return ("path", os.path.abspath(os.fspath(value)))
+    return None
+
+
+def job_spec(
+    module: Module,
+    *,
+    files: Optional[Mapping[str, FileLike]] = None,
+    uploaded: Optional[Dict[Tuple[str, Tuple[str, str]], Any]] = None,
+    **options: Any,
+) -> Flow[Dict[str, Any]]:
+    """A ``JobSpec`` document from :meth:`Client.submit`'s arguments: the module and
+    files uploaded first where they are paths or bytes (each once per ``uploaded``
+    cache, when one is given), then :func:`build_spec`."""
+    if (options.get("inputs") is None) == (options.get("tasks") is None):
+        raise ValueError("give exactly one of inputs (one task per input) and tasks")
+    key = _upload_key(module)
+    cached = uploaded.get(("modules", key)) if uploaded is not None and key is not None else None
+    if cached is not None:
+        module_fields: Dict[str, Any] = dict(cached)
+    else:
+        module_fields = yield from resolve_module(module)
+        if uploaded is not None and key is not None:
+            uploaded[("modules", key)] = dict(module_fields)
+    resolved: Dict[str, Any] = {}
+    for file_name, value in (files or {}).items():
+        key = _upload_key(value)
+        if uploaded is not None and key is not None and ("files", key) in uploaded:
+            resolved[file_name] = uploaded[("files", key)]
+            continue
+        resolved[file_name] = yield from resolve_file(value)
+        if uploaded is not None and key is not None:
+            uploaded[("files", key)] = resolved[file_name]
+    return build_spec(module_fields, files=resolved, **options)
+
+
 def submit(
     module: Module,
     *,
@@ -381,17 +452,11 @@ def submit(
     wait: Optional[float] = None,
 ) -> Flow[JobView]:
     """Uploads what needs uploading, then ``POST /v1/jobs[?wait=S]``."""
-    if (inputs is None) == (tasks is None):
-        raise ValueError("give exactly one of inputs (one task per input) and tasks")
-    module_fields = yield from resolve_module(module)
-    resolved: Dict[str, Any] = {}
-    for file_name, value in (files or {}).items():
-        resolved[file_name] = yield from resolve_file(value)
-    spec = build_spec(
-        module_fields,
+    spec = yield from job_spec(
+        module,
         inputs=inputs,
         tasks=tasks,
-        files=resolved,
+        files=files,
         args=args,
         env=env,
         resources=resources,
@@ -408,12 +473,18 @@ def submit(
     request = Request("POST", "/v1/jobs", json=spec)
     if idempotency_key is not None:
         request.headers = {"idempotency-key": idempotency_key}
+    _set_wait(request, wait)
+    response = yield request
+    return parse(JobView, response)
+
+
+def _set_wait(request: Request, wait: Optional[float]) -> None:
+    """Adds ``?wait=S`` (at most :data:`MAX_WAIT`) to a request, when ``wait`` is
+    positive."""
     if wait is not None and wait > 0:
         wait = min(float(wait), MAX_WAIT)
         request.params = {"wait": _num(wait)}
         request.wait = wait
-    response = yield request
-    return parse(JobView, response)
 
 
 def _num(seconds: float) -> str:
@@ -426,10 +497,7 @@ def _num(seconds: float) -> str:
 def get_job(job_id: str, wait: Optional[float] = None) -> Flow[JobView]:
     """``GET /v1/jobs/{id}[?wait=S]``."""
     request = Request("GET", job_path(job_id))
-    if wait is not None and wait > 0:
-        wait = min(float(wait), MAX_WAIT)
-        request.params = {"wait": _num(wait)}
-        request.wait = wait
+    _set_wait(request, wait)
     response = yield request
     return parse(JobView, response)
 
@@ -585,6 +653,142 @@ def get_timeline(job_id: str) -> Flow[Timeline]:
         if page.next is None or not page.attempts:
             return dataclasses.replace(page, attempts=attempts, next=None)
         after = page.next
+
+
+# --- graphs --------------------------------------------------------------------------
+
+
+def graph_path(graph_id: str, *rest: Union[str, int]) -> str:
+    """``/v1/graphs/{id}[/rest...]`` with each segment escaped."""
+    parts = [quote(str(graph_id), safe="")] + [quote(str(p), safe="") for p in rest]
+    return "/v1/graphs/" + "/".join(parts)
+
+
+def graph_job_options(name: str, job: Any) -> Dict[str, Any]:
+    """The :meth:`Client.submit` arguments of the graph's job ``name``: a mapping of
+    them (``module`` among them), checked for names submit does not take."""
+    if not isinstance(name, str):
+        raise TypeError(f"a graph's jobs are named by strings, not {type(name).__name__}")
+    if not isinstance(job, Mapping):
+        raise TypeError(
+            f"graph job {name!r}: give a dict of submit's arguments "
+            f"(dict(module=..., inputs=[...], ...)), not {type(job).__name__}"
+        )
+    unknown = sorted(set(job) - set(SPEC_OPTIONS))
+    if unknown:
+        raise TypeError(f"graph job {name!r}: unknown arguments {unknown} (a job takes {', '.join(SPEC_OPTIONS)})")
+    if "module" not in job:
+        raise TypeError(f"graph job {name!r}: no module")
+    return dict(job)
+
+
+def submit_graph(jobs: Mapping[str, Mapping[str, Any]], wait: Optional[float] = None) -> Flow[GraphCreated]:
+    """Uploads what the jobs need (each module or file once), then ``POST
+    /v1/graphs[?wait=S]`` with every job's spec under its local name."""
+    if not isinstance(jobs, Mapping) or not jobs:
+        raise ValueError("a graph has at least one job: give a dict of local name -> the job's submit arguments")
+    uploaded: Dict[Tuple[str, Tuple[str, str]], Any] = {}
+    specs: Dict[str, Any] = {}
+    for name, job in jobs.items():
+        options = graph_job_options(name, job)
+        module = options.pop("module")
+        try:
+            specs[name] = yield from job_spec(module, uploaded=uploaded, **options)
+        except (TypeError, ValueError) as e:
+            if type(e) not in (TypeError, ValueError):
+                raise
+            raise type(e)(f"graph job {name!r}: {e}") from None
+    request = Request("POST", "/v1/graphs", json={"jobs": specs})
+    _set_wait(request, wait)
+    response = yield request
+    return parse(GraphCreated, response)
+
+
+def get_graph(graph_id: str, wait: Optional[float] = None) -> Flow[GraphView]:
+    """``GET /v1/graphs/{id}[?wait=S]``."""
+    request = Request("GET", graph_path(graph_id))
+    _set_wait(request, wait)
+    response = yield request
+    return parse(GraphView, response)
+
+
+def graph_as_job(view: GraphView) -> JobView:
+    """A graph summed as one job's view (its id and state, its jobs' tasks and counts),
+    for :class:`WaitTimeout`'s ``job``."""
+    return JobView(id=view.id, state=view.state, tasks=view.tasks, counts=view.counts)
+
+
+def wait_graph(graph_id: str, timeout: Optional[float] = None, view: Optional[GraphView] = None) -> Flow[GraphView]:
+    """Long-polls ``GET /v1/graphs/{id}?wait=`` until every job of the graph has ended;
+    raises :class:`WaitTimeout` once ``timeout`` seconds pass first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while view is None or not view.ended:
+        if deadline is None:
+            wait = MAX_WAIT
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and view is not None:
+                raise WaitTimeout(
+                    f"graph {graph_id} did not end within {timeout} s (it is {view.state})", graph_as_job(view), view
+                )
+            wait = max(0.0, min(MAX_WAIT, remaining))
+        view = yield from get_graph(graph_id, wait if wait > 0 else None)
+    return view
+
+
+def kill_graph(graph_id: str) -> Flow[GraphView]:
+    """``POST /v1/graphs/{id}/kill``."""
+    response = yield Request("POST", graph_path(graph_id, "kill"))
+    return parse(GraphView, response)
+
+
+def delete_graph(graph_id: str) -> Flow[None]:
+    """``DELETE /v1/graphs/{id}``."""
+    yield Request("DELETE", graph_path(graph_id))
+    return None
+
+
+def blamed_job(view: GraphView) -> Optional[str]:
+    """The local name of the job a graph that did not succeed is blamed on: the first
+    (by name) that failed for a reason of its own, else the first that failed because a
+    result it reads failed (what it reads is outside the graph), else the first killed;
+    ``None`` when none of them failed or was killed."""
+
+    def first(test: Any) -> Optional[str]:
+        return next((name for name in sorted(view.jobs) if test(view.jobs[name])), None)
+
+    return (
+        first(lambda j: j.state == "failed" and (j.error is None or j.error.kind != "upstream_failed"))
+        or first(lambda j: j.state == "failed")
+        or first(lambda j: j.state == "killed")
+    )
+
+
+def graph_failed(view: GraphView) -> Flow[FlintError]:
+    """The :class:`GraphFailed` of a graph that ended without succeeding: about the job
+    :func:`blamed_job` names (its view and failed tasks read now)."""
+    from .errors import GraphFailed
+
+    name = blamed_job(view)
+    if name is None:
+        # No job failed nor was killed (a graph not over yet): the graph as one job.
+        return GraphFailed(view, "", graph_as_job(view), [])
+    graph_job = view.jobs[name]
+    try:
+        job = yield from get_job(graph_job.id)
+    except FlintError:
+        job = JobView(
+            id=graph_job.id,
+            state=graph_job.state,
+            tasks=graph_job.tasks,
+            counts=graph_job.counts,
+            error=graph_job.error,
+        )
+    try:
+        failures = yield from task_failures(graph_job.id)
+    except FlintError:
+        failures = []
+    return GraphFailed(view, name, job, failures)
 
 
 # --- replay --------------------------------------------------------------------------

@@ -21,7 +21,14 @@ class Progress:
         self._options = tqdm_options
         self._bar: Any = None
         self._states: Dict[int, str] = {}
-        self.counts: Dict[str, int] = {"pending": 0, "running": 0, "succeeded": 0, "failed": 0, "killed": 0}
+        self.counts: Dict[str, int] = {
+            "waiting": 0,
+            "pending": 0,
+            "running": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "killed": 0,
+        }
         self.total = 0
         self.state = ""
 
@@ -38,6 +45,7 @@ class Progress:
         self.total = view.tasks
         self.state = view.state
         self.counts = {
+            "waiting": view.counts.waiting,
             "pending": view.counts.pending,
             "running": view.counts.running,
             "succeeded": view.counts.succeeded,
@@ -54,8 +62,7 @@ class Progress:
         elif isinstance(event, TaskEvent):
             before = self._states.get(event.index)
             if before is None:
-                # Not seen yet: it came from pending (a launch) or from running (an end).
-                before = "running" if event.state != "running" else "pending"
+                before = self._came_from(event.state)
             if before in TASK_FINAL_STATES:
                 return
             self._states[event.index] = event.state
@@ -66,6 +73,17 @@ class Progress:
         elif isinstance(event, LaggedEvent):
             self._show()
 
+    def _came_from(self, state: str) -> str:
+        """The state a task not seen yet left for ``state``: running is entered from
+        pending; pending from waiting (its inputs came) or from running (a retry); an
+        end from running, or without running from waiting (``upstream_failed``, or its
+        job killed) or pending (its job killed). The first of those the counts still
+        hold a task in."""
+        if state in ("running", "waiting"):
+            return "pending" if state == "running" else "waiting"
+        options = ("waiting", "running") if state == "pending" else ("running", "waiting", "pending")
+        return next((s for s in options if self.counts.get(s, 0) > 0), options[0])
+
     def _show(self, force: bool = False) -> None:
         if not self.enabled:
             return
@@ -75,6 +93,8 @@ class Progress:
             bar.total = self.total
         done = min(self.total, self.counts["succeeded"] + self.counts["failed"] + self.counts["killed"])
         postfix = f"{self.counts['running']} running, {self.counts['failed']} failed"
+        if self.counts["waiting"]:
+            postfix = f"{self.counts['waiting']} waiting, " + postfix
         if self.state and self.state not in ("queued", "running"):
             postfix += f", {self.state}"
         bar.set_postfix_str(postfix, refresh=False)

@@ -19,6 +19,8 @@ from .models import (
     EndEvent,
     Event,
     ExecutorList,
+    GraphCreated,
+    GraphView,
     JobView,
     LaggedEvent,
     ReplayBundle,
@@ -31,7 +33,7 @@ from .models import (
 )
 from .specs import Escalate, Input, Resources, ResultRef, ResultsRef, Task
 
-__all__ = ["Client", "Job", "DEFAULT_URL", "DEFAULT_TIMEOUT"]
+__all__ = ["Client", "Job", "Graph", "DEFAULT_URL", "DEFAULT_TIMEOUT"]
 
 T = TypeVar("T")
 
@@ -61,6 +63,14 @@ def _headers(token: Optional[str]) -> Dict[str, str]:
     if token:
         headers["authorization"] = f"Bearer {token}"
     return headers
+
+
+def _in_order(ids: Mapping[str, str], given: Mapping[str, Any]) -> Dict[str, str]:
+    """A graph's job ids by local name, in the order the jobs were given (the driver
+    answers them sorted by name)."""
+    ordered = {name: ids[name] for name in given if name in ids}
+    ordered.update((name, job_id) for name, job_id in ids.items() if name not in ordered)
+    return ordered
 
 
 def _rfc3339(value: Union[str, datetime, None]) -> Optional[str]:
@@ -320,6 +330,39 @@ class Client:
     def job(self, job_id: str) -> "Job":
         """The :class:`Job` of an id (no request is made: :meth:`Job.info` reads it)."""
         return Job(self, job_id)
+
+    # --- graphs -----------------------------------------------------------------------
+
+    def graph(self, jobs: Mapping[str, Mapping[str, Any]], wait: Optional[float] = None) -> "Graph":
+        """Submits jobs together, as one graph, and returns its :class:`Graph`.
+
+        ``jobs`` maps each job's local name (letters, digits, ``_`` and ``-``, up to 64,
+        not starting with ``job-``) to a dict of :meth:`submit`'s arguments:
+        ``module`` (a path or bytes are uploaded, once however many jobs use them),
+        ``inputs`` or ``tasks``, ``files``, ``args``, ``env``, ``resources``,
+        ``max_failures``, ``name``, ``retry``, ... An input may name another job of the
+        graph by its local name: :func:`~flint_client.graph_results` (all its results,
+        one after the other) or :func:`~flint_client.graph_result` (one task's); or a
+        job outside it, with :meth:`Job.results_ref` and :meth:`Job.result_ref`. A task
+        reading results not there yet is ``waiting``; it runs once they have all
+        succeeded, and fails ``upstream_failed`` without running if one fails or is
+        killed.
+
+        The driver checks the whole graph (each job as :meth:`submit` is checked, the
+        names it reads, no cycle, the tenant's limits summed over its jobs) and stores
+        all of it or nothing: :class:`~flint_client.InvalidSpec` (the message names the
+        job, ``jobs.<name>: ...``) or :class:`~flint_client.QuotaExceeded`. With
+        ``wait`` (seconds, at most 300) the driver answers once every job has ended or
+        that time passed.
+        """
+        created = self._drive(core.submit_graph(jobs, wait))
+        return Graph(self, created.id, _in_order(created.jobs, jobs), created=created)
+
+    def get_graph(self, graph_id: str) -> "Graph":
+        """The :class:`Graph` of an id, read now (:class:`~flint_client.NotFound`
+        ``graph_not_found`` if there is none)."""
+        view = self._drive(core.get_graph(graph_id))
+        return Graph(self, view.id, {name: job.id for name, job in view.jobs.items()}, view=view)
 
     def jobs(
         self,
@@ -664,10 +707,93 @@ class Job:
         return self.client._drive(core.get_timeline(self.id))
 
     def result_ref(self, index: int) -> ResultRef:
-        """Task ``index``'s result as an input of another job (a chained job)."""
+        """Task ``index``'s result as an input of another job (a chained job). No need
+        to wait for this job first: the task reading it is ``waiting`` until the result
+        is there, and fails ``upstream_failed`` without running if the task fails."""
         return ResultRef(self.id, index)
 
     def results_ref(self, tasks: Optional[Sequence[int]] = None) -> ResultsRef:
         """This job's results, one after the other, as one input of another job: every
-        task's in order, or those of ``tasks`` (a reduce over a map job)."""
+        task's in order, or those of ``tasks`` (a reduce over a map job). No need to
+        wait for this job first: the task reading them is ``waiting`` until they are
+        all there (see :meth:`result_ref`)."""
         return ResultsRef(self.id, list(tasks) if tasks is not None else None)
+
+
+class Graph:
+    """A graph of a :class:`Client` (:meth:`Client.graph`, :meth:`Client.get_graph`):
+    its ``id``, its ``jobs`` as :class:`Job` handles by local name (``graph["reduce"]``
+    is ``graph.jobs["reduce"]``), and the calls about the whole of it.
+
+    ``view`` is the graph as last read (``None`` until something read it), ``created``
+    what its submission answered (``None`` for one read by id).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        graph_id: str,
+        jobs: Mapping[str, str],
+        view: Optional[GraphView] = None,
+        created: Optional[GraphCreated] = None,
+    ) -> None:
+        self.client = client
+        self.id = graph_id
+        self.jobs: Dict[str, Job] = {name: Job(client, job_id) for name, job_id in jobs.items()}
+        self.view = view
+        self.created = created
+
+    def __repr__(self) -> str:
+        state = f" {self.view.state}" if self.view else ""
+        return f"<Graph {self.id} ({', '.join(self.jobs)}){state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Graph) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __getitem__(self, name: str) -> Job:
+        return self.jobs[name]
+
+    def _saw(self, view: GraphView) -> GraphView:
+        self.view = view
+        for name, job in view.jobs.items():
+            if name not in self.jobs:
+                self.jobs[name] = Job(self.client, job.id)
+        return view
+
+    def info(self, wait: Optional[float] = None) -> GraphView:
+        """The graph now: its state, each job's state, task counts (``waiting`` among
+        them) and error, and its edges; with ``wait`` (seconds, at most 300), once every
+        job has ended or that time passed."""
+        return self._saw(self.client._drive(core.get_graph(self.id, wait)))
+
+    def wait(self, timeout: Optional[float] = None, *, raise_on_failure: bool = False) -> GraphView:
+        """Waits for every job of the graph to end and returns the graph's final view,
+        long-polling ``GET /v1/graphs/{id}?wait=`` (one request per 300 s).
+
+        As :meth:`Job.wait`: ``timeout`` (seconds, ``None``: forever) raises
+        :class:`~flint_client.WaitTimeout` (its ``graph`` the graph as last seen); a
+        graph that failed or was killed is returned like any other (look at
+        ``state``), or with ``raise_on_failure=True`` raises
+        :class:`~flint_client.GraphFailed`, a :class:`~flint_client.JobFailed` about
+        the job to blame (one that failed of its own accord, not for an upstream's
+        failure) naming its failed tasks.
+        """
+        view = self._saw(self.client._drive(core.wait_graph(self.id, timeout, self.view)))
+        if raise_on_failure and not view.succeeded:
+            raise self.client._drive(core.graph_failed(view))
+        return view
+
+    def kill(self) -> GraphView:
+        """Kills every job of the graph that has not ended: waiting and pending tasks
+        never start, running ones stop. A graph already over is left as it is."""
+        return self._saw(self.client._drive(core.kill_graph(self.id)))
+
+    def delete(self) -> None:
+        """Deletes the graph and every job of it (results, logs, blocks);
+        :class:`~flint_client.Conflict` ``job_running`` while one of them runs (kill
+        the graph first), ``job_in_use`` while a job outside the graph that has not
+        ended reads one of its results."""
+        self.client._drive(core.delete_graph(self.id))

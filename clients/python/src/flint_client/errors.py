@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Type
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .models import JobView
+    from .models import GraphView, JobView
 
 __all__ = [
     "FlintError",
@@ -36,6 +36,7 @@ __all__ = [
     "WaitTimeout",
     "TaskFailure",
     "JobFailed",
+    "GraphFailed",
     "error_for",
 ]
 
@@ -92,8 +93,9 @@ class Forbidden(FlintError):
 
 
 class NotFound(FlintError):
-    """404: no such job, task, attempt (``attempt_not_found``), module, file, executor,
-    worker, log, tenant (``tenant_not_found``) or route. On a driver with tenants,
+    """404: no such job, graph (``graph_not_found``), task, attempt
+    (``attempt_not_found``), module, file, executor, worker, log, tenant
+    (``tenant_not_found``) or route. On a driver with tenants,
     another tenant's job or upload is not found either: it answers exactly as one that
     does not exist."""
 
@@ -109,7 +111,10 @@ class Conflict(FlintError):
 class InvalidSpec(FlintError):
     """422: the job spec was refused (``invalid_spec``, ``unknown_module``,
     ``unknown_file``, ``no_tasks``, ``too_many_tasks``, ``unschedulable``,
-    ``unknown_result``, ``result_not_ready``, ...)."""
+    ``unknown_result``, ...); a graph's (``POST /v1/graphs``) also for a bad local name
+    or a cycle, its message naming the job (``jobs.<name>: ...``). ``result_not_ready``
+    only from drivers before pipelines, which refused an input naming a result not
+    there yet."""
 
 
 class InvalidModule(InvalidSpec):
@@ -169,12 +174,16 @@ class ProtocolError(FlintError):
 
 
 class WaitTimeout(FlintError, TimeoutError):
-    """``Job.wait(timeout=...)`` passed its timeout before the job ended (``kind``
-    ``wait_timeout``). ``job`` is the job as last seen."""
+    """``Job.wait(timeout=...)`` or ``Graph.wait(timeout=...)`` passed its timeout
+    before the job (or graph) ended (``kind`` ``wait_timeout``). ``job`` is the job as
+    last seen. For a graph, ``graph`` is the graph as last seen and ``job`` sums it as
+    one view (its id and state, its jobs' tasks and counts); a job's ``graph`` is
+    ``None``."""
 
-    def __init__(self, message: str, job: "JobView") -> None:
+    def __init__(self, message: str, job: "JobView", graph: "Optional[GraphView]" = None) -> None:
         super().__init__("wait_timeout", message, None)
         self.job = job
+        self.graph = graph
 
 
 @dataclass(frozen=True)
@@ -214,6 +223,30 @@ class JobFailed(FlintError):
         super().__init__(kind, message, None)
 
 
+class GraphFailed(JobFailed):
+    """A graph ended without succeeding (``Graph.wait(raise_on_failure=True)``): a
+    :class:`JobFailed` about the job of it to look at, so ``except JobFailed`` catches
+    both.
+
+    ``graph`` is the final :class:`~flint_client.GraphView` and ``name`` the local name
+    of the job blamed: one that failed for a reason of its own (not
+    ``upstream_failed``: that one's cause is upstream), else one that failed because
+    a job outside the graph it reads did, else one killed. ``kind``,
+    ``job`` and ``failures`` are that job's, as :class:`JobFailed` has them; the other
+    jobs' states and errors are in ``graph.jobs``.
+    """
+
+    def __init__(self, graph: "GraphView", name: str, job: "JobView", failures: Sequence[TaskFailure]) -> None:
+        super().__init__(job, failures)
+        self.graph = graph
+        self.name = name
+        others = sorted(n for n, j in graph.jobs.items() if n != name and j.state in ("failed", "killed"))
+        message = f"graph {graph.id} {graph.state}: job {name!r}: {self.message}"
+        if others:
+            message += f"; also ended without succeeding: {', '.join(others)}"
+        FlintError.__init__(self, self.kind, message, None)
+
+
 _BY_KIND: Dict[str, Type[FlintError]] = {
     "unauthorized": Unauthorized,
     "invalid_json": BadRequest,
@@ -223,6 +256,7 @@ _BY_KIND: Dict[str, Type[FlintError]] = {
     "bad_idempotency_key": BadRequest,
     "not_found": NotFound,
     "job_not_found": NotFound,
+    "graph_not_found": NotFound,
     "task_not_found": NotFound,
     "module_not_found": NotFound,
     "file_not_found": NotFound,

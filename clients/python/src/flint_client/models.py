@@ -3,9 +3,11 @@
 Every model is a frozen dataclass whose field names are exactly the JSON's (the
 driver's OpenAPI document, ``GET /v1/openapi.json``, names them in
 ``components.schemas``; :data:`SCHEMAS` says which schema each model mirrors, and the
-test suite fails when the two drift apart). Parsing ignores fields it does not know,
-so a newer driver that adds fields still parses, and fills fields an older driver
-leaves out with their defaults (``None``, ``0``, ``False`` or empty).
+test suite fails when the two drift apart), but for a word Python reserves, which takes
+a trailing underscore (:attr:`GraphEdge.from_` is the JSON's ``from``:
+:func:`json_name`). Parsing ignores fields it does not know, so a newer driver that
+adds fields still parses, and fills fields an older driver leaves out with their
+defaults (``None``, ``0``, ``False`` or empty).
 """
 
 from __future__ import annotations
@@ -48,9 +50,14 @@ __all__ = [
     "InlinePart",
     "ReplayInputPart",
     "ReplayBundle",
+    "GraphCreated",
+    "GraphJobView",
+    "GraphEdge",
+    "GraphView",
     "SCHEMAS",
     "ROUTE_SCHEMAS",
     "from_json",
+    "json_name",
     "JOB_FINAL_STATES",
     "TASK_FINAL_STATES",
 ]
@@ -71,18 +78,34 @@ class ErrorBody:
 
 @dataclass(frozen=True)
 class TaskCounts:
-    """How many of a job's tasks are in each state."""
+    """How many of a job's tasks are in each state.
+
+    ``waiting`` tasks have an input naming results not there yet (tasks of a job still
+    running, or of another job of their graph): each becomes ``pending`` once all it
+    reads have succeeded, or ends ``failed`` (``upstream_failed``) without running if
+    one of them fails or is killed. 0 from a driver older than pipelines. (Last of the
+    fields, so that the others keep their places.)
+    """
 
     pending: int = 0
     running: int = 0
     succeeded: int = 0
     failed: int = 0
     killed: int = 0
+    waiting: int = 0
 
     @property
     def done(self) -> int:
-        """Tasks that have ended, whichever way (succeeded, failed or killed)."""
+        """Tasks that have ended, whichever way (succeeded, failed or killed); waiting,
+        pending and running ones have not."""
         return self.succeeded + self.failed + self.killed
+
+    def __add__(self, other: "TaskCounts") -> "TaskCounts":
+        if not isinstance(other, TaskCounts):
+            return NotImplemented
+        return TaskCounts(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(TaskCounts)}
+        )
 
 
 @dataclass(frozen=True)
@@ -116,7 +139,8 @@ class JobView:
 
     ``state`` is one of ``queued``, ``running``, ``succeeded``, ``failed``, ``killed``;
     ``created_at`` and ``finished_at`` are RFC 3339 strings; ``error`` says why a job
-    failed (``kind`` ``task_failed`` names the task). ``usage`` is what its attempts
+    failed (``kind`` ``task_failed`` names the task; ``upstream_failed`` when a task of
+    it could not run because a result its input names failed or was killed). ``usage`` is what its attempts
     used, summed: ``None`` until one has reported, in job listings
     (:meth:`flint_client.Client.jobs`), and from a driver older than usage accounting.
     ``seed`` is a deterministic job's (``submit(deterministic=True)``): the one it was
@@ -209,6 +233,11 @@ class MemoSource:
 @dataclass(frozen=True)
 class TaskView:
     """One task as ``GET /v1/jobs/{id}/tasks`` lists it.
+
+    ``state`` is ``waiting`` (its input names results not there yet), ``pending``,
+    ``running``, ``succeeded``, ``failed`` or ``killed``; a task that never ran because
+    a result it reads failed is ``failed`` with ``error.kind`` ``upstream_failed`` (or
+    ``input_too_large`` when the results it reads came to more than an input may take).
 
     ``started_at`` and ``finished_at`` are RFC 3339 with microseconds, from the
     executor's clock, for the latest attempt. ``usage`` is what its attempts used,
@@ -574,6 +603,92 @@ class ReplayBundle:
     result_sha256: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class GraphCreated:
+    """What ``POST /v1/graphs`` answers: the graph's ``id`` (``graph-...``), the id each
+    job got by its local name (``jobs``), and the graph's ``state`` (with ``wait=``,
+    maybe ended already)."""
+
+    id: str
+    jobs: Dict[str, str] = field(default_factory=dict)
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class GraphJobView:
+    """One job of a :class:`GraphView`: its id, state, task count, tasks per state and,
+    for a job that failed or was killed, why (``error.kind`` ``upstream_failed`` when a
+    result it reads failed: the job to look at is upstream)."""
+
+    id: str
+    state: str = ""
+    tasks: int = 0
+    counts: TaskCounts = field(default_factory=TaskCounts)
+    error: Optional[ErrorBody] = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job is over (succeeded, failed or killed)."""
+        return self.state in JOB_FINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the job ended with every task succeeded."""
+        return self.state == "succeeded"
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    """An edge of a :class:`GraphView`: job ``to`` reads results of job ``from_`` (the
+    JSON's ``from``), both by their local names."""
+
+    from_: str = field(default="", metadata={"json": "from"})
+    to: str = ""
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """A graph as ``GET /v1/graphs/{id}`` shows it (:meth:`flint_client.Graph.info`).
+
+    ``state`` is ``queued`` or ``running`` until every job of it has ended, then
+    ``succeeded``, or ``failed`` or ``killed`` as its jobs were; ``created_at_ms`` is
+    Unix milliseconds; ``jobs`` maps each local name to its :class:`GraphJobView`;
+    ``edges`` says which job reads which (:class:`GraphEdge`). ``recovered_from`` is,
+    for a graph submitted again from a failed or killed one's jobs, that graph's id
+    (``None`` otherwise). :attr:`counts` and :attr:`tasks` sum its jobs'.
+    """
+
+    id: str
+    state: str = ""
+    created_at_ms: int = 0
+    jobs: Dict[str, GraphJobView] = field(default_factory=dict)
+    edges: List[GraphEdge] = field(default_factory=list)
+    recovered_from: Optional[str] = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether every job of the graph is over."""
+        return self.state in JOB_FINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether every job of the graph succeeded."""
+        return self.state == "succeeded"
+
+    @property
+    def tasks(self) -> int:
+        """The tasks of all its jobs."""
+        return sum(job.tasks for job in self.jobs.values())
+
+    @property
+    def counts(self) -> TaskCounts:
+        """Its jobs' tasks per state, summed."""
+        total = TaskCounts()
+        for job in self.jobs.values():
+            total = total + job.counts
+        return total
+
+
 #: Each model and the ``components.schemas`` entry of the OpenAPI document it mirrors.
 SCHEMAS: Dict[type, str] = {
     ErrorBody: "ErrorBody",
@@ -599,6 +714,10 @@ SCHEMAS: Dict[type, str] = {
     TenantUsage: "TenantUsage",
     ReplayBundle: "ReplayBundle",
     ReplaySource: "ReplaySource",
+    GraphCreated: "GraphCreated",
+    GraphView: "GraphView",
+    GraphJobView: "GraphJobView",
+    GraphEdge: "GraphEdge",
 }
 
 #: Models whose schema is found from a route instead of by name: (path, the JSON
@@ -609,6 +728,8 @@ ROUTE_SCHEMAS: Dict[type, Tuple[str, Tuple[str, ...]]] = {
     TimelineAttempt: ("/v1/jobs/{id}/timeline", ("attempts", "[]")),
     ClusterHistory: ("/v1/cluster/history", ()),
     ClusterSample: ("/v1/cluster/history", ("samples", "[]")),
+    GraphView: ("/v1/graphs/{id}", ()),
+    GraphEdge: ("/v1/graphs/{id}", ("edges", "[]")),
 }
 
 T = TypeVar("T")
@@ -622,6 +743,13 @@ def _hints(cls: type) -> Dict[str, Any]:
         hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
         _HINTS[cls] = hints
     return hints
+
+
+def json_name(f: "dataclasses.Field[Any]") -> str:
+    """The JSON name of a model's field: its own, but where Python reserves the word
+    (``GraphEdge.from_`` is ``from``)."""
+    name = f.metadata.get("json", f.name)
+    return str(name)
 
 
 def _convert(value: Any, hint: Any) -> Any:
@@ -644,7 +772,7 @@ def _convert(value: Any, hint: Any) -> Any:
 
 def _required(cls: type) -> "frozenset[str]":
     return frozenset(
-        f.name
+        json_name(f)
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
@@ -673,8 +801,9 @@ def from_json(cls: Type[T], data: Mapping[str, Any]) -> T:
     hints = _hints(cls)
     kwargs: Dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            kwargs[f.name] = _convert(data[f.name], hints[f.name])
+        key = json_name(f)
+        if key in data:
+            kwargs[f.name] = _convert(data[key], hints[f.name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = None
     return cls(**kwargs)

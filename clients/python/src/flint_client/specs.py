@@ -7,7 +7,9 @@ A task's input (its stdin) may be given as
 - a :class:`Url` (fetched by the executor: ``{"url": ..., "sha256": ...}``),
 - an earlier result, :meth:`flint_client.Job.result_ref` (:class:`ResultRef`) or all
   or some of an earlier job's results, :meth:`flint_client.Job.results_ref`
-  (:class:`ResultsRef`),
+  (:class:`ResultsRef`), of a job that may still be running (the task then waits for
+  them); in a graph (:meth:`flint_client.Client.graph`), another job of the graph's by
+  its local name, :func:`graph_result` and :func:`graph_results`,
 - or a ``dict`` already in the API's JSON form, passed through as it is.
 """
 
@@ -23,6 +25,8 @@ __all__ = [
     "Url",
     "ResultRef",
     "ResultsRef",
+    "graph_result",
+    "graph_results",
     "Resources",
     "Escalate",
     "Task",
@@ -70,8 +74,10 @@ class Url:
 
 @dataclass(frozen=True)
 class ResultRef:
-    """Task ``task``'s result of job ``job`` as an input (a chained job). The job must
-    have succeeded that task when the chained job is submitted."""
+    """Task ``task``'s result of job ``job`` as an input (a chained job). The job may
+    still be running: the task reading it is ``waiting`` until that task has succeeded
+    (and fails ``upstream_failed`` without running if it fails or is killed). In a graph,
+    ``job`` may be another job's local name (:func:`graph_result`)."""
 
     job: str
     task: int
@@ -85,7 +91,9 @@ class ResultRef:
 class ResultsRef:
     """Results of job ``job`` one after the other as one input: every task's in index
     order, or those of ``tasks`` in the order given (repeats allowed). A reduce over a
-    map job."""
+    map job, which may still be running: the task reading them is ``waiting`` until
+    they have all succeeded. In a graph, ``job`` may be another job's local name
+    (:func:`graph_results`)."""
 
     job: str
     tasks: Optional[Sequence[int]] = None
@@ -96,6 +104,20 @@ class ResultsRef:
         if self.tasks is not None:
             inner["tasks"] = list(self.tasks)
         return {"results": inner}
+
+
+def graph_result(job: str, task: int) -> ResultRef:
+    """Task ``task``'s result of the job named ``job`` in the same graph, as an input of
+    another job of it (:meth:`flint_client.Client.graph`):
+    ``{"result": {"job": "split", "task": 3}}``."""
+    return ResultRef(job, task)
+
+
+def graph_results(job: str, tasks: Optional[Sequence[int]] = None) -> ResultsRef:
+    """The results of the job named ``job`` in the same graph, one after the other
+    (every task's in order, or those of ``tasks``), as one input of another job of it
+    (:meth:`flint_client.Client.graph`): ``{"results": {"job": "map"}}``."""
+    return ResultsRef(job, list(tasks) if tasks is not None else None)
 
 
 @dataclass(frozen=True)

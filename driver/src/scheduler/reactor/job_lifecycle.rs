@@ -6,14 +6,33 @@ use super::*;
 
 impl ClusterState {
     /// A job is accepted: its memoized tasks end at once (and the job with them if that
-    /// was all), the rest wait for a round of offers.
+    /// was all), its waiting tasks are linked to what they read, the rest wait for a
+    /// round of offers.
     pub fn submit_job(&mut self, job: NewJob) -> Vec<Action> {
+        self.submit_jobs(vec![job])
+    }
+
+    /// Jobs accepted together (a graph's, each after the jobs it reads), as
+    /// [`Self::submit_job`] accepts one, with one round of offers for all: a graph of
+    /// 10,000 jobs must not cost 10,000 rounds under the lock.
+    pub fn submit_jobs(&mut self, jobs: Vec<NewJob>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for job in jobs {
+            self.accept_job(job, &mut actions);
+        }
+        actions.extend(self.make_offers());
+        actions
+    }
+
+    fn accept_job(&mut self, job: NewJob, out: &mut Vec<Action>) {
         let id = job.def.id.clone();
         let memoized: Vec<u32> = (job.tasks.iter().enumerate())
             .filter(|(_, t)| t.memoized.is_some())
             .map(|(index, _)| index as u32)
             .collect();
         self.insert_job(job);
+        let mut linked = Vec::new();
+        self.link_waiting(&id, &mut linked);
         // Memoized tasks ended as they were accepted: stored and told like any end, and
         // a job with nothing left to run ends here.
         let mut actions: Vec<Action> = (memoized.into_iter())
@@ -24,14 +43,15 @@ impl ClusterState {
                 })
             })
             .collect();
+        actions.extend(linked);
         let wall = self.wall;
         if let Some(job) = self.jobs.get_mut(&id)
             && job.all_final()
+            && !job.state.is_final()
         {
             actions.extend(Self::end_job(job, JobState::Succeeded, None, wall));
         }
-        actions.extend(self.make_offers());
-        actions
+        out.extend(actions);
     }
 
     /// Stops a job at a user's request: pending tasks end without running, running ones
@@ -179,13 +199,14 @@ impl ClusterState {
             .tasks
             .into_iter()
             .map(|t| Task {
+                state: match (&t.memoized, &t.input) {
+                    (Some(_), _) => TaskState::Succeeded,
+                    (None, TaskInput::Upstream(_)) => TaskState::Waiting,
+                    (None, _) => TaskState::Pending,
+                },
                 input: t.input,
                 args: t.args,
                 env: t.env,
-                state: match t.memoized {
-                    Some(_) => TaskState::Succeeded,
-                    None => TaskState::Pending,
-                },
                 attempts: 0,
                 host_failures: 0,
                 failed_on: Vec::new(),
@@ -201,9 +222,13 @@ impl ClusterState {
         let pending = (0..tasks.len() as u32)
             .filter(|&i| tasks[i as usize].state == TaskState::Pending)
             .collect::<VecDeque<u32>>();
+        let waiting = (tasks.iter())
+            .filter(|t| t.state == TaskState::Waiting)
+            .count();
         let counts = TaskCounts {
+            waiting: waiting as u32,
             pending: pending.len() as u32,
-            succeeded: (tasks.len() - pending.len()) as u32,
+            succeeded: (tasks.len() - pending.len() - waiting) as u32,
             ..TaskCounts::default()
         };
         self.queue.push_back(job.def.id.clone());

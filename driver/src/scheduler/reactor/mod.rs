@@ -6,10 +6,11 @@
 //! | event | function | file |
 //! |---|---|---|
 //! | an executor registers, beats, is lost, expires, is decommissioned; a cluster manager launched it, lost it, saw it exit | `register_executor`, `heartbeat`, `executor_lost`, `expire_executors`, `decommission_executor`, `stop_drained`, `executor_launched`, `executor_gone`, `executor_exited` | `executor_lifecycle.rs` |
-//! | a job is submitted, killed or stopped; a final job's last attempt reported | `submit_job`, `kill_job`, `stop_job`, `retire_job`, `take_drained` | `job_lifecycle.rs` |
+//! | a job (or a graph's jobs) is submitted, killed or stopped; a final job's last attempt reported | `submit_job`, `submit_jobs`, `kill_job`, `stop_job`, `retire_job`, `take_drained` | `job_lifecycle.rs` |
 //! | attempts end (a burst from one executor) | `status_updates`, then per attempt `on_task_ended`, which tells its outcome apart | `task_ended.rs` |
 //! | ... and the outcome decides the task | `on_task_succeeded`, `on_result_over_limit`, `on_task_failed` | `task_final.rs` |
 //! | ... or puts it back | `on_attempt_withdrawn` (its executor stopped, or it was preempted), `on_task_retried`, `on_task_escalated` | `task_requeued.rs` |
+//! | a task or job ends that waiting tasks read; the service made a waiting task's input | `settle_waits` (on every batch of actions), `inputs_ready` | `../waits.rs` |
 //! | the service's tick | `tick`: silent executors lost, drained ones stopped, a full round of offers, slow tasks copied | `tick.rs` |
 //!
 //! Placement itself (a round of offers) is `offers`, which every event that frees cores

@@ -161,6 +161,7 @@ fn finish(
 mod failures;
 mod placement;
 mod shares;
+mod waits;
 
 #[test]
 fn a_duplicate_live_id_is_refused_and_a_lost_one_comes_back_newer() {

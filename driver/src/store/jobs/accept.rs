@@ -45,7 +45,7 @@ impl Unfolded {
 impl JobStore {
     /// Tests refuse a job's record as a full disk would, or hold it as a slow one.
     #[cfg(test)]
-    fn test_disk(&self) -> Result<(), StoreError> {
+    pub(super) fn test_disk(&self) -> Result<(), StoreError> {
         while self.hold_jobs.load(Ordering::Relaxed) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }

@@ -30,6 +30,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 mod accept;
 mod faults;
 mod fold;
+mod graphs;
 mod handle;
 mod index;
 mod journal;

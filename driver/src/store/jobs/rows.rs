@@ -4,8 +4,10 @@
 //! job adds, deleting it removes), and apart from the store's handle and its readers.
 
 use flint_protocol::Digest;
-use flint_protocol::api::{JobState, TaskCounts};
-use flint_protocol::records::{JobDef, JobEndRecord, JobRecord, JobSummaryRecord, TaskEndRecord};
+use flint_protocol::api::JobState;
+use flint_protocol::records::{
+    JobDef, JobEndRecord, JobRecord, JobSummaryRecord, StoredCounts, TaskEndRecord,
+};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
@@ -38,9 +40,9 @@ pub(super) fn queued_summary(job: &JobRecord) -> JobSummaryRecord {
         created_at_ms: job.def.created_at_ms,
         finished_at_ms: None,
         tasks: job.tasks.len() as u32,
-        counts: TaskCounts {
+        counts: StoredCounts {
             pending: job.tasks.len() as u32,
-            ..TaskCounts::default()
+            ..StoredCounts::default()
         },
         error: None,
     }

@@ -74,6 +74,10 @@ pub(super) const IDEMPOTENCY_KEYS: TableDefinition<&str, (&[u8; 32], &str)> =
     TableDefinition::new("idempotency_keys.v1");
 /// Job -> its idempotency key, so that deleting a job frees its key.
 pub(super) const JOB_KEYS: TableDefinition<&str, &str> = TableDefinition::new("job_keys.v1");
+/// Graph id -> its [`GraphRecord`](flint_protocol::records::GraphRecord): the local
+/// names of its jobs and the edges between them, written in the transaction that stores
+/// its jobs. Added in layout 5 without a new layout: a data dir without it has no graphs.
+pub(super) const GRAPHS: TableDefinition<&str, &[u8]> = TableDefinition::new("graphs.v1");
 /// Job -> [`JobSummaryRecord`].
 pub(super) const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("job_summaries.v1");
 /// Indexes of every job: by creation time; by state (a live job is under `queued` until
@@ -126,6 +130,7 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(BY_NAME).map_err(db_error)?;
     txn.open_table(BLOB_REFS).map_err(db_error)?;
     txn.open_table(META).map_err(db_error)?;
+    txn.open_table(GRAPHS).map_err(db_error)?;
     Ok(())
 }
 
@@ -150,6 +155,7 @@ fn has_every_table(tables: &HashSet<String>) -> bool {
         && has(BY_NAME.name())
         && has(BLOB_REFS.name())
         && has(META.name())
+        && has(GRAPHS.name())
 }
 
 /// Makes the tables and the layout a data dir lacks (a new one, or one from before a
