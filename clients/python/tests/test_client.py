@@ -643,6 +643,14 @@ def test_a_graph_reads_a_job_outside_it_and_is_killed_whole(client: Client, gues
     with pytest.raises(JobFailed) as caught:
         graph.wait(raise_on_failure=True)
     assert caught.value.kind == "killed"
+    # A killed graph is recovered as a new one, whose reader waits for the same job.
+    again = graph.recover()
+    assert again.id != graph.id and set(again.jobs) == {"after", "last"}
+    view = again.info()
+    assert view.recovered_from == graph.id and view.jobs["after"].counts.waiting == 1
+    assert again.kill().state == "killed"
+    again.wait(30)
+    again.delete()
     graph.delete()
     sleeping.kill()
 

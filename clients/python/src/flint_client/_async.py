@@ -604,6 +604,11 @@ class AsyncGraph:
         """Kills every job of the graph that has not ended."""
         return self._saw(await self.client._drive(core.kill_graph(self.id)))
 
+    async def recover(self) -> "AsyncGraph":
+        """Submits the graph again as a new one (see :meth:`Graph.recover`)."""
+        created = await self.client._drive(core.recover_graph(self.id))
+        return AsyncGraph(self.client, created.id, created.jobs, created=created)
+
     async def delete(self) -> None:
         """Deletes the graph and every job of it (each must have ended)."""
         await self.client._drive(core.delete_graph(self.id))

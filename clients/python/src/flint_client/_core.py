@@ -742,6 +742,12 @@ def kill_graph(graph_id: str) -> Flow[GraphView]:
     return parse(GraphView, response)
 
 
+def recover_graph(graph_id: str) -> Flow[GraphCreated]:
+    """``POST /v1/graphs/{id}/recover``: the new graph."""
+    response = yield Request("POST", graph_path(graph_id, "recover"))
+    return parse(GraphCreated, response)
+
+
 def delete_graph(graph_id: str) -> Flow[None]:
     """``DELETE /v1/graphs/{id}``."""
     yield Request("DELETE", graph_path(graph_id))

@@ -791,6 +791,13 @@ class Graph:
         never start, running ones stop. A graph already over is left as it is."""
         return self._saw(self.client._drive(core.kill_graph(self.id)))
 
+    def recover(self) -> "Graph":
+        """Submits the graph again, as a new graph of new jobs made from this one's
+        (it must have failed or been killed): with ``memoize=True`` on its jobs only
+        what failed and what reads it runs again. The new graph."""
+        created = self.client._drive(core.recover_graph(self.id))
+        return Graph(self.client, created.id, created.jobs, created=created)
+
     def delete(self) -> None:
         """Deletes the graph and every job of it (results, logs, blocks);
         :class:`~flint_client.Conflict` ``job_running`` while one of them runs (kill
