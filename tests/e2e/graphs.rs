@@ -553,3 +553,62 @@ fn a_graph_under_an_idempotency_key_is_made_once_and_the_key_is_freed_with_it() 
     );
     assert_ne!(fresh["id"], first["id"]);
 }
+
+#[test]
+fn a_task_that_waited_replays_bit_for_bit_from_the_results_it_read() {
+    let cluster = DevCluster::start(2, 1);
+    let map = cluster.upload(&guests().wordcount);
+    let reduce = cluster.upload(&guests().wordcount_reduce);
+    let graph = json!({"jobs": {
+        "map": {"module": map, "deterministic": true,
+                "inputs": [{"text": "to be or not"}, {"text": "to be"}]},
+        "reduce": {"module": reduce, "deterministic": true,
+                   "inputs": [{"results": {"job": "map"}}]},
+    }});
+    let created = submit_graph(&cluster, &graph);
+    let view = wait_for_graph(&cluster, created["id"].as_str().unwrap());
+    assert_eq!(view["state"], "succeeded", "{view}");
+    let reduce = view["jobs"]["reduce"]["id"].as_str().unwrap();
+    // The bundle's input is the results it read, made again, pinned by digest.
+    let (status, bundle) = cluster.get(&format!("/v1/jobs/{reduce}/tasks/0/replay"));
+    assert_eq!(status, 200, "{bundle}");
+    assert_eq!(bundle["input"].as_array().unwrap().len(), 2, "{bundle}");
+    let out = cluster.cli(&["replay", reduce, "0"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        r#"{"be":2,"not":1,"or":1,"to":2}"#
+    );
+}
+
+#[test]
+fn flint_submit_input_results_reads_a_job_still_running_without_waiting_for_it_first() {
+    let cluster = DevCluster::start(2, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let map = cluster.submit(&json!({"module": testkit, "args": ["slow-first", "1000"],
+                                     "inputs": [{"text": "one "}, {"text": "two"}]}));
+    let path = guests().testkit.to_str().unwrap().to_owned();
+    let out = cluster.cli(&[
+        "submit",
+        &path,
+        "--arg",
+        "echo",
+        "--input-results",
+        &map,
+        "--wait",
+        "--progress",
+        "plain",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "one two");
+    assert!(
+        stderr.contains("1 waiting"),
+        "the progress showed the task waiting: {stderr}"
+    );
+}
