@@ -268,6 +268,7 @@ mod tests {
             seed: None,
             tenant: None,
             priority: 0,
+            waits_for: Vec::new(),
         }
     }
 

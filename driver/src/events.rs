@@ -221,6 +221,7 @@ mod tests {
             seed: None,
             tenant: None,
             priority: 0,
+            waits_for: Vec::new(),
         }))
     }
 

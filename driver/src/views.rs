@@ -11,7 +11,7 @@ use flint_protocol::api::{
 };
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::records::{JobSummaryRecord, Owner};
-use flint_protocol::{ExecutorId, JobId};
+use flint_protocol::{ExecutorId, JobId, TaskInput};
 
 use crate::scheduler::exclusion::ExclusionConfig;
 use crate::scheduler::{ExecutorData, Job};
@@ -36,7 +36,30 @@ pub fn job_view(job: &Job) -> JobView {
         seed: job.def.options.determinism.map(|d| d.seed),
         tenant: job.def.owner.tenant.clone(),
         priority: job.def.owner.priority,
+        waits_for: waits_for(job),
     }
+}
+
+/// The most jobs a view lists as waited for.
+const WAITS_FOR_SHOWN: usize = 100;
+
+/// The jobs whose results a job's waiting tasks read, in the order first named (at most
+/// [`WAITS_FOR_SHOWN`]).
+fn waits_for(job: &Job) -> Vec<JobId> {
+    if job.counts().waiting == 0 {
+        return Vec::new();
+    }
+    let mut seen = std::collections::HashSet::new();
+    (job.tasks.iter())
+        .filter(|t| t.state == TaskState::Waiting)
+        .filter_map(|t| match &t.input {
+            TaskInput::Upstream(u) => Some(u.job()),
+            _ => None,
+        })
+        .filter(|id| seen.insert(*id))
+        .take(WAITS_FOR_SHOWN)
+        .cloned()
+        .collect()
 }
 
 /// A stored job as listed from its summary (a finished job, not read whole).
@@ -57,6 +80,7 @@ pub fn summary_view(id: &JobId, summary: &JobSummaryRecord, owner: &Owner) -> Jo
         seed: None,
         tenant: owner.tenant.clone(),
         priority: owner.priority,
+        waits_for: Vec::new(),
     }
 }
 

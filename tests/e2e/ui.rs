@@ -1105,6 +1105,9 @@ fn the_web_ui_draws_a_graph_by_stage_follows_it_to_its_end_shows_what_waits_and_
          const up = document.querySelector(\"#job-waits [data-upstream='slow']\"); \
          return !!w && w.textContent.includes('1 task waits') && !!up && up.textContent.includes('running');",
     );
+    // From the job's own view too, graph or not: the job it waits for, linked.
+    let slow = created["jobs"]["slow"].as_str().unwrap();
+    browser.wait_for_text(&format!("#job-waits [data-waits-for='{slow}']"), slow);
     save_artifact(
         "ui-graph-waiting.png",
         &browser.element_screenshot("#graph"),

@@ -627,6 +627,7 @@ def test_a_graph_reads_a_job_outside_it_and_is_killed_whole(client: Client, gues
         }
     )
     view = graph.info()
+    assert graph["after"].info().waits_for == [sleeping.id]
     assert view.state in ("queued", "running") and not view.ended
     assert view.jobs["after"].counts.waiting == 1 and view.jobs["last"].counts.waiting == 1
     assert view.counts.waiting == 2 and view.tasks == 2

@@ -159,6 +159,10 @@ pub struct JobView {
     /// Its priority among its tenant's jobs (0 unless given).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: i32,
+    /// The jobs whose results its waiting tasks read, in the order first named; none
+    /// once no task waits, and in job listings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<JobId>,
 }
 
 fn is_zero(p: &i32) -> bool {

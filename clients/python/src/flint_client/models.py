@@ -150,6 +150,8 @@ class JobView:
     On a driver with tenants, ``tenant`` is the tenant that submitted the job (``None``
     for the admin's, and on a driver without tenants) and ``priority`` its place among
     that tenant's jobs (``submit(priority=...)``; 0, the default, when not given).
+    ``waits_for`` names the jobs whose results its waiting tasks read (empty once none
+    waits, and in listings).
     """
 
     id: str
@@ -164,6 +166,7 @@ class JobView:
     seed: Optional[int] = None
     tenant: Optional[str] = None
     priority: int = 0
+    waits_for: List[str] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
