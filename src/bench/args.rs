@@ -123,6 +123,46 @@ pub struct BenchArgs {
     pub scale_up_tasks: u32,
     #[arg(long, default_value_t = 100)]
     pub scale_up_task_ms: u64,
+    /// Instead: pipelines (`POST /v1/graphs`). On a local cluster of `--executors` x
+    /// `--cores`: a no-op graph of `--graph-maps` maps, `--graph-combines` combines (each
+    /// reading its share of the maps' results) and one reduce reading every combine,
+    /// against as many tasks in one flat job, alternating, `--graph-rounds` times each;
+    /// the driver's memory per waiting task (`--graph-waiting`, drivers of their own
+    /// with no executors); and the wordcount graph over `--graph-wordcount-mib` MiB of
+    /// generated text against the same two modules run by wasmtime in this process on
+    /// as many threads as the cluster has cores. A figure given 0 is left out.
+    #[arg(long, conflicts_with_all = ["pending_memory", "results_mib", "soak", "simulated_executors", "scale_up", "floor"])]
+    pub graph: bool,
+    /// No-op map tasks of `--graph`'s scale graph.
+    #[arg(long, default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub graph_maps: u32,
+    /// Combine tasks, each reading the results of its share of the maps (an explicit
+    /// `tasks` list); one reduce reads every combine's.
+    #[arg(long, default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub graph_combines: u32,
+    /// Times the graph and the flat job each run, alternating.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub graph_rounds: u32,
+    /// Upstream tasks that never run and as many readers, one each, for the driver's
+    /// memory per waiting task.
+    #[arg(long, default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub graph_waiting: u32,
+    /// MiB of generated text the wordcount graph counts (maps -> one reduce).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub graph_wordcount_mib: u32,
+    /// Map tasks of the wordcount graph (the text cut into as many slices).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub graph_wordcount_maps: u32,
+    /// guest-examples' wordcount built for wasm32-wasip1 (default: where `cargo build
+    /// --release` in guest-examples puts it, from the current directory).
+    #[arg(long, value_name = "PATH")]
+    pub wordcount: Option<PathBuf>,
+    /// guest-examples' wordcount-reduce, likewise.
+    #[arg(long, value_name = "PATH")]
+    pub wordcount_reduce: Option<PathBuf>,
     /// A `flint driver` flag for the bench's driver, e.g. `--driver-arg=--job-retention=30s`;
     /// repeatable. The bench's own flags (`--launch-ahead`, ...) cannot be given twice.
     #[arg(long = "driver-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -330,6 +370,51 @@ mod tests {
         assert!(!parse(&["--soak", "10", "--soak-concurrency", "0"]));
         assert!(!parse(&["--soak", "10", "--pending-memory", "10"]));
         assert!(!parse(&["--soak", "10", "--results-mib", "1"]));
+    }
+
+    #[test]
+    fn graph_flags_have_their_defaults_and_ranges_and_stand_alone() {
+        let args = bench(&["--graph"]);
+        let counts = (args.graph_maps, args.graph_combines, args.graph_rounds);
+        assert_eq!(counts, (100_000, 1_000, 2));
+        let wordcount = (
+            args.graph_waiting,
+            args.graph_wordcount_mib,
+            args.graph_wordcount_maps,
+        );
+        assert_eq!(wordcount, (100_000, 50, 16));
+        assert_eq!((args.wordcount, args.wordcount_reduce), (None, None));
+        let args = bench(&[
+            "--graph",
+            "--wordcount=m.wasm",
+            "--wordcount-reduce",
+            "r.wasm",
+        ]);
+        assert_eq!(args.wordcount_reduce, Some(PathBuf::from("r.wasm")));
+        let parse = |argv: &[&str]| {
+            Bench::try_parse_from(std::iter::once("bench").chain(argv.iter().copied())).is_ok()
+        };
+        assert!(parse(&["--graph", "--graph-maps=0", "--graph-waiting=0"]));
+        assert!(parse(&["--graph", "--graph-wordcount-mib=0"]));
+        for bad in [
+            "--graph-combines=0",
+            "--graph-rounds=0",
+            "--graph-wordcount-maps=0",
+            "--graph-maps=1000001",
+            "--graph-waiting=1000001",
+        ] {
+            assert!(!parse(&["--graph", bad]), "{bad}");
+        }
+        for other in [
+            "--floor",
+            "--pending-memory=10",
+            "--results-mib=1",
+            "--soak=10",
+            "--simulated-executors=2",
+            "--scale-up=local",
+        ] {
+            assert!(!parse(&["--graph", other]), "--graph with {other}");
+        }
     }
 
     #[test]

@@ -8,16 +8,25 @@
 //! what they read from `/proc`. With `--simulated-executors`, `scale` measures the driver
 //! alone and `tenants` (with `--tenants`) its fairness, both on executors `simulate`
 //! starts; `scale_up` measures starting executors from none (`--scale-up`).
+//! `pipelines` measures graphs of jobs (`--graph`): `timed` submits and times them,
+//! `waiting` reads the driver's memory per waiting task, `wordcount` runs the wordcount
+//! graph on text from `wordcount_text` against the guests in-process (`wordcount_native`).
 
 mod args;
 mod floor;
 mod measure;
+mod pipelines;
 mod procfs;
 mod scale;
 mod scale_up;
 mod shares;
 pub mod simulate;
 mod soak;
+mod timed;
+mod waiting;
+mod wordcount;
+mod wordcount_native;
+mod wordcount_text;
 
 use anyhow::{Context, bail};
 
@@ -50,6 +59,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => NOOP_WASM.to_vec(),
     };
     let soak = args.soak()?;
+    if args.graph {
+        return pipelines::run(&args, wasm).await;
+    }
     if !args.simulated_executors.is_empty() {
         return match args.tenants {
             0 => scale::run(&args).await,

@@ -171,6 +171,7 @@ fn a_task_reading_task_0_starts_as_soon_as_task_0_ends_whatever_task_7_does() {
         .unwrap();
     let reader_start = attempts(&cluster, reader_id)[0].2;
     let gap_ms = reader_start.saturating_sub(task0_end) as f64 / 1000.0;
+    eprintln!("the reader started {gap_ms} ms after task 0 ended");
     assert!(
         gap_ms < 100.0,
         "the reader started {gap_ms} ms after task 0 ended"
