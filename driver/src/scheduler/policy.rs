@@ -34,6 +34,10 @@ pub struct Offer {
     pub usable: bool,
     /// 1-core tasks it may take beyond its free cores, queued for its task threads.
     pub ahead: u32,
+    /// Of those, what a job whose run time is not known yet may take: the executor's
+    /// queue up to `launch_ahead` and no deeper (its tasks may be long: nothing should
+    /// wait far behind them).
+    pub ahead_unknown: u32,
 }
 
 /// A job's pending tasks, all needing `cores` cores each.
@@ -53,6 +57,8 @@ pub struct Demand {
     /// An executor that is not offered now (it has no room) already ran the module:
     /// worth waiting for, like a warm offer.
     pub warm_elsewhere: bool,
+    /// No attempt of the job has ended yet: it queues only in `Offer::ahead_unknown`.
+    pub run_time_unknown: bool,
 }
 
 /// One task of demand `demand` goes to offer `offer`; `constrained` says which of the
@@ -85,16 +91,53 @@ fn cold_allowed(demand: &Demand, barred: &[usize]) -> bool {
             || (0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e)))
 }
 
+/// The queue slots left per offer: any job's, and a job's of unknown run time (a part
+/// of them).
+struct QueueSlots {
+    any: Vec<u32>,
+    unknown: Vec<u32>,
+}
+
+impl QueueSlots {
+    fn of(offers: &[Offer]) -> Self {
+        let any: Vec<u32> = (offers.iter())
+            .map(|o| if o.usable { o.ahead } else { 0 })
+            .collect();
+        let unknown = (offers.iter().zip(&any))
+            .map(|(o, &a)| o.ahead_unknown.min(a))
+            .collect();
+        QueueSlots { any, unknown }
+    }
+
+    /// The slots `demand` may take.
+    fn of_demand(&self, demand: &Demand) -> &[u32] {
+        match demand.run_time_unknown {
+            true => &self.unknown,
+            false => &self.any,
+        }
+    }
+
+    /// A task of `demand` went to offer `e`, queued or onto a free core (a multi-core
+    /// task leaves no queue behind it). What an unknown job may queue shrinks with its
+    /// own queued task, and never exceeds the slots left.
+    fn placed(&mut self, e: usize, queued: bool, demand: &Demand) {
+        if queued {
+            self.any[e] -= 1;
+        } else if demand.cores > 1 {
+            self.any[e] = 0;
+        }
+        let took = u32::from(queued && demand.run_time_unknown);
+        self.unknown[e] = self.unknown[e].saturating_sub(took).min(self.any[e]);
+    }
+}
+
 /// Fills `offers` from `demands` in order.
 pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
     let mut free: Vec<u32> = offers
         .iter()
         .map(|o| if o.usable { o.free_cores } else { 0 })
         .collect();
-    let mut ahead: Vec<u32> = offers
-        .iter()
-        .map(|o| if o.usable { o.ahead } else { 0 })
-        .collect();
+    let mut slots = QueueSlots::of(offers);
     let mut plan = Plan {
         placements: Vec::new(),
         waiting_for_locality: vec![false; demands.len()],
@@ -154,11 +197,12 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
             .map(|(c, barred)| (Some(c), barred.as_slice()))
             .chain(std::iter::repeat_n((None, &[][..]), demand.count));
         for (constrained, barred) in tasks {
-            if (0..n).all(|e| room(&free, &ahead, e) < demand.cores) {
+            let queue = slots.of_demand(demand);
+            if (0..n).all(|e| room(&free, queue, e) < demand.cores) {
                 unplaced += 1;
                 break;
             }
-            let Some((e, queued)) = choose(&free, &ahead, cursor, barred) else {
+            let Some((e, queued)) = choose(&free, queue, cursor, barred) else {
                 unplaced += 1;
                 if constrained.is_none() {
                     // Unconstrained tasks are alike: if one does not fit, none will.
@@ -166,14 +210,10 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
                 }
                 continue;
             };
-            if queued {
-                ahead[e] -= 1;
-            } else {
+            if !queued {
                 free[e] -= demand.cores;
-                if demand.cores > 1 {
-                    ahead[e] = 0;
-                }
             }
+            slots.placed(e, queued, demand);
             plan.placements.push(Placement {
                 demand: d,
                 offer: e,
@@ -184,7 +224,7 @@ pub fn place(offers: &[Offer], demands: &[Demand]) -> Plan {
         plan.waiting_for_locality[d] = unplaced > 0
             && !demand.cold_allowed
             && (0..n).any(|e| !demand.is_warm(e) && fits(&free, e, &[]));
-        if free.iter().chain(&ahead).all(|&f| f == 0) {
+        if free.iter().chain(&slots.any).all(|&f| f == 0) {
             break;
         }
     }
@@ -204,6 +244,7 @@ mod tests {
                 meters_fuel: false,
                 usable: true,
                 ahead: 0,
+                ahead_unknown: 0,
             })
             .collect()
     }
@@ -349,9 +390,35 @@ mod tests {
                         warm,
                         cold_allowed,
                         warm_elsewhere,
+                        // The model below checks queue room by `ahead`; the cap on
+                        // jobs of unknown run time has its own test.
+                        run_time_unknown: false,
                     }
                 },
             )
+    }
+
+    #[test]
+    fn a_job_of_unknown_run_time_queues_only_up_to_launch_ahead_and_a_known_one_deeper() {
+        let mut one = offers(&[0]);
+        one[0].ahead = 8;
+        one[0].ahead_unknown = 2;
+        // Only a warm executor queues.
+        let warm = |count| Demand {
+            warm: vec![true],
+            ..demand(1, count)
+        };
+        let unknown = Demand {
+            run_time_unknown: true,
+            ..warm(5)
+        };
+        let plan = place(&one, &[unknown.clone(), warm(10)]);
+        let by = |d: usize| plan.placements.iter().filter(|p| p.demand == d).count();
+        assert_eq!((by(0), by(1)), (2, 6), "{plan:?}");
+        // A known job first takes the slots the unknown one could have had.
+        let plan = place(&one, &[warm(7), unknown]);
+        let by = |d: usize| plan.placements.iter().filter(|p| p.demand == d).count();
+        assert_eq!((by(0), by(1)), (7, 1), "{plan:?}");
     }
 
     proptest! {
@@ -363,6 +430,7 @@ mod tests {
                     meters_fuel,
                     usable,
                     ahead,
+                    ahead_unknown: ahead.min(1),
                 }),
                 0..6,
             ),

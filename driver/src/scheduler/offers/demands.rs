@@ -61,6 +61,7 @@ impl ClusterState {
                     cold_allowed: cold_allowed || (!warm.contains(&true) && !warm_elsewhere),
                     warm_elsewhere,
                     warm,
+                    run_time_unknown: job.run_time_us.is_none(),
                 }
             })
             .collect()

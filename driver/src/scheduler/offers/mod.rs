@@ -137,16 +137,19 @@ impl ClusterState {
                 let no_queue = e.running.values().any(|r| {
                     r.cores > 1 || now.saturating_duration_since(r.since) > round.straggler
                 });
+                let ahead = match no_queue {
+                    true => 0,
+                    false => self
+                        .queue_depth(e.cores, round.slowest_us, round.shared)
+                        .saturating_sub(e.queued_ahead),
+                };
                 Offer {
                     free_cores: e.free_cores,
                     meters_fuel: e.meters_fuel,
                     usable: true,
-                    ahead: if no_queue {
-                        0
-                    } else {
-                        self.queue_depth(e.cores, round.slowest_us, round.shared)
-                            .saturating_sub(e.queued_ahead)
-                    },
+                    ahead,
+                    ahead_unknown: ahead
+                        .min(self.queue_depth_unknown(e.queued_ahead, round.shared)),
                 }
             })
             .collect()

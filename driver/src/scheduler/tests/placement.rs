@@ -354,11 +354,22 @@ fn short_tasks_queue_deeper_and_an_unknown_job_queues_as_little_as_ever() {
     );
     assert_eq!(state.executors[&exec(1)].queued_ahead, 8);
 
-    // A second job whose run time is unknown keeps everything at launch_ahead; the
-    // queue drains to it rather than growing.
+    // A second job whose run time is unknown queues only up to launch_ahead (2) of the
+    // executor's queue: with 7 queued it gets none, and the known job keeps its depth.
     state.submit_job(job("new", 10, 1));
     let next = ended(&mut state, "short", &placed[1], 10);
-    assert!(next.is_empty(), "8 queued, depth back to 2: {next:?}");
+    assert_eq!(
+        next.len(),
+        1,
+        "one ended, one more of short queued: {next:?}"
+    );
+    assert_eq!(state.executors[&exec(1)].queued_ahead, 8);
+    let new_running = state.executors[&exec(1)]
+        .running
+        .keys()
+        .filter(|t| t.job.0 == "new")
+        .count();
+    assert_eq!(new_running, 0, "nothing of the unknown job queued 8 deep");
 
     // Slow tasks (1 ms): the budget fits one, launch_ahead (2) still holds.
     let (mut state, _) = cluster(1, 1);
