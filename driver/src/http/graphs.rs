@@ -96,9 +96,12 @@ async fn wait_for_graph(
     caller: &Caller,
     wait: Option<f64>,
 ) -> ApiResult<GraphView> {
+    // A graph's view reads each of its jobs: made again at most every 50 ms.
+    let every = std::time::Duration::from_millis(50);
     wait_until_ended(
         driver,
         wait,
+        every,
         || Ok(driver.graph_view(id, caller)?),
         |view| driver.graph_ended(view),
     )

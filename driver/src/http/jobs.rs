@@ -136,6 +136,7 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
     wait_until_ended(
         driver,
         wait,
+        Duration::ZERO,
         || Ok(driver.existing_job_view(id)?),
         |view| view.state.is_final(),
     )
@@ -143,10 +144,12 @@ async fn wait_for_job(driver: &Driver, id: &JobId, wait: Option<f64>) -> ApiResu
 }
 
 /// `view()` once `ended` says so or `wait` seconds (at most [`MAX_WAIT`]) have passed,
-/// looked at again whenever a job ends; at once without `wait`.
+/// looked at again whenever a job ends (at most once per `every`: a view of many jobs
+/// is not made again for each of a burst of ends); at once without `wait`.
 pub(super) async fn wait_until_ended<V>(
     driver: &Driver,
     wait: Option<f64>,
+    every: Duration,
     view: impl Fn() -> ApiResult<V>,
     ended: impl Fn(&V) -> bool,
 ) -> ApiResult<V> {
@@ -168,6 +171,9 @@ pub(super) async fn wait_until_ended<V>(
         let changed = tokio::time::timeout_at(deadline.into(), endings.changed()).await;
         if !matches!(changed, Ok(Ok(()))) {
             return view();
+        }
+        if !every.is_zero() {
+            tokio::time::sleep_until(deadline.min(Instant::now() + every).into()).await;
         }
     }
 }

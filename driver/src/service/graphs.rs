@@ -8,8 +8,8 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use flint_protocol::api::{
-    CodedError, ErrorCode, GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView, JobState,
-    TaskCounts,
+    CodedError, ErrorBody, ErrorCode, GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView,
+    JobState, JobView, TaskCounts,
 };
 use flint_protocol::records::{GraphRecord, JobRecord};
 use flint_protocol::{Digest, JobId, TaskInput, Upstream};
@@ -26,6 +26,7 @@ use crate::scheduler::{NewJob, NewTask};
 use crate::store::StoreError;
 use crate::store::durable;
 use crate::tenants::Caller;
+use crate::views;
 
 /// A graph to store and start, its jobs admitted.
 struct NewGraph {
@@ -340,21 +341,15 @@ impl Driver {
         let record = self.graph_record(id, caller)?;
         let mut jobs = BTreeMap::new();
         for (name, job) in &record.jobs {
-            let view = match self.job_view(job)? {
-                Some(v) => GraphJobView {
-                    id: v.id,
-                    state: v.state,
-                    tasks: v.tasks,
-                    counts: v.counts,
-                    error: v.error,
-                },
+            let view = match self.graph_job(job)? {
+                Some(view) => view,
                 // Deleted on its own: shown as gone.
                 None => GraphJobView {
                     id: job.clone(),
                     state: JobState::Killed,
                     tasks: 0,
                     counts: TaskCounts::default(),
-                    error: Some(flint_protocol::api::ErrorBody {
+                    error: Some(ErrorBody {
                         kind: "deleted".into(),
                         message: format!("job {job} was deleted"),
                     }),
@@ -378,6 +373,39 @@ impl Driver {
             edges,
             recovered_from: record.recovered_from.clone(),
         })
+    }
+
+    /// One job of a graph as its view shows it: from memory while it runs or has just
+    /// ended, else from its summary in the job store. Never the whole stored job: a view
+    /// of a graph of 10,000 ended jobs, read again on every job end by a `?wait=`, must
+    /// not read 10,000 jobs' tasks each time.
+    fn graph_job(&self, id: &JobId) -> Result<Option<GraphJobView>, StoreError> {
+        let brief = |v: JobView| GraphJobView {
+            id: v.id,
+            state: v.state,
+            tasks: v.tasks,
+            counts: v.counts,
+            error: v.error,
+        };
+        {
+            let mut inner = self.lock();
+            inner
+                .archive
+                .settle(|write| self.jobs.store.is_durable(write));
+            if let Some(job) = inner.state.jobs.get(id) {
+                return Ok(Some(brief(views::job_view(job))));
+            }
+            if let Some(job) = inner.archive.get(id) {
+                return Ok(Some(brief(views::job_view(&job))));
+            }
+        }
+        Ok(self.jobs.store.summary(id)?.map(|s| GraphJobView {
+            id: id.clone(),
+            state: s.state,
+            tasks: s.tasks,
+            counts: s.counts.into(),
+            error: s.error.map(|(kind, message)| ErrorBody { kind, message }),
+        }))
     }
 
     /// Kills every job of a graph that has not ended.
