@@ -24,6 +24,10 @@
 //! executor with queued ones (the executor runs whatever it is given on as many threads
 //! as it has cores).
 
+mod queue_slots;
+
+use queue_slots::QueueSlots;
+
 /// An executor's free cores at this moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Offer {
@@ -89,46 +93,6 @@ fn cold_allowed(demand: &Demand, barred: &[usize]) -> bool {
     demand.cold_allowed
         || !(demand.warm_elsewhere
             || (0..demand.warm.len()).any(|e| demand.is_warm(e) && !barred.contains(&e)))
-}
-
-/// The queue slots left per offer: any job's, and a job's of unknown run time (a part
-/// of them).
-struct QueueSlots {
-    any: Vec<u32>,
-    unknown: Vec<u32>,
-}
-
-impl QueueSlots {
-    fn of(offers: &[Offer]) -> Self {
-        let any: Vec<u32> = (offers.iter())
-            .map(|o| if o.usable { o.ahead } else { 0 })
-            .collect();
-        let unknown = (offers.iter().zip(&any))
-            .map(|(o, &a)| o.ahead_unknown.min(a))
-            .collect();
-        QueueSlots { any, unknown }
-    }
-
-    /// The slots `demand` may take.
-    fn of_demand(&self, demand: &Demand) -> &[u32] {
-        match demand.run_time_unknown {
-            true => &self.unknown,
-            false => &self.any,
-        }
-    }
-
-    /// A task of `demand` went to offer `e`, queued or onto a free core (a multi-core
-    /// task leaves no queue behind it). What an unknown job may queue shrinks with its
-    /// own queued task, and never exceeds the slots left.
-    fn placed(&mut self, e: usize, queued: bool, demand: &Demand) {
-        if queued {
-            self.any[e] -= 1;
-        } else if demand.cores > 1 {
-            self.any[e] = 0;
-        }
-        let took = u32::from(queued && demand.run_time_unknown);
-        self.unknown[e] = self.unknown[e].saturating_sub(took).min(self.any[e]);
-    }
 }
 
 /// Fills `offers` from `demands` in order.
