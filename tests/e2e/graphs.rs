@@ -613,3 +613,51 @@ fn flint_submit_input_results_reads_a_job_still_running_without_waiting_for_it_f
         "the progress showed the task waiting: {stderr}"
     );
 }
+
+#[test]
+fn a_wait_ends_at_its_deadline_while_other_jobs_keep_ending() {
+    // Two executors for the two sleepers, a third for the flood.
+    let cluster = DevCluster::start(3, 1);
+    let testkit = cluster.upload(&guests().testkit);
+    let sleeper = cluster.submit(&json!({"module": testkit, "args": ["sleep", "60000"],
+                                         "inputs": [{"text": ""}]}));
+    let graph = submit_graph(
+        &cluster,
+        &json!({"jobs": {"slow": {"module": testkit, "args": ["sleep", "60000"],
+                                  "inputs": [{"text": ""}]}}}),
+    );
+    // Jobs end one after another the whole time: every end wakes the waits.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood: Vec<_> = (0..4)
+        .map(|_| {
+            let api = Api::new(cluster.http.clone(), None);
+            let (stop, testkit) = (stop.clone(), testkit.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let spec =
+                        json!({"module": testkit, "args": ["noop"], "inputs": [{"text": ""}]});
+                    api.post_raw("/v1/jobs?wait=10", spec.to_string());
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for path in [
+        format!("/v1/jobs/{sleeper}?wait=1"),
+        format!("/v1/graphs/{}?wait=1", graph["id"].as_str().unwrap()),
+    ] {
+        let asked = std::time::Instant::now();
+        let (status, view) = cluster.get(&path);
+        let took = asked.elapsed();
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["state"], "running", "{view}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{path} answered after {took:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in flood {
+        thread.join().unwrap();
+    }
+}

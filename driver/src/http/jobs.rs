@@ -165,7 +165,9 @@ pub(super) async fn wait_until_ended<V>(
         let Some(deadline) = deadline else {
             return Ok(seen);
         };
-        if ended(&seen) {
+        // The deadline is checked here too: while other jobs keep ending, `changed()`
+        // is always ready and the timeout below never fires.
+        if ended(&seen) || Instant::now() >= deadline {
             return Ok(seen);
         }
         let changed = tokio::time::timeout_at(deadline.into(), endings.changed()).await;
