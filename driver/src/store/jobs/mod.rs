@@ -47,8 +47,8 @@ use read::read_job;
 use rows::delete_job;
 pub use schema::blob_key;
 use schema::{
-    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, IDEMPOTENCY_KEYS, JOBS, MEMO, SUMMARIES,
-    state_code,
+    ANCIENT_TABLES, BLOB_REFS, BY_FINISHED, BY_STATE, GRAPHS, IDEMPOTENCY_KEYS, JOBS, MEMO,
+    SUMMARIES, state_code,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -278,6 +278,7 @@ impl JobStore {
         let unfolded = self.unfolded_jobs();
         let txn = db.begin_read().map_err(db_error)?;
         let jobs = txn.open_table(JOBS).map_err(db_error)?;
+        let graphs = txn.open_table(GRAPHS).map_err(db_error)?;
         let mut keys = Vec::new();
         for entry in txn
             .open_table(IDEMPOTENCY_KEYS)
@@ -287,8 +288,11 @@ impl JobStore {
         {
             let (key, value) = entry.map_err(db_error)?;
             let (spec, job) = value.value();
-            // Only a key whose job is stored: one left over would claim a job that is gone.
-            if jobs.get(job).map_err(db_error)?.is_some() {
+            // Only a key whose job (or graph) is stored: one left over would claim what is
+            // gone.
+            let stored = jobs.get(job).map_err(db_error)?.is_some()
+                || graphs.get(job).map_err(db_error)?.is_some();
+            if stored {
                 keys.push(StoredKey {
                     key: key.value().to_owned(),
                     spec: Digest(*spec),

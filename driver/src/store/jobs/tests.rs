@@ -990,3 +990,62 @@ fn ends_memo_entries_and_timelines_of_a_job_never_stored_are_not_kept() {
     );
     assert!(store.rows_of(&JobId("never-stored".into())).is_empty());
 }
+
+#[test]
+fn a_graph_is_stored_with_its_jobs_and_key_or_not_at_all_and_its_key_leaves_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let graph = |id: &str, jobs: &[&str]| flint_protocol::records::GraphRecord {
+        id: id.into(),
+        created_at_ms: 1,
+        tenant: None,
+        jobs: jobs
+            .iter()
+            .map(|j| (j.to_string(), JobId(j.to_string())))
+            .collect(),
+        edges: vec![(0, 1)],
+        recovered_from: None,
+    };
+    let spec = Digest::of(b"graph spec");
+    // A disk that refuses: neither the graph, nor any of its jobs, nor its key.
+    store.refuse_jobs.store(true, Ordering::Relaxed);
+    let refused = [(record("r1"), vec![]), (record("r2"), vec![])];
+    store
+        .put_graph(
+            &graph("graph-r", &["r1", "r2"]),
+            &refused,
+            Some(("k-r", &spec)),
+        )
+        .unwrap_err();
+    store.refuse_jobs.store(false, Ordering::Relaxed);
+    let jobs = [(record("a"), vec![]), (record("b"), vec![])];
+    store
+        .put_graph(&graph("graph-1", &["a", "b"]), &jobs, Some(("k-1", &spec)))
+        .unwrap();
+
+    let store = reopen(store, &path);
+    let Stored { jobs, keys } = store.load().unwrap();
+    let mut ids: Vec<&str> = jobs.iter().map(|j| j.job.def.id.0.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(store.graph("graph-r").unwrap().is_none());
+    assert_eq!(
+        store.graph("graph-1").unwrap(),
+        Some(graph("graph-1", &["a", "b"]))
+    );
+    assert_eq!(
+        keys,
+        [StoredKey {
+            key: "k-1".into(),
+            spec,
+            job: JobId("graph-1".into()),
+        }]
+    );
+    assert_eq!(
+        store.delete_graph("graph-1").unwrap().as_deref(),
+        Some("k-1")
+    );
+    assert!(store.graph("graph-1").unwrap().is_none());
+    assert!(store.load().unwrap().keys.is_empty(), "the key is free");
+}
