@@ -94,4 +94,6 @@ const EXECUTOR_EXIT_CODES: &str = "Exit codes:
   2  bad command line
   3  the driver refused the registration (duplicate id, wrong secret, version mismatch)
   4  the driver could not be reached
-  5  the driver was lost and could not be reached again within --reconnect-timeout-ms";
+  5  the driver was lost and could not be reached again within --driver-loss-grace-ms
+     (its tasks kept running meanwhile, then were killed), or within
+     --reconnect-timeout-ms with a grace of 0";

@@ -4,7 +4,9 @@
 //! `stdout` and `stderr`, reports each one running, exited (code or signal) or failed to
 //! launch, kills them when asked, and removes app dirs older than `--cleanup-ttl` that
 //! nothing runs in. When it loses the driver it keeps its executors (they reconnect on
-//! their own) and registers again, saying which still run. Its executors die with it
+//! their own, and keep their tasks) and registers again, saying which still run: a
+//! restarted driver adopts them. The driver's Shutdown, sent by one stopped with
+//! `--stop-executors-on-exit`, stops them. Its executors die with it
 //! (PR_SET_PDEATHSIG): a lost worker's executors are lost.
 
 use std::collections::HashMap;
@@ -143,7 +145,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
                     () = tokio::time::sleep(backoff) => {}
                     () = &mut shutdown => break,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                // Its executors are waited for by a restarted driver: it is back soon.
+                let cap = match worker.running.is_empty() {
+                    true => Duration::from_secs(5),
+                    false => Duration::from_secs(1),
+                };
+                backoff = (backoff * 2).min(cap);
                 continue;
             }
         };

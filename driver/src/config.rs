@@ -44,6 +44,14 @@ pub struct DriverConfig {
     /// Task and job ends are group-committed to the job store at most this often
     /// (`--commit-interval-ms`).
     pub commit_interval: Duration,
+    /// After a restart, how long the jobs restored with unfinished tasks wait for the
+    /// executors the last driver knew to come back with what they still run, before
+    /// those tasks are launched again elsewhere (`--adopt-wait-ms`).
+    pub adopt_wait: Duration,
+    /// On a clean stop, tell every executor (and worker) the driver is gone for good, so
+    /// that they stop (`--stop-executors-on-exit`); otherwise they keep running their
+    /// tasks for their grace, for the next driver to adopt (an upgrade, a restart).
+    pub stop_executors_on_exit: bool,
     /// Finished jobs older than this are deleted with everything they own
     /// (`--job-retention`); `None` keeps them forever.
     pub job_retention: Option<Duration>,
@@ -220,6 +228,8 @@ impl DriverConfig {
             max_event_streams: defaults::MAX_EVENT_STREAMS,
             advertise_url: None,
             commit_interval: Duration::from_millis(defaults::COMMIT_INTERVAL_MS),
+            adopt_wait: Duration::from_millis(defaults::ADOPT_WAIT_MS),
+            stop_executors_on_exit: false,
             job_retention: Some(Duration::from_secs(defaults::JOB_RETENTION_SECS)),
             blob_retention: Some(Duration::from_secs(defaults::BLOB_RETENTION_SECS)),
             data_dir_max_bytes: defaults::DATA_DIR_MAX_BYTES,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flint_protocol::JobId;
-use flint_protocol::api::{JobView, TaskEvent};
+use flint_protocol::api::{AttemptNote, JobView, TaskEvent};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 
 use crate::scheduler::Task;
@@ -25,6 +25,11 @@ pub const EVENTS_PER_JOB: usize = 1024;
 #[derive(Clone, Debug)]
 pub enum JobEvent {
     Task(TaskEvent),
+    /// An attempt kept by its executor through a driver's restart (or a broken
+    /// connection) was taken back as its task's running attempt.
+    Adopted(AttemptNote),
+    /// ... or killed (or its end ignored), `reason` saying why.
+    Dropped(AttemptNote),
     /// The job reached a final state: the stream's last event.
     End(Box<JobView>),
 }

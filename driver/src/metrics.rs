@@ -15,12 +15,15 @@ use std::time::Instant;
 
 use flint_protocol::api::{AllocationView, ExecutorState, JobState, TaskState};
 
-use crate::scheduler::{ClusterState, Task};
+use crate::scheduler::{ClusterState, Dropped, Task};
 use crate::store::Totals;
 use crate::store::usage::DataDirUsage;
 
+mod counters;
 mod per_tenant;
 mod usage;
+
+pub use counters::render_counters;
 
 /// Upper bounds of the task duration buckets, in seconds.
 const DURATION_BUCKETS: [f64; 14] = [
@@ -37,12 +40,36 @@ pub struct Metrics {
     result_bytes: AtomicU64,
     results: AtomicU64,
     jobs_deleted: AtomicU64,
+    /// Attempts executors kept through a lost connection or a driver's restart: adopted,
+    /// and dropped by reason (in the order of `DROP_REASONS`).
+    attempts_adopted: AtomicU64,
+    attempts_dropped: [AtomicU64; DROP_REASONS.len()],
 }
+
+/// The reasons an attempt listed at registration is dropped, as `/metrics` labels them.
+const DROP_REASONS: [Dropped; 5] = [
+    Dropped::JobGone,
+    Dropped::NoSuchTask,
+    Dropped::TaskEnded,
+    Dropped::RunsElsewhere,
+    Dropped::TaskWaiting,
+];
 
 impl Metrics {
     /// Records a job deleted (by request or by retention).
     pub fn job_deleted(&self) {
         self.jobs_deleted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records an attempt listed at registration: adopted, or dropped for a reason.
+    pub fn attempt_reconciled(&self, dropped: Option<Dropped>) {
+        match dropped {
+            None => self.attempts_adopted.fetch_add(1, Ordering::Relaxed),
+            Some(why) => {
+                let at = DROP_REASONS.iter().position(|r| *r == why).unwrap_or(0);
+                self.attempts_dropped[at].fetch_add(1, Ordering::Relaxed)
+            }
+        };
     }
 
     /// Records a task that reached `succeeded` or `failed`.
@@ -188,7 +215,7 @@ pub fn render_state(
         let _ = writeln!(out, "flint_cores_free {free}");
 
         type Figure = fn(&crate::scheduler::ExecutorData, Instant) -> String;
-        let per_executor: [(&str, &str, &str, Figure); 14] = [
+        let per_executor: [(&str, &str, &str, Figure); 15] = [
             (
                 "flint_executor_cores",
                 "gauge",
@@ -262,6 +289,12 @@ pub fn render_state(
                 |e, _| e.reported.tasks_completed.to_string(),
             ),
             (
+                "flint_executor_ends_held",
+                "gauge",
+                "Task ends an executor holds until the driver has committed them, from its heartbeat.",
+                |e, _| e.reported.ends_held.to_string(),
+            ),
+            (
                 "flint_executor_tasks_finished_total",
                 "counter",
                 "Task attempts an executor finished.",
@@ -319,78 +352,6 @@ pub fn render_state(
     usage::render(&mut out, state);
     per_tenant::render(&mut out, state);
     out
-}
-
-/// The rest of `/metrics`, appended to `out`: the counters fed as tasks end, and the job
-/// store's group `commits`. Needs no lock.
-pub fn render_counters(out: &mut String, metrics: &Metrics, commits: u64) {
-    let m = metrics;
-    family(
-        out,
-        "flint_task_duration_seconds",
-        "histogram",
-        "Guest run time of tasks that succeeded or failed (executor clock).",
-    );
-    let mut cumulative = 0;
-    for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
-        cumulative += m.duration_buckets[i].load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "flint_task_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-        );
-    }
-    cumulative += m.duration_buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
-    let _ = writeln!(
-        out,
-        "flint_task_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-    );
-    let sum = m.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-    let _ = writeln!(out, "flint_task_duration_seconds_sum {sum}");
-    let _ = writeln!(
-        out,
-        "flint_task_duration_seconds_count {}",
-        m.duration_count.load(Ordering::Relaxed)
-    );
-    family(
-        out,
-        "flint_result_bytes_total",
-        "counter",
-        "Bytes of task results received.",
-    );
-    let _ = writeln!(
-        out,
-        "flint_result_bytes_total {}",
-        m.result_bytes.load(Ordering::Relaxed)
-    );
-    family(
-        out,
-        "flint_results_total",
-        "counter",
-        "Task results received.",
-    );
-    let _ = writeln!(
-        out,
-        "flint_results_total {}",
-        m.results.load(Ordering::Relaxed)
-    );
-    family(
-        out,
-        "flint_job_store_commits_total",
-        "counter",
-        "Group commits of task and job ends to the job store (at most one per --commit-interval-ms).",
-    );
-    let _ = writeln!(out, "flint_job_store_commits_total {}", commits);
-    family(
-        out,
-        "flint_jobs_deleted_total",
-        "counter",
-        "Jobs deleted, by request (DELETE /v1/jobs/{id}) or by --job-retention.",
-    );
-    let _ = writeln!(
-        out,
-        "flint_jobs_deleted_total {}",
-        m.jobs_deleted.load(Ordering::Relaxed)
-    );
 }
 
 /// The data dir's figure against its quota, appended to `out`. Needs no lock.

@@ -105,8 +105,12 @@ pub async fn run(
     if let Some((_, supervisor)) = &mut manager {
         let _ = supervisor.await;
     }
-    driver.shutdown_executors();
-    driver.cluster.workers.shutdown();
+    // Left to reconnect, executors keep their tasks running for the next driver on this
+    // data dir, which adopts them (an upgrade, a restart); told, they stop.
+    if driver.config.stop_executors_on_exit {
+        driver.shutdown_executors();
+        driver.cluster.workers.shutdown();
+    }
     stop.cancel();
     reviver.abort();
     sampler.abort();
@@ -122,10 +126,15 @@ pub async fn run(
     // Give the Shutdown messages a moment to leave before connections are dropped.
     let _ = tokio::time::timeout(Duration::from_secs(2), executor_server).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
-    // What the cluster manager launched and the Shutdown did not stop (still starting,
-    // or stuck) is stopped now, killed past the grace.
+    // Stopping for good, what the cluster manager launched and the Shutdown did not stop
+    // (still starting, or stuck) is stopped now, killed past the grace; coming back,
+    // what can outlive the driver (pods, workers' executors) is left to the next one.
     if let Some((manager, _)) = manager {
-        manager.stop(EXECUTOR_STOP_GRACE).await;
+        let departure = match driver.config.stop_executors_on_exit {
+            true => cluster_manager::Departure::ForGood,
+            false => cluster_manager::Departure::ComingBack,
+        };
+        manager.stop(EXECUTOR_STOP_GRACE, departure).await;
     }
     // Ends waiting for the next group commit are kept: after a clean stop no finished
     // task runs again.
@@ -191,6 +200,7 @@ async fn revive_loop(driver: Arc<Driver>) {
         let expired = driver.apply(|s| s.tick(timeout));
         for (id, generation) in expired {
             tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
+            driver.executor_left(&id);
             driver.drop_link(&id, generation);
         }
     }

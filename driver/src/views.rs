@@ -92,6 +92,31 @@ fn rfc3339_ms(ms: u64) -> String {
 /// attempts (one pass over the job's attempts for the page).
 pub fn task_views(job: &Job, range: std::ops::Range<usize>) -> Vec<TaskView> {
     let mut views: Vec<TaskView> = range.clone().map(|i| task_view(job, i)).collect();
+    // A task that ended before a restart while its job ran on has no span: its one known
+    // attempt comes from its end, as the timeline shows it.
+    let from = job.rebuilt.partition_point(|&i| (i as usize) < range.start);
+    for &index in job.rebuilt[from..]
+        .iter()
+        .take_while(|&&i| range.contains(&(i as usize)))
+    {
+        let task = &job.tasks[index as usize];
+        let budget = job.budget(index);
+        views[index as usize - range.start]
+            .history
+            .push(TaskAttemptView {
+                attempt: task.attempts.max(1),
+                executor: task
+                    .executor
+                    .clone()
+                    .unwrap_or_else(|| ExecutorId(String::new())),
+                memory_mb: budget.memory_mb,
+                timeout_ms: budget.timeout_ms,
+                outcome: Some(rebuilt_outcome(task)),
+                speculative: false,
+                usage: None,
+                pins: None,
+            });
+    }
     let spans = job.attempts.iter().enumerate();
     for (at, span) in spans.filter(|(_, s)| range.contains(&(s.task as usize))) {
         let view = &mut views[span.task as usize - range.start];
@@ -212,6 +237,12 @@ pub fn executor_view(
         result_bytes: e.reported.result_bytes,
         tasks_active: e.reported.running,
         tasks_completed: e.reported.tasks_completed,
+        ends_held: e.reported.ends_held,
+        ends_memory_bytes: e.reported.ends_memory_bytes,
+        ends_disk_bytes: e.reported.ends_disk_bytes,
+        ends_peak_memory_bytes: e.reported.ends_peak_memory_bytes,
+        ends_peak_disk_bytes: e.reported.ends_peak_disk_bytes,
+        ends_waited: e.reported.ends_waited,
         excluded_for_ms: e
             .health
             .excluded_until
@@ -219,6 +250,16 @@ pub fn executor_view(
             .map(|until| (until - now).as_millis() as u64),
         recent_task_failures: e.health.recent_failures(exclusion, now) as u32,
         log_url,
+    }
+}
+
+/// How a task that ended without a span ended, as its one attempt's outcome.
+fn rebuilt_outcome(task: &crate::scheduler::Task) -> String {
+    match task.state {
+        TaskState::Succeeded => "succeeded".to_owned(),
+        _ => (task.failure.as_ref())
+            .map_or("killed", |f| f.kind.as_str())
+            .to_owned(),
     }
 }
 
@@ -247,14 +288,7 @@ pub fn timeline_view(job: &Job, now: SystemTime, first: usize, limit: usize) -> 
                     .unwrap_or_else(|| ExecutorId(String::new())),
                 start_us: task.started_at_us.unwrap_or(0),
                 end_us: task.finished_at_us,
-                outcome: Some(match task.state {
-                    TaskState::Succeeded => "succeeded".to_owned(),
-                    _ => task
-                        .failure
-                        .as_ref()
-                        .map_or("killed", |f| f.kind.as_str())
-                        .to_owned(),
-                }),
+                outcome: Some(rebuilt_outcome(task)),
                 speculative: false,
             }
         })

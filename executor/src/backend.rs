@@ -1,4 +1,14 @@
-//! The executor's connection to the driver (Spark's CoarseGrainedExecutorBackend).
+//! The executor's connection to the driver (Spark's CoarseGrainedExecutorBackend), and
+//! how it outlives one: a lost driver is sought again ([`link`]) while tasks keep
+//! running for the driver-loss grace; ends wait in the end buffer and go out on the next
+//! connection, after a registration that lists every attempt held here; the ends the
+//! buffer cannot send as they are (spilled, or their block held) go through the
+//! connection's [`backlog`].
+
+mod backlog;
+mod link;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,17 +18,18 @@ use std::time::Duration;
 
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::codec::{FrameCodec, write_batched};
-use flint_protocol::handshake::{HelloError, greet};
 use flint_protocol::messages::ExecutorConfig;
 use flint_protocol::{DriverMessage, ExecutorId, ExecutorMessage, JobTemplate, TaskDescription};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
+use self::link::{Backoff, connect, reconnect, register};
 use crate::blocks::BlockClient;
 use crate::compiler::{CompilerMode, ModuleCompiler};
-use crate::runner::{RunnerSettings, TaskRunner};
+use crate::ends::{Budgets, EndBuffer};
+use crate::runner::{DriverLink, RunnerSettings, TaskRunner};
 use crate::sandbox::{Sandbox, SandboxConfig};
 
 /// How an executor is started: Spark's CoarseGrainedExecutorBackend arguments.
@@ -36,8 +47,15 @@ pub struct ExecutorOptions {
     pub cluster_secret: Option<String>,
     /// How long to keep trying to reach the driver at start.
     pub connect_timeout: Duration,
-    /// How long to keep trying to get back to the driver after losing it.
+    /// With no driver-loss grace: how long to keep trying to get back to the driver
+    /// after losing it (its tasks killed at once).
     pub reconnect_timeout: Duration,
+    /// How long tasks keep running without a driver while it is sought again; past it
+    /// they are killed and the executor exits (`DriverLost`). Zero: kill them at once
+    /// and seek the driver for `reconnect_timeout`.
+    pub driver_loss_grace: Duration,
+    /// What the end buffer may hold in memory and on disk.
+    pub end_budgets: Budgets,
     /// Largest linear memory a task may have here, whatever its job asks for.
     pub max_memory_bytes: usize,
     /// Meter fuel, so that tasks with fuel budgets can run here.
@@ -58,7 +76,7 @@ pub enum ExitReason {
     /// The driver could not be reached at start.
     DriverUnreachable(String),
     /// The connection to the driver broke and it could not be reached again within the
-    /// reconnect timeout.
+    /// driver-loss grace (or the reconnect timeout, with no grace).
     DriverLost(String),
 }
 
@@ -79,8 +97,19 @@ impl ExitReason {
 
 type Connection = Framed<TcpStream, FrameCodec<DriverMessage, ExecutorMessage>>;
 
-/// Runs an executor until the driver stops it, the connection breaks, or `shutdown`
-/// resolves. Infrastructure failures (cannot build the engine, the work dir) are errors.
+/// What outlives a connection: the tasks, their ends, the block client.
+struct Session {
+    runner: Arc<TaskRunner>,
+    ends: Arc<EndBuffer>,
+    blocks: Arc<BlockClient>,
+    heartbeat_every: Duration,
+    /// Published for fetches from the driver, which wait out its restart.
+    link: tokio::sync::watch::Sender<DriverLink>,
+}
+
+/// Runs an executor until the driver stops it, the driver is lost for good, or
+/// `shutdown` resolves. Infrastructure failures (cannot build the engine, the work dir)
+/// are errors.
 pub async fn run(
     options: ExecutorOptions,
     shutdown: impl Future<Output = ()>,
@@ -98,16 +127,68 @@ pub async fn run(
         options.compiler.clone(),
     )?;
     let fetcher = FetchCache::open(options.work_dir.join("cache"), options.fetch.clone())?;
+    // A new process is a new executor to the driver: ends an earlier one held are gone.
+    let ends = EndBuffer::open(options.work_dir.join("ends"), options.end_budgets)?;
 
     tokio::pin!(shutdown);
-    let mut conn = match connect(&options, options.connect_timeout).await {
+    let mut conn = match connect(&options, options.connect_timeout, Backoff::SLOW_CAP).await {
         Ok(conn) => conn,
         Err(reason) => return Ok(reason),
     };
-    let config = match register(&mut conn, &options).await {
+    let config = match register(&mut conn, &options, &Vec::new).await {
         Ok(config) => config,
         Err(reason) => return Ok(reason),
     };
+    configure_fetches(&fetcher, &config, &options)?;
+    let blocks = BlockClient::new(
+        &config.block_store,
+        &config.driver_http_url,
+        options.cluster_secret.clone(),
+        tokio::runtime::Handle::current(),
+        options.work_dir.join("blocks-held"),
+    )
+    .map_err(|e| anyhow::anyhow!("the driver's block store {:?}: {e}", config.block_store))?;
+    let blocks = Arc::new(blocks);
+    let link = tokio::sync::watch::Sender::new(DriverLink::default());
+    let runner = TaskRunner::start(
+        sandbox,
+        fetcher,
+        compiler,
+        RunnerSettings {
+            files_root: options.work_dir.join("files"),
+            threads: options.cores as usize,
+            max_log_bytes: usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
+            blocks: Some(blocks.clone()),
+            inline_result_bytes: usize::try_from(config.inline_result_bytes).unwrap_or(usize::MAX),
+            driver_link: Some(link.subscribe()),
+        },
+        ends.clone(),
+    );
+    let session = Session {
+        runner,
+        ends,
+        blocks,
+        heartbeat_every: Duration::from_millis(config.heartbeat_interval_ms.max(10)),
+        link,
+    };
+    loop {
+        let why = match serve(conn, &session, &mut shutdown).await {
+            ExitReason::DriverLost(why) => why,
+            other => return Ok(other),
+        };
+        conn = match regain(&options, &session, why, &mut shutdown).await {
+            Ok(conn) => conn,
+            Err(reason) => return Ok(reason),
+        };
+    }
+}
+
+/// Tells the fetch cache what the driver allows and trusts.
+fn configure_fetches(
+    fetcher: &FetchCache,
+    config: &ExecutorConfig,
+    options: &ExecutorOptions,
+) -> anyhow::Result<()> {
     // The fetch policy refuses loopback and private addresses unless told otherwise: what
     // the operator allows is told here, for every fetch.
     for origin in &config.fetch_allow {
@@ -118,21 +199,16 @@ pub async fn run(
     // The driver (often on one of those addresses) is reachable only for what it handed
     // out itself: a job's URL pointing at it is judged like any other URL, so that the
     // executor's credentials never fetch what a job could not (a confused deputy).
-    if let Err(e) = fetcher.trust_origin(&config.driver_http_url) {
-        anyhow::bail!(
-            "the driver's HTTP address {:?} is not an origin: {e}",
-            config.driver_http_url
-        );
+    let driver = &config.driver_http_url;
+    if let Err(e) = fetcher.trust_origin(driver) {
+        anyhow::bail!("the driver's HTTP address {driver:?} is not an origin: {e}");
     }
     // Modules and files come from the driver, which wants the cluster secret for them;
     // the fetch cache sends it only with the driver's own refs, to its origin.
     if let Some(secret) = &options.cluster_secret
-        && let Err(e) = fetcher.set_bearer(&config.driver_http_url, secret)
+        && let Err(e) = fetcher.set_bearer(driver, secret)
     {
-        anyhow::bail!(
-            "the driver's HTTP address {:?} is not an origin: {e}",
-            config.driver_http_url
-        );
+        anyhow::bail!("the driver's HTTP address {driver:?} is not an origin: {e}");
     }
     // Results kept in a bucket are other tasks' inputs: that bucket may be read too, but
     // only for the refs the driver made (a job naming another job's block by its bucket
@@ -144,316 +220,180 @@ pub async fn run(
     {
         anyhow::bail!("the driver's block store {:?}: {e}", config.block_store);
     }
-    let blocks = BlockClient::new(
-        &config.block_store,
-        &config.driver_http_url,
-        options.cluster_secret.clone(),
-        tokio::runtime::Handle::current(),
-    )
-    .map_err(|e| anyhow::anyhow!("the driver's block store {:?}: {e}", config.block_store))?;
-
-    // One channel for the executor's life: statuses of attempts that end while the
-    // driver is away wait in it and go out on the next connection (the driver ignores
-    // those of a lost generation).
-    let (updates_tx, mut updates_rx) = mpsc::unbounded_channel();
-    let runner = TaskRunner::start(
-        sandbox,
-        fetcher,
-        compiler,
-        RunnerSettings {
-            files_root: options.work_dir.join("files"),
-            threads: options.cores as usize,
-            max_log_bytes: usize::try_from(config.max_log_bytes).unwrap_or(usize::MAX),
-            blocks: Some(Arc::new(blocks)),
-            inline_result_bytes: usize::try_from(config.inline_result_bytes).unwrap_or(usize::MAX),
-        },
-        updates_tx.clone(),
-    );
-    let heartbeats = tokio::spawn(heartbeat_loop(
-        runner.clone(),
-        updates_tx,
-        Duration::from_millis(config.heartbeat_interval_ms.max(10)),
-    ));
-    let reason = loop {
-        let why = match serve(conn, &runner, &mut updates_rx, &mut shutdown).await {
-            ExitReason::DriverLost(why) => why,
-            other => break other,
-        };
-        // The driver runs again elsewhere whatever was running here.
-        runner.kill_all();
-        tracing::warn!(why, "lost the driver; reconnecting");
-        let reconnected = tokio::select! {
-            result = reconnect(&options) => result,
-            () = &mut shutdown => Err(ExitReason::Stopped),
-        };
-        conn = match reconnected {
-            Ok(conn) => conn,
-            Err(reason) => break reason,
-        };
-    };
-    heartbeats.abort();
-    Ok(reason)
+    Ok(())
 }
 
-/// One connection's life: launches and kills in, statuses and heartbeats out, until the
+/// After losing the driver: with a grace, tasks keep running while the driver is sought
+/// for up to the grace, and are killed only if it is not found; without one, they are
+/// killed at once (the driver runs them again elsewhere) and the driver is sought for
+/// the reconnect timeout.
+async fn regain(
+    options: &ExecutorOptions,
+    session: &Session,
+    why: String,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<Connection, ExitReason> {
+    let grace = options.driver_loss_grace;
+    let (timeout, cap) = if grace.is_zero() {
+        session.runner.kill_all();
+        tracing::warn!(why, "lost the driver; killed its tasks, reconnecting");
+        (options.reconnect_timeout, Backoff::SLOW_CAP)
+    } else {
+        let running = session.runner.attempts_in_flight();
+        let grace_ms = grace.as_millis() as u64;
+        tracing::warn!(
+            why,
+            running,
+            grace_ms,
+            "lost the driver; tasks keep running while reconnecting"
+        );
+        (grace, Backoff::FAST_CAP)
+    };
+    let attempts = || session.runner.held_attempts();
+    let regained = tokio::select! {
+        regained = reconnect(options, timeout, cap, &attempts) => regained,
+        () = shutdown => Err(ExitReason::Stopped),
+    };
+    if let Err(reason) = &regained {
+        // Whatever ends the executor ends its tasks: nobody would hear of them.
+        if session.runner.attempts_in_flight() > 0 {
+            tracing::warn!(?reason, "killing the tasks still running");
+        }
+        session.runner.kill_all();
+    }
+    regained
+}
+
+/// One connection's life: launches, kills and acks in, ends and heartbeats out, until the
 /// driver stops this executor, the connection breaks, or `shutdown` resolves.
 async fn serve(
     conn: Connection,
-    runner: &Arc<TaskRunner>,
-    updates: &mut mpsc::UnboundedReceiver<ExecutorMessage>,
+    session: &Session,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> ExitReason {
+    session.link.send_modify(|l| {
+        l.registrations += 1;
+        l.connected = true;
+    });
     let (sink, mut stream) = conn.split();
-    let writer = write_batched(sink, updates);
+    // A channel per connection: what was queued for a broken one (heartbeats above all)
+    // dies with it; ends wait in the end buffer instead.
+    let (outbox, mut outgoing) = mpsc::unbounded_channel();
+    let writer = write_batched(sink, &mut outgoing);
     tokio::pin!(writer);
-    // The jobs the driver defined on this connection; a new connection starts empty.
-    let mut jobs: HashMap<u64, Arc<JobTemplate>, foldhash::fast::RandomState> = HashMap::default();
+    session.ends.attach(outbox.clone());
+    let backlog = backlog::resend(&session.ends, &session.blocks);
+    tokio::pin!(backlog);
+    let mut heartbeat = tokio::time::interval(session.heartbeat_every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The jobs the driver defined on this connection; a new connection starts empty
+    // (running attempts keep their own template).
+    let mut jobs = Jobs::default();
     let reason = loop {
         tokio::select! {
             message = stream.next() => match message {
-                Some(Ok(DriverMessage::DefineJob(template))) => {
-                    jobs.insert(template.key, Arc::from(template));
-                }
-                Some(Ok(DriverMessage::LaunchTask(launch))) => match jobs.get(&launch.job) {
-                    Some(job) => runner.launch(TaskDescription::new(job.clone(), *launch)),
-                    // The driver defines a job before its first launch on a connection,
-                    // and the status of this attempt could not even name its task: the
-                    // connection is out of step, and a new one starts clean.
-                    None => {
-                        break ExitReason::DriverLost(format!(
-                            "the driver launched a task of job key {} it never defined",
-                            launch.job
-                        ));
+                Some(Ok(message)) => {
+                    if let Some(reason) = on_message(message, session, &mut jobs) {
+                        break reason;
                     }
-                },
-                Some(Ok(DriverMessage::ForgetJob { key })) => {
-                    jobs.remove(&key);
-                }
-                Some(Ok(DriverMessage::KillTask { task, attempt, reason })) => {
-                    tracing::info!(task = %task, attempt, reason, "killing task");
-                    runner.kill(&task, attempt);
-                }
-                Some(Ok(DriverMessage::UpdateCredentials(credentials))) => {
-                    if let Some(s3) = credentials.s3 {
-                        tracing::info!(access_key_id = s3.access_key_id, "object-store credentials from the driver");
-                        flint_fetch_cache::stores::set_pushed_credentials(
-                            s3.access_key_id,
-                            s3.secret_access_key,
-                            s3.session_token,
-                        );
-                    }
-                }
-                // Decommissioned, or killed by its cluster manager's driver.
-                Some(Ok(DriverMessage::StopExecutor)) => {
-                    tracing::info!("driver asked this executor to stop");
-                    break ExitReason::Stopped;
-                }
-                Some(Ok(DriverMessage::Shutdown)) => {
-                    tracing::info!("driver is shutting down");
-                    break ExitReason::Stopped;
-                }
-                Some(Ok(other)) => {
-                    tracing::warn!(?other, "unexpected message after registration");
                 }
                 Some(Err(e)) => break ExitReason::DriverLost(format!("reading from driver: {e}")),
                 None => break ExitReason::DriverLost("driver closed the connection".into()),
             },
+            _ = heartbeat.tick() => {
+                let _ = outbox.send(ExecutorMessage::Heartbeat(session.runner.heartbeat()));
+            }
             () = &mut writer => break ExitReason::DriverLost("writing to the driver failed".into()),
+            never = &mut backlog => match never {},
             () = &mut *shutdown => break ExitReason::Stopped,
         }
     };
     if reason == ExitReason::Stopped {
-        // Kill what runs and let the kills' statuses reach the driver if it is still
-        // there (a lost driver re-queues them anyway); a stuck socket does not hold the
-        // exit up for long.
-        runner.kill_all();
-        let drained = async {
-            while runner.attempts_in_flight() > 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            tokio::select! {
-                () = &mut writer => {}
-                () = drained => {}
-            }
-        })
-        .await;
-        let _ = tokio::time::timeout(Duration::from_millis(50), &mut writer).await;
+        drain(&session.runner, writer).await;
     }
+    session.ends.detach();
+    session.link.send_modify(|l| l.connected = false);
     reason
 }
 
-/// Connects and registers again after losing the driver, for as long as
-/// `reconnect_timeout` allows; the driver sees a new generation. A driver that is just
-/// dying or just starting may reset connections or close them mid-handshake: anything
-/// but a refusal is tried again.
-async fn reconnect(options: &ExecutorOptions) -> Result<Connection, ExitReason> {
-    let deadline = tokio::time::Instant::now() + options.reconnect_timeout;
-    let mut backoff = Backoff::until(deadline);
-    loop {
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let why = match connect(options, remaining).await {
-            Ok(mut conn) => match register(&mut conn, options).await {
-                Ok(_) => return Ok(conn),
-                Err(ExitReason::RegistrationRefused(why)) => {
-                    return Err(ExitReason::RegistrationRefused(why));
-                }
-                Err(other) => format!("{other:?}"),
-            },
-            Err(ExitReason::RegistrationRefused(why)) => {
-                return Err(ExitReason::RegistrationRefused(why));
-            }
-            Err(other) => format!("{other:?}"),
-        };
-        if !backoff.wait().await {
-            return Err(ExitReason::DriverLost(format!("reconnecting: {why}")));
+type Jobs = HashMap<u64, Arc<JobTemplate>, foldhash::fast::RandomState>;
+
+/// What one message from the driver does; `Some` when the connection is over.
+fn on_message(message: DriverMessage, session: &Session, jobs: &mut Jobs) -> Option<ExitReason> {
+    match message {
+        DriverMessage::DefineJob(template) => {
+            jobs.insert(template.key, Arc::from(template));
         }
+        DriverMessage::LaunchTask(launch) => match jobs.get(&launch.job) {
+            Some(job) => session
+                .runner
+                .launch(TaskDescription::new(job.clone(), *launch)),
+            // The driver defines a job before its first launch on a connection, and the
+            // end of this attempt could not even name its task: the connection is out
+            // of step, and a new one starts clean.
+            None => {
+                return Some(ExitReason::DriverLost(format!(
+                    "the driver launched a task of job key {} it never defined",
+                    launch.job
+                )));
+            }
+        },
+        DriverMessage::ForgetJob { key } => {
+            jobs.remove(&key);
+        }
+        // Names the task and attempt, not the generation: it reaches an attempt
+        // launched on an earlier connection too.
+        DriverMessage::KillTask {
+            task,
+            attempt,
+            reason,
+        } => {
+            tracing::info!(task = %task, attempt, reason, "killing task");
+            session.runner.kill(&task, attempt);
+        }
+        DriverMessage::EndsDurable { up_to } => session.ends.acknowledge(up_to),
+        DriverMessage::UpdateCredentials(credentials) => {
+            if let Some(s3) = credentials.s3 {
+                tracing::info!(
+                    access_key_id = s3.access_key_id,
+                    "object-store credentials from the driver"
+                );
+                flint_fetch_cache::stores::set_pushed_credentials(
+                    s3.access_key_id,
+                    s3.secret_access_key,
+                    s3.session_token,
+                );
+            }
+        }
+        // Decommissioned, or killed by its cluster manager's driver.
+        DriverMessage::StopExecutor => {
+            tracing::info!("driver asked this executor to stop");
+            return Some(ExitReason::Stopped);
+        }
+        DriverMessage::Shutdown => {
+            tracing::info!("driver is shutting down");
+            return Some(ExitReason::Stopped);
+        }
+        other => tracing::warn!(?other, "unexpected message after registration"),
     }
+    None
 }
 
-/// The pauses between attempts to reach the driver: 50 ms, doubling up to 1 s, for as
-/// long as the next pause ends before the deadline.
-struct Backoff {
-    next: Duration,
-    deadline: tokio::time::Instant,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(50);
-    const MAX: Duration = Duration::from_secs(1);
-
-    fn until(deadline: tokio::time::Instant) -> Backoff {
-        Backoff {
-            next: Self::FIRST,
-            deadline,
-        }
-    }
-
-    /// Sleeps before the next attempt; `false` at once, without sleeping, when the
-    /// pause would reach the deadline: time to give up.
-    async fn wait(&mut self) -> bool {
-        match self.next_pause(tokio::time::Instant::now()) {
-            Some(pause) => {
-                tokio::time::sleep(pause).await;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn next_pause(&mut self, now: tokio::time::Instant) -> Option<Duration> {
-        let pause = self.next;
-        if now + pause >= self.deadline {
-            return None;
-        }
-        self.next = (pause * 2).min(Self::MAX);
-        Some(pause)
-    }
-}
-
-/// Opens a connection and says hello, retrying refused TCP connections (a driver not
-/// listening yet) with [`Backoff`] for up to `timeout`.
-async fn connect(options: &ExecutorOptions, timeout: Duration) -> Result<Connection, ExitReason> {
-    let mut backoff = Backoff::until(tokio::time::Instant::now() + timeout);
-    let stream = loop {
-        match TcpStream::connect(&options.driver_addr).await {
-            Ok(stream) => break stream,
-            Err(e) => {
-                if !backoff.wait().await {
-                    return Err(ExitReason::DriverUnreachable(format!(
-                        "cannot connect to the driver at {}: {e}",
-                        options.driver_addr
-                    )));
-                }
-            }
+/// Kills what runs and lets the kills' ends reach the driver if it is still there (a
+/// lost driver re-queues them anyway); a stuck socket does not hold the exit up for long.
+async fn drain(runner: &TaskRunner, mut writer: impl Future<Output = ()> + Unpin) {
+    runner.kill_all();
+    let drained = async {
+        while runner.attempts_in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let _ = stream.set_nodelay(true);
-    greet(stream, options.cluster_secret.clone())
-        .await
-        .map_err(|e| match e {
-            HelloError::Refused(reason) => ExitReason::RegistrationRefused(reason),
-            broken @ HelloError::Broken(_) => ExitReason::DriverUnreachable(broken.to_string()),
-        })
-}
-
-async fn register(
-    conn: &mut Connection,
-    options: &ExecutorOptions,
-) -> Result<ExecutorConfig, ExitReason> {
-    let lost = |e: String| ExitReason::DriverLost(format!("registering: {e}"));
-    conn.send(ExecutorMessage::RetrieveConfig)
-        .await
-        .map_err(|e| lost(e.to_string()))?;
-    let config = match conn.next().await {
-        Some(Ok(DriverMessage::ExecutorConfig(config))) => config,
-        other => return Err(lost(format!("expected ExecutorConfig, got {other:?}"))),
-    };
-    if config.credentials_pushed {
-        // Before any store is made: none may sign with this process's environment.
-        flint_fetch_cache::stores::expect_pushed_credentials();
-    }
-    conn.send(ExecutorMessage::RegisterExecutor {
-        executor_id: options.executor_id.clone(),
-        hostname: options.hostname.clone(),
-        cores: options.cores,
-        // The driver drops it until it has a cluster manager (issue 16).
-        app_id: options.app_id.clone(),
-        pid: std::process::id(),
-        meters_fuel: options.fuel,
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        tokio::select! {
+            () = &mut writer => {}
+            () = drained => {}
+        }
     })
-    .await
-    .map_err(|e| lost(e.to_string()))?;
-    match conn.next().await {
-        Some(Ok(DriverMessage::RegisteredExecutor { generation })) => {
-            tracing::info!(executor = %options.executor_id, generation, "registered with driver");
-            Ok(config)
-        }
-        Some(Ok(DriverMessage::RegisterExecutorFailed { reason })) => {
-            Err(ExitReason::RegistrationRefused(reason))
-        }
-        other => Err(lost(format!("expected RegisteredExecutor, got {other:?}"))),
-    }
-}
-
-async fn heartbeat_loop(
-    runner: Arc<TaskRunner>,
-    updates: mpsc::UnboundedSender<ExecutorMessage>,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if updates
-            .send(ExecutorMessage::Heartbeat(runner.heartbeat()))
-            .is_err()
-        {
-            return;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::time::Instant;
-
-    #[test]
-    fn backoff_doubles_from_50_ms_to_1_s_and_gives_up_when_a_pause_would_reach_the_deadline() {
-        let start = Instant::now();
-        let mut backoff = Backoff::until(start + Duration::from_millis(3_550));
-        let mut now = start;
-        let mut pauses = Vec::new();
-        while let Some(pause) = backoff.next_pause(now) {
-            pauses.push(pause.as_millis());
-            now += pause;
-        }
-        // 2,550 ms in, a 1 s pause would end exactly at the deadline.
-        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000]);
-        assert_eq!(now - start, Duration::from_millis(2_550));
-        let mut backoff = Backoff::until(start + Duration::from_millis(50));
-        assert_eq!(backoff.next_pause(start), None);
-    }
+    .await;
+    let _ = tokio::time::timeout(Duration::from_millis(50), &mut writer).await;
 }

@@ -1,10 +1,14 @@
 //! The executor's side of the block store: uploads of results too large to travel
 //! inline, to the driver (`PUT /v1/blocks/{id}`, the default) or straight to an object
 //! store (`--block-store s3://...` on the driver). The task thread hands over chunks
-//! through a small bounded channel; the upload runs on the runtime.
+//! through a small bounded channel; the upload runs on the runtime. A block for a driver
+//! that is away is kept on disk until it is back ([`held`]).
 
-use std::sync::Arc;
+mod held;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use flint_protocol::Digest;
@@ -16,6 +20,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::runtime::Handle;
 
+use self::held::{HeldBlocks, Spool};
 use crate::results::{BlockSink, BlockWriter};
 
 /// Chunks in flight between the guest and the upload: the memory a large result costs.
@@ -34,6 +39,7 @@ enum Target {
         base: String,
         /// The cluster secret, which the driver wants for block uploads.
         secret: Option<String>,
+        held: Arc<HeldBlocks>,
     },
     Store {
         store: Arc<dyn ObjectStore>,
@@ -41,19 +47,34 @@ enum Target {
     },
 }
 
+/// Why an upload to the driver did not store the block.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// No answer: the driver is away (refused, reset, gone mid-upload). Try again later.
+    #[error("the driver is unreachable: {0}")]
+    Unreachable(String),
+    /// The driver answered no (or stored other bytes): trying again will not help.
+    #[error("{0}")]
+    Refused(String),
+}
+
 impl BlockClient {
     /// `spec` is the driver's `block_store` setting: `driver`, or an object store URL.
+    /// Blocks kept for an absent driver go to `held_dir`, emptied here.
     pub fn new(
         spec: &str,
         driver_http_url: &str,
         secret: Option<String>,
         runtime: Handle,
+        held_dir: PathBuf,
     ) -> anyhow::Result<Self> {
+        let held = Arc::new(HeldBlocks::clear(held_dir)?);
         let target = if spec == "driver" {
             Target::Driver {
                 client: reqwest::Client::builder().no_proxy().build()?,
                 base: format!("{driver_http_url}/v1/blocks"),
                 secret,
+                held,
             }
         } else {
             let url = url::Url::parse(spec)?;
@@ -61,6 +82,46 @@ impl BlockClient {
             Target::Store { store, prefix }
         };
         Ok(BlockClient { runtime, target })
+    }
+
+    /// Uploads a block kept while the driver was away, and forgets it once the driver
+    /// has it or refused it.
+    pub async fn upload_held(&self, id: &str) -> Result<(), UploadError> {
+        let Target::Driver {
+            client,
+            base,
+            secret,
+            held,
+        } = &self.target
+        else {
+            return Ok(());
+        };
+        let Some(block) = held.get(id) else {
+            return Ok(());
+        };
+        let uploaded = async {
+            let file = tokio::fs::File::open(&block.path).await.map_err(|e| {
+                UploadError::Refused(format!("reading the block kept on this executor: {e}"))
+            })?;
+            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+            let mut request = client.put(format!("{base}/{id}")).body(body);
+            if let Some(secret) = secret {
+                request = request.bearer_auth(secret);
+            }
+            let stored = answer(request.send().await).await?;
+            if stored != (block.size, block.digest) {
+                return Err(UploadError::Refused(format!(
+                    "the driver stored {} bytes hashing to {}, not the {} bytes hashing to {} kept here",
+                    stored.0, stored.1, block.size, block.digest
+                )));
+            }
+            Ok(())
+        }
+        .await;
+        if !matches!(uploaded, Err(UploadError::Unreachable(_))) {
+            held.release(id);
+        }
+        uploaded
     }
 }
 
@@ -71,21 +132,25 @@ impl BlockWriter for BlockClient {
         let (chunks, rx) = crossbeam_channel::bounded::<Chunk>(IN_FLIGHT);
         let (done_tx, done) = crossbeam_channel::bounded(1);
         let aborted = Arc::new(AtomicBool::new(false));
-        let rx = Chunks {
+        let mut rx = Chunks {
             rx,
             aborted: aborted.clone(),
+            spool: None,
         };
         let upload = match &self.target {
             Target::Driver {
                 client,
                 base,
                 secret,
+                held,
             } => {
                 let mut request = client.put(format!("{base}/{id}"));
                 if let Some(secret) = secret {
                     request = request.bearer_auth(secret);
                 }
-                futures_util::future::Either::Left(to_driver(request, rx))
+                rx.spool = held.spool(id).map(|spool| Arc::new(Mutex::new(spool)));
+                let keep = (held.clone(), id.to_owned());
+                futures_util::future::Either::Left(to_driver(request, rx, keep))
             }
             Target::Store { store, prefix } => {
                 let path = id
@@ -103,6 +168,13 @@ impl BlockWriter for BlockClient {
             done: Some(done),
         })
     }
+
+    fn held(&self, id: &str) -> Option<u64> {
+        match &self.target {
+            Target::Driver { held, .. } => held.size(id),
+            Target::Store { .. } => None,
+        }
+    }
 }
 
 struct Upload {
@@ -112,23 +184,40 @@ struct Upload {
 }
 
 /// The receiving end: after the last chunk, an aborted upload yields an error, so that
-/// the request body or the multipart upload ends abnormally and nothing is kept.
+/// the request body or the multipart upload ends abnormally and nothing is kept. With a
+/// spool, every chunk taken is written to it too.
+#[derive(Clone)]
 struct Chunks {
     rx: crossbeam_channel::Receiver<Chunk>,
     aborted: Arc<AtomicBool>,
+    spool: Option<Arc<Mutex<Spool>>>,
 }
 
 impl Chunks {
     async fn next(&mut self) -> Option<Chunk> {
-        let rx = self.rx.clone();
+        let (rx, spool) = (self.rx.clone(), self.spool.clone());
         // One hop to a blocking thread per chunk (a megabyte): cheap next to the bytes.
-        let next = tokio::task::spawn_blocking(move || rx.recv().ok())
-            .await
-            .ok()
-            .flatten();
+        let next = tokio::task::spawn_blocking(move || match spool {
+            // Taken and spooled under one lock: whoever reads the chunks (the request
+            // body, then the rest once the driver is found gone) spools them in order.
+            Some(spool) => {
+                let mut spool = spool.lock().expect("spool lock poisoned");
+                let chunk = rx.recv().ok();
+                if let Some(Ok(bytes)) = &chunk {
+                    spool.write(bytes);
+                }
+                chunk
+            }
+            None => rx.recv().ok(),
+        })
+        .await
+        .ok()
+        .flatten();
         match next {
             Some(chunk) => Some(chunk),
-            None if self.aborted.swap(false, Ordering::SeqCst) => {
+            // Every time, not once: the rest of an upload read after the request failed
+            // must see the abort too.
+            None if self.aborted.load(Ordering::SeqCst) => {
                 Some(Err(std::io::Error::other("the task failed")))
             }
             None => None,
@@ -190,27 +279,82 @@ impl BlockSink for Upload {
     }
 }
 
-async fn to_driver(request: reqwest::RequestBuilder, rx: Chunks) -> Result<(u64, Digest), String> {
+/// Streams a result to the driver. When the driver cannot be reached (refused, reset,
+/// gone mid-upload), the rest of the result is spooled too and the block is kept for it
+/// ([`held`]); a refusal fails the attempt as before.
+async fn to_driver(
+    request: reqwest::RequestBuilder,
+    rx: Chunks,
+    (held, id): (Arc<HeldBlocks>, String),
+) -> Result<(u64, Digest), String> {
+    let rest = rx.clone();
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.next().await.map(|chunk| (chunk, rx))
     });
-    let response = request
-        .body(reqwest::Body::wrap_stream(body))
-        .send()
-        .await
-        .map_err(|e| format!("uploading to the driver: {e}"))?;
+    match answer(request.body(reqwest::Body::wrap_stream(body)).send().await).await {
+        Ok(stored) => Ok(stored),
+        Err(UploadError::Refused(why)) => Err(why),
+        Err(UploadError::Unreachable(why)) => keep(rest, held, id, why).await,
+    }
+}
+
+/// Reads the rest of a result the driver did not get into its spool, and keeps the
+/// spool as the block.
+async fn keep(
+    mut rest: Chunks,
+    held: Arc<HeldBlocks>,
+    id: String,
+    why: String,
+) -> Result<(u64, Digest), String> {
+    while let Some(chunk) = rest.next().await {
+        if let Err(e) = chunk {
+            return Err(format!("uploading to the driver: {e}"));
+        }
+    }
+    let Some(spool) = rest.spool.take() else {
+        return Err(format!("uploading to the driver: {why}"));
+    };
+    let kept = tokio::task::spawn_blocking(move || {
+        let mut spool = spool.lock().expect("spool lock poisoned");
+        held.keep(&id, &mut spool).map(|stored| (stored, id))
+    })
+    .await
+    .map_err(|e| format!("keeping the block: {e}"))?;
+    match kept {
+        Ok((stored, id)) => {
+            tracing::warn!(
+                block = id,
+                error = why,
+                "the driver is away: keeping a result block on disk until it is back"
+            );
+            Ok(stored)
+        }
+        Err(e) => Err(format!(
+            "uploading to the driver: {why}; keeping the block: {e}"
+        )),
+    }
+}
+
+/// The driver's answer to a block upload: the size and digest it stored.
+async fn answer(
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Result<(u64, Digest), UploadError> {
+    let unreachable =
+        |e: reqwest::Error| UploadError::Unreachable(format!("uploading to the driver: {e}"));
+    let response = sent.map_err(unreachable)?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
-        return Err(format!("the driver refused the upload ({status}): {text}"));
+        return Err(UploadError::Refused(format!(
+            "the driver refused the upload ({status}): {text}"
+        )));
     }
-    let info: ResultInfo = response
-        .json()
-        .await
-        .map_err(|e| format!("reading the driver's answer: {e}"))?;
+    // The driver stored the block but its answer was lost: keeping it to upload again
+    // is safe (an upload again replaces it).
+    let info: ResultInfo = response.json().await.map_err(unreachable)?;
     let digest = format!("sha256:{}", info.sha256)
         .parse::<Digest>()
-        .map_err(|e| format!("the driver's digest: {e}"))?;
+        .map_err(|e| UploadError::Refused(format!("the driver's digest: {e}")))?;
     Ok((info.size, digest))
 }
 
@@ -244,3 +388,6 @@ async fn to_store(
     }
     Ok((size, Digest(hasher.finalize().into())))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,6 @@
 //! The executor's task path without its connection: a [`TaskRunner`] fed in-process,
-//! module compiled and preloaded, statuses drained as the executor's writer drains them.
+//! module compiled and preloaded, ends drained as the executor's writer drains them and
+//! acknowledged a batch at a time, as a driver does after its commit.
 //! It is the executor-only floor that `flint bench` prints beside the whole system, and
 //! the runner figure of the `task_cost` bench.
 
@@ -14,6 +15,7 @@ use flint_protocol::{
 use tokio::sync::mpsc;
 
 use crate::compiler::{CompilerMode, ModuleCompiler};
+use crate::ends::{Budgets, EndBuffer};
 use crate::runner::{RunnerSettings, TaskRunner};
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -23,6 +25,7 @@ const AHEAD: u32 = 256;
 
 pub struct LocalRunner {
     runner: Arc<TaskRunner>,
+    ends: Arc<EndBuffer>,
     statuses: mpsc::UnboundedReceiver<ExecutorMessage>,
     module: ModuleRef,
     args: Vec<String>,
@@ -53,7 +56,9 @@ impl LocalRunner {
         let compiled = sandbox
             .compile(wasm)
             .map_err(|f| anyhow::anyhow!("compiling the module: {}", f.message))?;
-        let (updates, statuses) = mpsc::unbounded_channel();
+        let ends = EndBuffer::open(dir.path().join("ends"), Budgets::default())?;
+        let (outbox, statuses) = mpsc::unbounded_channel();
+        ends.attach(outbox);
         let runner = TaskRunner::start(
             sandbox,
             fetcher,
@@ -64,8 +69,9 @@ impl LocalRunner {
                 max_log_bytes: 1 << 20,
                 blocks: None,
                 inline_result_bytes: usize::MAX,
+                driver_link: None,
             },
-            updates,
+            ends.clone(),
         );
         let digest = Digest::of(wasm);
         let module = ModuleRef {
@@ -77,6 +83,7 @@ impl LocalRunner {
         runner.preload(&module, digest, compiled);
         Ok(LocalRunner {
             runner,
+            ends,
             statuses,
             module,
             args,
@@ -152,24 +159,25 @@ impl LocalRunner {
         Ok(times)
     }
 
-    /// Waits for a status, then takes whatever else is ready, as the executor's writer
-    /// does: one wake-up serves every status that arrived meanwhile. Tasks that ended.
+    /// Waits for an end, then takes whatever else is ready, as the executor's writer
+    /// does: one wake-up serves every end that arrived meanwhile. Tasks that ended.
     fn drain(&mut self) -> anyhow::Result<u32> {
         let first = self
             .statuses
             .blocking_recv()
             .ok_or_else(|| anyhow::anyhow!("the task runner stopped"))?;
-        let mut done = 0;
+        let (mut done, mut last) = (0, 0);
         for message in
             std::iter::once(first).chain(std::iter::from_fn(|| self.statuses.try_recv().ok()))
         {
-            if let ExecutorMessage::StatusUpdate(status) = message {
+            if let ExecutorMessage::StatusUpdate { seq, status } = message {
                 if let Err(failure) = &status.end.outcome {
                     anyhow::bail!("task {} failed: {failure:?}", status.task.index);
                 }
-                done += 1;
+                (done, last) = (done + 1, seq);
             }
         }
+        self.ends.acknowledge(last);
         Ok(done)
     }
 }

@@ -31,6 +31,12 @@ pub trait BlockSink: Send {
 /// Opens a sink for a block id.
 pub trait BlockWriter: Send + Sync {
     fn open(&self, id: &str) -> Box<dyn BlockSink>;
+
+    /// The size of block `id` when it was finished but kept on this executor's disk,
+    /// its store (the driver) being away: its end must wait for it to be uploaded.
+    fn held(&self, _id: &str) -> Option<u64> {
+        None
+    }
 }
 
 /// Where this attempt's result goes if it outgrows the inline limit.

@@ -6,7 +6,7 @@
 //! spins cannot delay heartbeats, launches or kills.
 //!
 //! [`prepare`] holds the async side before a task queues (module, input, files);
-//! [`status`] the one way an attempt's end is reported.
+//! [`reporting`] the one way an attempt's end is reported (into the [`EndBuffer`]).
 
 mod counters;
 mod modules;
@@ -16,28 +16,38 @@ mod reporting;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flint_fetch_cache::FetchCache;
-use flint_protocol::{
-    ExecutorMessage, FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId, TaskInput,
-};
+use flint_protocol::{FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId, TaskInput};
 use lru::LruCache;
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::OnceCell;
 
 use self::counters::{AttemptCpu, thread_schedstat};
 use self::modules::ModuleCache;
+pub use self::prepare::DriverLink;
 use self::prepare::{JobFiles, trust};
-use self::reporting::{Held, flush_held, now_us};
+use self::reporting::now_us;
 use crate::compiler::ModuleCompiler;
+use crate::ends::EndBuffer;
 use crate::results::{BlockWriter, ResultTarget};
 use crate::sandbox::{Compiled, EngineKind, Kill, Sandbox, TASK_THREAD_STACK, TaskEnv, TaskRun};
 
+/// One attempt held here, from its launch to its end: what stops it, and what a
+/// registration lists it by.
+struct Live {
+    attempt: u32,
+    generation: u64,
+    kill: Arc<Kill>,
+    /// When its guest started (Unix microseconds); 0 while it waits.
+    started_at_us: AtomicU64,
+}
+
 /// The attempts of one task held here: almost always one, more only when an old
 /// generation's attempt is still winding down beside its replacement.
-type Attempts = smallvec::SmallVec<[(u32, Arc<Kill>); 1]>;
+type Attempts = smallvec::SmallVec<[Arc<Live>; 1]>;
 
 /// Keyed by task alone so that the per-task path looks it up by reference (no cloned
 /// `TaskId`), with a fast hasher: this map is touched twice per task.
@@ -53,10 +63,9 @@ pub struct TaskRunner {
     /// Where jobs' file directories live.
     files_root: PathBuf,
     queue: crossbeam_channel::Sender<Work>,
-    /// Kill flags of the attempts this executor holds, from launch to final status.
+    /// The attempts this executor holds, from launch until their end is in `ends`.
     attempts: Mutex<AttemptMap>,
-    updates: mpsc::UnboundedSender<ExecutorMessage>,
-    held: Held,
+    ends: Arc<EndBuffer>,
     max_log_bytes: usize,
     modules_compiled: AtomicU64,
     module_cache_hits: AtomicU64,
@@ -73,6 +82,9 @@ pub struct TaskRunner {
     task_threads: Mutex<Vec<PathBuf>>,
     blocks: Option<Arc<dyn BlockWriter>>,
     inline_result_bytes: usize,
+    /// The connection to the driver as the backend sees it, for fetches from the driver
+    /// to wait out its restart (see `prepare::DriverLink`); none outside an executor.
+    driver_link: Option<tokio::sync::watch::Receiver<DriverLink>>,
 }
 
 /// How a runner is set up.
@@ -86,13 +98,15 @@ pub struct RunnerSettings {
     /// up to the task's output cap.
     pub blocks: Option<Arc<dyn BlockWriter>>,
     pub inline_result_bytes: usize,
+    /// The executor's connection to its driver, as the backend publishes it.
+    pub driver_link: Option<tokio::sync::watch::Receiver<DriverLink>>,
 }
 
 struct Work {
     desc: TaskDescription,
     compiled: Arc<Compiled>,
     files: Option<Arc<JobFiles>>,
-    kill: Arc<Kill>,
+    live: Arc<Live>,
     /// Bytes downloaded to get it ready (its usage's `fetched_bytes`).
     fetched: u64,
     /// What a deterministic task runs, by digest (checked against its launch's pins).
@@ -115,13 +129,13 @@ fn count_fetched(bytes: u64) {
 const JOB_FILES_ENTRIES: usize = 64;
 
 impl TaskRunner {
-    /// Starts the task threads. Status updates go to `updates`.
+    /// Starts the task threads. Attempts' ends go to `ends`.
     pub fn start(
         sandbox: Arc<Sandbox>,
         fetcher: FetchCache,
         compiler: ModuleCompiler,
         settings: RunnerSettings,
-        updates: mpsc::UnboundedSender<ExecutorMessage>,
+        ends: Arc<EndBuffer>,
     ) -> Arc<Self> {
         let RunnerSettings {
             files_root,
@@ -129,6 +143,7 @@ impl TaskRunner {
             max_log_bytes,
             blocks,
             inline_result_bytes,
+            driver_link,
         } = settings;
         // Unbounded is safe here: the driver never launches more than our cores' worth.
         let (queue, work) = crossbeam_channel::unbounded::<Work>();
@@ -143,8 +158,7 @@ impl TaskRunner {
             files_root,
             queue,
             attempts: Mutex::new(AttemptMap::default()),
-            updates,
-            held: Held::default(),
+            ends,
             max_log_bytes,
             modules_compiled: AtomicU64::new(0),
             module_cache_hits: AtomicU64::new(0),
@@ -157,6 +171,7 @@ impl TaskRunner {
             task_threads: Mutex::new(Vec::with_capacity(threads)),
             blocks,
             inline_result_bytes,
+            driver_link,
         });
         for i in 0..threads {
             let work = work.clone();
@@ -182,24 +197,23 @@ impl TaskRunner {
                 })
                 .expect("spawning a task thread");
         }
-        let weak = Arc::downgrade(&runner);
-        std::thread::Builder::new()
-            .name("flint-status-flush".into())
-            .spawn(move || flush_held(weak))
-            .expect("spawning the status flusher");
         runner
     }
 
     /// Accepts a task; its status will be reported when it ends, however it ends.
     pub fn launch(self: &Arc<Self>, desc: TaskDescription) {
-        let kill = Kill::new();
+        let live = Arc::new(Live {
+            attempt: desc.attempt,
+            generation: desc.generation,
+            kill: Kill::new(),
+            started_at_us: AtomicU64::new(0),
+        });
         {
             let mut attempts = self.lock_attempts();
             match attempts.get_mut(&desc.task) {
-                Some(held) => held.push((desc.attempt, kill.clone())),
+                Some(held) => held.push(live.clone()),
                 None => {
-                    let held = smallvec::smallvec![(desc.attempt, kill.clone())];
-                    attempts.insert(desc.task.clone(), held);
+                    attempts.insert(desc.task.clone(), smallvec::smallvec![live.clone()]);
                 }
             }
         }
@@ -209,7 +223,7 @@ impl TaskRunner {
             && matches!(desc.input, TaskInput::Inline(_))
             && let Some(compiled) = self.ready_module(&desc.job.module)
         {
-            self.enqueue(desc, compiled, None, kill, (0, None));
+            self.enqueue(desc, compiled, None, live, (0, None));
             return;
         }
         let runner = self.clone();
@@ -270,23 +284,23 @@ impl TaskRunner {
                     let ready = tokio::select! {
                         biased;
                         ready = ready => ready.map(Some),
-                        () = kill.killed() => Ok(None),
+                        () = live.kill.killed() => Ok(None),
                     };
                     (ready, FETCHED.with(std::cell::Cell::get))
                 })
                 .await;
             match ready {
                 Ok(Some((compiled, files, pins))) => {
-                    runner.enqueue(desc, compiled, files, kill, (fetched, pins))
+                    runner.enqueue(desc, compiled, files, live, (fetched, pins))
                 }
                 Ok(None) => {
                     let failure = TaskFailure::new(
                         FailureKind::Killed,
                         "killed while its module and inputs were being fetched",
                     );
-                    runner.report_unrun(desc, failure, fetched, false)
+                    runner.report_unrun_async(desc, failure, fetched).await
                 }
-                Err(failure) => runner.report_unrun(desc, failure, fetched, false),
+                Err(failure) => runner.report_unrun_async(desc, failure, fetched).await,
             }
         });
     }
@@ -295,15 +309,15 @@ impl TaskRunner {
     /// one at the next epoch tick.
     pub fn kill(&self, task: &TaskId, attempt: u32) {
         if let Some(held) = self.lock_attempts().get(task) {
-            for (_, kill) in held.iter().filter(|(a, _)| *a == attempt) {
-                kill.kill();
+            for live in held.iter().filter(|live| live.attempt == attempt) {
+                live.kill.kill();
             }
         }
     }
 
     pub fn kill_all(&self) {
-        for (_, kill) in self.lock_attempts().values().flatten() {
-            kill.kill();
+        for live in self.lock_attempts().values().flatten() {
+            live.kill.kill();
         }
     }
 
@@ -316,14 +330,14 @@ impl TaskRunner {
         desc: TaskDescription,
         compiled: Arc<Compiled>,
         files: Option<Arc<JobFiles>>,
-        kill: Arc<Kill>,
+        live: Arc<Live>,
         (fetched, pins): (u64, Option<Box<Pins>>),
     ) {
         let work = Work {
             desc,
             compiled,
             files,
-            kill,
+            live,
             fetched,
             pins,
         };
@@ -339,15 +353,16 @@ impl TaskRunner {
             mut desc,
             compiled,
             files,
-            kill,
+            live,
             fetched,
             pins,
         } = work;
-        if kill.is_killed() {
+        if live.kill.is_killed() {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
             return self.report_unrun(desc, failure, fetched, more_queued);
         }
         let started_at_us = now_us();
+        live.started_at_us.store(started_at_us, Ordering::Relaxed);
         let cpu = AttemptCpu::start();
         // The job's variables under the task's, except the `FLINT_*` ones, which a job
         // cannot set. Borrowed, not copied: a launch's strings go to WASI as they are.
@@ -401,7 +416,7 @@ impl TaskRunner {
                     max_output_bytes: usize::try_from(resources.max_output_bytes)
                         .unwrap_or(usize::MAX),
                     max_log_bytes: self.max_log_bytes,
-                    kill,
+                    kill: live.kill.clone(),
                     fuel: resources.fuel,
                     seed,
                     files_dir: files.as_ref().map(|f| f.dir.as_path()),

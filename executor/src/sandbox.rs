@@ -280,4 +280,4 @@ impl Sandbox {
 
 #[cfg(test)]
 #[path = "sandbox_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -73,7 +73,7 @@ fn failure(report: &RunReport) -> &TaskFailure {
 
 /// A p1 command that sleeps `nanos` in `poll_oneoff` on one relative monotonic-clock
 /// subscription.
-fn sleeper(nanos: u64) -> String {
+pub(crate) fn sleeper(nanos: u64) -> String {
     format!(
         r#"(module
              (import "wasi_snapshot_preview1" "poll_oneoff"

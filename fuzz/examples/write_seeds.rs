@@ -178,15 +178,18 @@ fn frames(seeds: &mut Seeds<'_>) {
         &frame(&[DriverMessage::DefineJob(Box::new(template()))]),
     );
     let status = |index, end| {
-        ExecutorMessage::StatusUpdate(TaskStatus {
-            task: TaskId {
-                job: JobId("job-1".into()),
-                index,
+        ExecutorMessage::StatusUpdate {
+            seq: u64::from(index) + 1,
+            status: TaskStatus {
+                task: TaskId {
+                    job: JobId("job-1".into()),
+                    index,
+                },
+                attempt: 1,
+                generation: 7,
+                end,
             },
-            attempt: 1,
-            generation: 7,
-            end,
-        })
+        }
     };
     let executor = [
         ExecutorMessage::RetrieveConfig,
@@ -197,6 +200,7 @@ fn frames(seeds: &mut Seeds<'_>) {
             app_id: Some("app".into()),
             pid: 42,
             meters_fuel: true,
+            attempts: Vec::new(),
         },
         status(0, task_end(Ok(TaskResult::Inline(b"{\"a\":1}".to_vec())))),
         status(1, task_end(Err(failure()))),
@@ -212,6 +216,7 @@ fn frames(seeds: &mut Seeds<'_>) {
             bytes_fetched: 5 << 20,
             result_bytes: 640,
             tasks_completed: 11,
+            ..Heartbeat::default()
         }),
     ];
     seeds.write(

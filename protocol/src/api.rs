@@ -26,8 +26,8 @@ pub use cluster::{
 pub use error::{CodedError, ErrorCode, ErrorResponse, RequestError};
 pub use graphs::{GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView};
 pub use jobs::{
-    AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo, TaskAttemptView,
-    TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,
+    AttemptNote, AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo,
+    TaskAttemptView, TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,
 };
 pub use replay::{ReplayBundle, ReplayInputPart, ReplaySource};
 pub use spec::{

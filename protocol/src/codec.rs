@@ -238,6 +238,7 @@ mod tests {
             DriverMessage::RegisterExecutorFailed {
                 reason: "duplicate executor id exec-1".into(),
             },
+            DriverMessage::EndsDurable { up_to: 41 },
             DriverMessage::DefineJob(Box::new(template())),
             DriverMessage::LaunchTask(Box::new(launch(b"hello".to_vec(), vec!["a".into()]))),
             DriverMessage::LaunchTask(Box::new(TaskLaunch {
@@ -313,32 +314,48 @@ mod tests {
                 app_id: Some("app".into()),
                 pid: 42,
                 meters_fuel: true,
+                attempts: vec![crate::HeldAttempt {
+                    task: task_id(3),
+                    attempt: 2,
+                    generation: 6,
+                    started_at_us: 1_700_000_000_000_000,
+                    ended: true,
+                }],
             },
-            ExecutorMessage::StatusUpdate(TaskStatus {
-                task: task_id(0),
-                attempt: 1,
-                generation: 7,
-                end: ok.clone(),
-            }),
-            ExecutorMessage::StatusUpdate(TaskStatus {
-                task: task_id(1),
-                attempt: 1,
-                generation: 7,
-                end: failed,
-            }),
-            ExecutorMessage::StatusUpdate(TaskStatus {
-                task: task_id(2),
-                attempt: 1,
-                generation: 7,
-                end: TaskEnd {
-                    outcome: Ok(TaskResult::Block(BlockRef {
-                        id: "job-1/2-1-7".into(),
-                        size: 64 << 20,
-                        digest: Digest::of(b"big"),
-                    })),
-                    ..ok.clone()
+            ExecutorMessage::StatusUpdate {
+                seq: 1,
+                status: TaskStatus {
+                    task: task_id(0),
+                    attempt: 1,
+                    generation: 7,
+                    end: ok.clone(),
                 },
-            }),
+            },
+            ExecutorMessage::StatusUpdate {
+                seq: 2,
+                status: TaskStatus {
+                    task: task_id(1),
+                    attempt: 1,
+                    generation: 7,
+                    end: failed,
+                },
+            },
+            ExecutorMessage::StatusUpdate {
+                seq: 3,
+                status: TaskStatus {
+                    task: task_id(2),
+                    attempt: 1,
+                    generation: 7,
+                    end: TaskEnd {
+                        outcome: Ok(TaskResult::Block(BlockRef {
+                            id: "job-1/2-1-7".into(),
+                            size: 64 << 20,
+                            digest: Digest::of(b"big"),
+                        })),
+                        ..ok.clone()
+                    },
+                },
+            },
             ExecutorMessage::Heartbeat(Heartbeat {
                 running: 2,
                 modules_compiled: 1,
@@ -350,6 +367,12 @@ mod tests {
                 bytes_fetched: 5 << 20,
                 result_bytes: 640,
                 tasks_completed: 11,
+                ends_held: 3,
+                ends_memory_bytes: 4096,
+                ends_disk_bytes: 1 << 20,
+                ends_peak_memory_bytes: 8192,
+                ends_peak_disk_bytes: 2 << 20,
+                ends_waited: 1,
             }),
         ] {
             round_trip(msg);

@@ -46,6 +46,16 @@ pub const QUEUE_BUDGET_US: u64 = 1_000;
 /// commit costs a sync and some page writes, so committing as often as the disk allows
 /// costs more CPU than 100,000 no-op tasks a second.
 pub const COMMIT_INTERVAL_MS: u64 = 5;
+
+/// How long a restarted driver holds the launches of the tasks its executors may still
+/// be running, waiting for them to register again (it stops waiting as soon as every
+/// executor the last driver knew is back): long enough for an executor retrying every
+/// 250 ms, short enough that a host lost with the driver costs little.
+pub const ADOPT_WAIT_MS: u64 = 5_000;
+
+/// How long an executor keeps running its tasks without a driver, reconnecting, before
+/// it kills them and exits: long enough for a driver's upgrade or rescheduling.
+pub const DRIVER_LOSS_GRACE_MS: u64 = 600_000;
 /// How long finished jobs are kept (`--job-retention`): a week, as a history server
 /// keeps a week of applications by default; `0` keeps them forever.
 pub const JOB_RETENTION_SECS: u64 = 7 * 24 * 3600;

@@ -29,7 +29,9 @@ pub mod task;
 pub mod usage;
 
 pub use ids::{Digest, ExecutorId, JobId, TaskId};
-pub use messages::{DriverMessage, ExecutorMessage, Hello, HelloReply, PROTOCOL_VERSION};
+pub use messages::{
+    DriverMessage, ExecutorMessage, HeldAttempt, Hello, HelloReply, PROTOCOL_VERSION,
+};
 pub use task::{
     BlockRef, Determinism, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Pins,
     Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult,

@@ -12,8 +12,17 @@
 //!                            <-   UpdateCredentials (right after, and whenever they change)
 //!                            <-   DefineJob / LaunchTask / KillTask / ForgetJob (any time after)
 //!   StatusUpdate / Heartbeat ->                                (any time after)
+//!                            <-   EndsDurable (once the ends up to a number are committed)
 //!                            <-   StopExecutor | Shutdown
 //! ```
+//!
+//! An executor that loses its driver keeps running its tasks (for its
+//! `--driver-loss-grace-ms`) and holds their ends; registering again, with the same id, it
+//! lists every attempt it runs or holds the end of ([`HeldAttempt`]), and the driver (a
+//! restarted one too) adopts those it knows and kills or drops the others. Ends are
+//! numbered by the executor and kept until the driver says they are durable
+//! (`EndsDurable`): one sent and lost with a driver that crashed before its commit is sent
+//! again, and applied once.
 
 use serde::{Deserialize, Serialize};
 
@@ -29,8 +38,10 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// object-store credentials pushed by the driver (`UpdateCredentials`). 11: per-attempt
 /// usage and a deterministic attempt's pins in the task end, a job's determinism in its
 /// template, a launch's own budget (escalated retries). 12: a later attempt's pins in
-/// its launch, and the memory an attempt was held to in its end.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// its launch, and the memory an attempt was held to in its end. 13: attempts kept through a
+/// driver's absence and listed at registration ([`HeldAttempt`]), numbered task ends and
+/// their acknowledgement after commit (`EndsDurable`), the end buffer in heartbeats.
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,13 +85,35 @@ pub enum ExecutorMessage {
         pid: u32,
         /// Started with `--fuel`: runs tasks with a fuel budget.
         meters_fuel: bool,
+        /// The attempts it runs or holds the end of, launched by an earlier connection
+        /// (the driver lost and back, or restarted): empty on a first registration.
+        attempts: Vec<HeldAttempt>,
     },
-    /// A task attempt ended.
-    StatusUpdate(TaskStatus),
+    /// A task attempt ended. `seq` numbers the executor's ends from 1, in the order sent
+    /// (0: not to be acknowledged); the executor keeps the end until an `EndsDurable`
+    /// covers its number, and sends it again on its next connection until then.
+    StatusUpdate {
+        seq: u64,
+        status: TaskStatus,
+    },
     Heartbeat(Heartbeat),
     /// Not an executor but a standalone worker (`flint worker`): the connection goes on
     /// as [`WorkerMessage`]s in and [`DriverToWorker`]s out.
     RegisterWorker(Box<WorkerRegistration>),
+}
+
+/// An attempt an executor runs (or has queued), or whose end it holds unacknowledged,
+/// as it lists them when it registers again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldAttempt {
+    pub task: TaskId,
+    pub attempt: u32,
+    /// The `generation` of its launch.
+    pub generation: u64,
+    /// When its guest started (executor wall clock, Unix microseconds); 0 while queued.
+    pub started_at_us: u64,
+    /// Its end is held (sent after the registration), not running any more.
+    pub ended: bool,
 }
 
 /// What a worker offers, and the executors it still runs (after the driver restarted).
@@ -163,6 +196,15 @@ pub struct Heartbeat {
     pub result_bytes: u64,
     /// Attempts it has reported the end of, however they ended.
     pub tasks_completed: u64,
+    /// Its end buffer: ends not yet acknowledged durable, the bytes of them held in
+    /// memory and on its disk, the most of each it held at once, and how many times a
+    /// task's end waited for room (both budgets full).
+    pub ends_held: u64,
+    pub ends_memory_bytes: u64,
+    pub ends_disk_bytes: u64,
+    pub ends_peak_memory_bytes: u64,
+    pub ends_peak_disk_bytes: u64,
+    pub ends_waited: u64,
 }
 
 /// Driver to executor.
@@ -190,6 +232,11 @@ pub enum DriverMessage {
         task: TaskId,
         attempt: u32,
         reason: String,
+    },
+    /// Every task end this executor numbered up to `up_to` is committed to the job
+    /// store: it may forget them.
+    EndsDurable {
+        up_to: u64,
     },
     /// The object-store credentials to use from now on for fetches and block writes
     /// (Spark's UpdateDelegationTokens): sent after RegisteredExecutor and whenever the

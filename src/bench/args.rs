@@ -163,6 +163,27 @@ pub struct BenchArgs {
     /// guest-examples' wordcount-reduce, likewise.
     #[arg(long, value_name = "PATH")]
     pub wordcount_reduce: Option<PathBuf>,
+    /// Instead: the work a driver restart loses (issue 41). Twice, with executors that
+    /// kill their tasks on losing the driver (`--driver-loss-grace-ms 0`: `before`) and
+    /// with the default grace (`after`): a `flint driver` process and `--executors` x
+    /// `--cores` `flint executor` processes, one job of testkit `burn` tasks of
+    /// `--restart-task-ms` enough to keep every core busy, the driver SIGKILLed and
+    /// started again on its data dir every `--restart-interval-ms`, this many times. The
+    /// work lost is the executors' task CPU time less every task's succeeded attempt's,
+    /// in task-seconds. Needs `--module testkit.wasm`.
+    #[arg(long, value_name = "N",
+          conflicts_with_all = ["pending_memory", "results_mib", "soak", "simulated_executors", "scale_up", "floor", "graph"],
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub restarts: Option<u32>,
+    /// The wall time each `burn` task of `--restarts` computes for.
+    #[arg(long, default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub restart_task_ms: u64,
+    /// From one kill of the driver to the next; not a multiple of `--restart-task-ms`, so
+    /// that kills land at different points of the tasks.
+    #[arg(long, default_value_t = 3_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub restart_interval_ms: u64,
     /// A `flint driver` flag for the bench's driver, e.g. `--driver-arg=--job-retention=30s`;
     /// repeatable. The bench's own flags (`--launch-ahead`, ...) cannot be given twice.
     #[arg(long = "driver-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -414,6 +435,43 @@ mod tests {
             "--scale-up=local",
         ] {
             assert!(!parse(&["--graph", other]), "--graph with {other}");
+        }
+    }
+
+    #[test]
+    fn restarts_have_their_defaults_and_stand_alone() {
+        let args = bench(&["--restarts", "20"]);
+        let shape = (
+            args.restarts,
+            args.restart_task_ms,
+            args.restart_interval_ms,
+        );
+        assert_eq!(shape, (Some(20), 2_000, 3_000));
+        let parse = |argv: &[&str]| {
+            Bench::try_parse_from(std::iter::once("bench").chain(argv.iter().copied())).is_ok()
+        };
+        assert!(parse(&[
+            "--restarts=2",
+            "--restart-task-ms=500",
+            "--executors=3"
+        ]));
+        for bad in [
+            "--restarts=0",
+            "--restart-task-ms=0",
+            "--restart-interval-ms=0",
+        ] {
+            assert!(!parse(&["--restarts=2", bad]), "{bad}");
+        }
+        for other in [
+            "--floor",
+            "--graph",
+            "--pending-memory=10",
+            "--results-mib=1",
+            "--soak=10",
+            "--simulated-executors=2",
+            "--scale-up=local",
+        ] {
+            assert!(!parse(&["--restarts=2", other]), "--restarts with {other}");
         }
     }
 

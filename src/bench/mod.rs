@@ -7,7 +7,8 @@
 //! `measure` the measurements, `soak` the long run of many jobs (`--soak`), `procfs`
 //! what they read from `/proc`. With `--simulated-executors`, `scale` measures the driver
 //! alone and `tenants` (with `--tenants`) its fairness, both on executors `simulate`
-//! starts; `scale_up` measures starting executors from none (`--scale-up`).
+//! starts; `scale_up` measures starting executors from none (`--scale-up`), `restarts`
+//! the work a driver restart loses (`--restarts`).
 //! `pipelines` measures graphs of jobs (`--graph`): `timed` submits and times them,
 //! `waiting` reads the driver's memory per waiting task, `wordcount` runs the wordcount
 //! graph on text from `wordcount_text` against the guests in-process (`wordcount_native`).
@@ -17,6 +18,7 @@ mod floor;
 mod measure;
 mod pipelines;
 mod procfs;
+mod restarts;
 mod scale;
 mod scale_up;
 mod shares;
@@ -73,6 +75,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             bail!("--scale-up needs --module testkit.wasm (its `sleep` is the job's task)");
         }
         return scale_up::run(&args, wasm).await;
+    }
+    if let Some(restarts) = args.restarts {
+        if args.module.is_none() {
+            bail!("--restarts needs --module testkit.wasm (its `burn` is the job's task)");
+        }
+        return restarts::run(&args, restarts, wasm).await;
     }
     let data_dir = tempfile::tempdir()?;
     let cluster = Cluster::start(&args.dev_args(data_dir.path())?).await?;

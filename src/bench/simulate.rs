@@ -146,6 +146,13 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
     let task_time = Duration::from_micros(args.task_us);
     // Attempts sleeping out their `--task-us`, so that heartbeats can count them.
     let running = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // Ends are numbered as a real executor's are, so that the driver acknowledges them
+    // as it would (the acknowledgements are read and ignored: nothing is kept here).
+    let seq = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let numbered = |seq: &std::sync::atomic::AtomicU64, status| ExecutorMessage::StatusUpdate {
+        seq: seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+        status,
+    };
     loop {
         tokio::select! {
             // Every frame already read first: the statuses they make go out together
@@ -176,15 +183,15 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
                         },
                     };
                     if task_time.is_zero() {
-                        let _ = outbox.send(ExecutorMessage::StatusUpdate(status(started)));
+                        let _ = outbox.send(numbered(&seq, status(started)));
                     } else {
                         let status = status(started + args.task_us);
-                        let (outbox, running) = (outbox.clone(), running.clone());
+                        let (outbox, running, seq) = (outbox.clone(), running.clone(), seq.clone());
                         running.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         tokio::spawn(async move {
                             tokio::time::sleep(task_time).await;
                             running.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                            let _ = outbox.send(ExecutorMessage::StatusUpdate(status));
+                            let _ = outbox.send(numbered(&seq, status));
                         });
                     }
                 }
@@ -192,7 +199,7 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
                     jobs.remove(&key);
                 }
                 // Attempts end at once; a kill finds nothing left to stop.
-                Some(Ok(DriverMessage::KillTask { .. })) => {}
+                Some(Ok(DriverMessage::KillTask { .. } | DriverMessage::EndsDurable { .. })) => {}
                 Some(Ok(DriverMessage::StopExecutor | DriverMessage::Shutdown)) | None => {
                     return Ok(());
                 }
@@ -237,6 +244,7 @@ async fn register(args: &SimulateArgs, id: &ExecutorId) -> anyhow::Result<(Conne
         app_id: Some(config.app_id.clone()),
         pid: std::process::id(),
         meters_fuel: false,
+        attempts: Vec::new(),
     })
     .await?;
     match conn.next().await {

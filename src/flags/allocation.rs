@@ -77,8 +77,10 @@ pub struct KubernetesArgs {
     /// (or its first) gets the image, environment and resources; the rest is kept.
     #[arg(long, env = "FLINT_K8S_POD_TEMPLATE")]
     pub k8s_pod_template: Option<std::path::PathBuf>,
-    /// The driver's own pod (from the downward API): it owns its executors' pods, so
-    /// that Kubernetes deletes them with it.
+    /// The driver's own pod (from the downward API): what owns it (its StatefulSet, or
+    /// the Deployment of its ReplicaSet) owns the executors' pods too, so that
+    /// Kubernetes deletes them with it, but not in a rollout, which only replaces the
+    /// driver's pod (the next driver adopts them).
     #[arg(long, env = "FLINT_K8S_DRIVER_POD")]
     pub k8s_driver_pod: Option<String>,
     /// What executor pods dial: `flint://SERVICE.NAMESPACE.svc:PORT` (default: the

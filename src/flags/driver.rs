@@ -135,6 +135,20 @@ pub struct DriverArgs {
     #[arg(long, env = "FLINT_COMMIT_INTERVAL_MS", default_value_t = flint_protocol::defaults::COMMIT_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub commit_interval_ms: u64,
+    /// After a restart, how long the restored jobs' unfinished tasks wait for the
+    /// executors the last driver knew to register again with what they still run
+    /// (adopted, not launched twice); the wait ends as soon as all are back. Tasks of
+    /// executors that do not come back run again after it. 0: no wait.
+    #[arg(long, env = "FLINT_ADOPT_WAIT_MS", default_value_t = flint_protocol::defaults::ADOPT_WAIT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub adopt_wait_ms: u64,
+    /// On SIGTERM or Ctrl-C, tell the executors and workers that dialled in that the
+    /// driver is gone for good, so that they stop. Without it they keep running their
+    /// tasks (for their --driver-loss-grace-ms) for the next driver on this data dir to
+    /// adopt: a restart or an upgrade loses no work. Executors the driver's own cluster
+    /// manager launched as its children (`--cluster-manager local`) stop with it either way.
+    #[arg(long, env = "FLINT_STOP_EXECUTORS_ON_EXIT")]
+    pub stop_executors_on_exit: bool,
     /// Finished jobs are deleted this long after they ended, with their task records,
     /// results, logs and blocks (e.g. `7d`, `12h`, `30s`); `0` keeps them forever.
     #[arg(long, env = "FLINT_JOB_RETENTION", default_value = "7d", value_parser = parse_retention)]
@@ -261,6 +275,8 @@ impl DriverArgs {
         config.scheduling.launch_ahead_max = self.launch_ahead_max;
         config.scheduling.queue_budget = Duration::from_micros(self.queue_budget_us);
         config.commit_interval = Duration::from_millis(self.commit_interval_ms);
+        config.adopt_wait = Duration::from_millis(self.adopt_wait_ms);
+        config.stop_executors_on_exit = self.stop_executors_on_exit;
         config.job_retention = self.job_retention.0;
         config.blob_retention = self.blob_retention.0;
         config.data_dir_max_bytes = self.data_dir_max_bytes;

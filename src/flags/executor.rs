@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use flint_executor::ExecutorOptions;
 use flint_executor::compiler::CompilerMode;
+use flint_executor::ends::Budgets;
 use flint_fetch_cache::FetchOptions;
 use flint_protocol::ExecutorId;
 
@@ -82,9 +83,25 @@ pub struct ExecutorArgs {
     /// How long to keep trying to reach the driver at start, in milliseconds.
     #[arg(long, env = "FLINT_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
-    /// How long to keep trying to get back to a lost driver before exiting (code 5).
+    /// With --driver-loss-grace-ms 0: how long to keep trying to get back to a lost
+    /// driver (its tasks killed at once) before exiting (code 5).
     #[arg(long, env = "FLINT_RECONNECT_TIMEOUT_MS", default_value_t = 300_000)]
     reconnect_timeout_ms: u64,
+    /// How long tasks keep running after the driver is lost, while it is sought again
+    /// (every 250 ms at most): a driver back in time (a restarted one too) adopts them
+    /// and gets their ends. Past it they are killed and the executor exits (code 5).
+    /// 0: kill them at once and seek the driver for --reconnect-timeout-ms.
+    #[arg(long, env = "FLINT_DRIVER_LOSS_GRACE_MS", default_value_t = 600_000)]
+    driver_loss_grace_ms: u64,
+    /// Memory for task ends the driver has not yet made durable (kept through its
+    /// absence and until it acknowledges them). Past it, ends spill to disk.
+    #[arg(long, env = "FLINT_END_BUFFER_BYTES", default_value_t = Budgets::default().memory_bytes)]
+    end_buffer_bytes: u64,
+    /// Disk (under the work dir's ends/ and blocks-held/) for the ends that do not fit
+    /// in memory and for large results kept while the driver is away. With both full,
+    /// tasks wait to report their ends until the driver acknowledges some.
+    #[arg(long, env = "FLINT_END_SPILL_BYTES", default_value_t = Budgets::default().disk_bytes)]
+    end_spill_bytes: u64,
 }
 
 impl ExecutorArgs {
@@ -107,6 +124,11 @@ impl ExecutorArgs {
             cluster_secret: self.cluster_secret,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             reconnect_timeout: Duration::from_millis(self.reconnect_timeout_ms),
+            driver_loss_grace: Duration::from_millis(self.driver_loss_grace_ms),
+            end_budgets: Budgets {
+                memory_bytes: self.end_buffer_bytes,
+                disk_bytes: self.end_spill_bytes,
+            },
             max_memory_bytes: match self.memory_mb {
                 Some(total) => {
                     (total / u64::from(self.cores)).clamp(1, u64::from(self.max_memory_mb)) as usize

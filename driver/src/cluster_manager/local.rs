@@ -1,7 +1,9 @@
 //! `local`: executor processes on the driver's own host, started the way Spark's Worker
 //! starts executors through ExecutorRunner: `WORK/<app-id>/<executor-id>/` holds each
 //! one's stdout and stderr, and its exit (code or signal) is reported. Nothing outlives
-//! the driver: children get SIGKILL from the kernel if it dies (PR_SET_PDEATHSIG).
+//! the driver: children get SIGKILL from the kernel if it dies (PR_SET_PDEATHSIG), and
+//! are stopped when it stops, whether or not it is coming back: a restarted `flint dev`
+//! starts executors of its own (ids from `exec-1` again), and their tasks run again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::runner::{ExecutorCommand, spawn_executor};
-use super::{ClusterManager, Dial, ExecutorEvent, LaunchRequest};
+use super::{ClusterManager, Departure, Dial, ExecutorEvent, LaunchRequest};
 
 pub struct LocalManager {
     exe: PathBuf,
@@ -120,7 +122,8 @@ impl ClusterManager for LocalManager {
         }
     }
 
-    fn stop(&self, grace: Duration) -> BoxFuture<'_, ()> {
+    /// Children cannot outlive the driver (PR_SET_PDEATHSIG): stopped either way.
+    fn stop(&self, grace: Duration, _departure: Departure) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.signal_all(libc::SIGTERM);
             let deadline = tokio::time::Instant::now() + grace;

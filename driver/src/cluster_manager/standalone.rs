@@ -1,9 +1,12 @@
 //! `standalone`: executors launched on `flint worker`s (Spark's standalone Master and
 //! Worker). A launch goes to the worker with the most free cores that fits it, or waits
 //! for one; the worker reports the executor running, exited (code or signal) or failed
-//! to launch; a lost worker's executors are lost. Executors a worker reports that this
-//! driver never placed (they outlived an earlier driver run) are killed: their tasks
-//! run again anyway, and their ids could be taken by this run's launches.
+//! to launch; a lost worker's executors are lost. A worker keeps its executors through
+//! the driver's restart and lists them when it registers again: those this driver never
+//! placed (they outlived its earlier run) are adopted as its own, counted towards the
+//! target and never launched again; until their workers are back, the supervisor waits
+//! for the executors the last run had registered instead of replacing them. One listed
+//! by a worker that this driver placed on another is killed.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use flint_protocol::messages::WorkerExecutorState;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use super::{ClusterManager, ExecutorEvent, LaunchRequest};
+use super::{ClusterManager, Departure, ExecutorEvent, LaunchRequest};
 use crate::service::Driver;
 use crate::service::workers::{Placement, WorkerEvent};
 
@@ -36,7 +39,9 @@ impl StandaloneManager {
     /// Attaches to the driver's worker registry and starts hearing from it.
     pub fn start(driver: Arc<Driver>, events: mpsc::UnboundedSender<ExecutorEvent>) -> Self {
         let (notify, heard) = mpsc::unbounded_channel();
-        driver.cluster.workers.attach(notify);
+        let allocation = &driver.config.allocation;
+        let shape = (allocation.executor_cores, allocation.executor_memory_mb);
+        driver.cluster.workers.attach(notify, shape);
         let state: Arc<Mutex<State>> = Default::default();
         tokio::spawn(listen(driver.clone(), heard, events.clone(), state.clone()));
         StandaloneManager {
@@ -95,13 +100,7 @@ async fn listen(
         let mut state = state.lock().expect("standalone state lock poisoned");
         match event {
             WorkerEvent::Registered { worker, reported } => {
-                for executor in reported {
-                    if state.placed.get(&executor) != Some(&worker) {
-                        tracing::warn!(executor = %executor, worker,
-                            "worker runs an executor this driver did not place; killing it");
-                        driver.cluster.workers.kill_on(&worker, &executor);
-                    }
-                }
+                on_registered(&driver, &events, &mut state, &worker, reported);
             }
             WorkerEvent::ExecutorState {
                 worker,
@@ -152,6 +151,35 @@ async fn listen(
     }
 }
 
+/// A worker registered, listing the executors it runs: each is already placed there
+/// (a reconnect), adopted (an earlier driver run placed it), or killed (this run placed
+/// it on another worker: two processes of one id).
+fn on_registered(
+    driver: &Driver,
+    events: &mpsc::UnboundedSender<ExecutorEvent>,
+    state: &mut State,
+    worker: &str,
+    reported: Vec<ExecutorId>,
+) {
+    for executor in reported {
+        match state.placed.get(&executor) {
+            Some(on) if on == worker => {}
+            Some(on) => {
+                tracing::warn!(executor = %executor, worker, placed_on = on,
+                    "worker runs an executor this driver placed elsewhere; killing it");
+                driver.cluster.workers.kill_on(worker, &executor);
+            }
+            None => {
+                state.placed.insert(executor.clone(), worker.to_owned());
+                let _ = events.send(ExecutorEvent::Adopted {
+                    id: executor,
+                    worker: Some(worker.to_owned()),
+                });
+            }
+        }
+    }
+}
+
 impl ClusterManager for StandaloneManager {
     fn name(&self) -> &'static str {
         "standalone"
@@ -182,9 +210,14 @@ impl ClusterManager for StandaloneManager {
         true
     }
 
-    fn stop(&self, _grace: Duration) -> BoxFuture<'_, ()> {
-        // The workers were told to stop their executors with the driver's Shutdown;
-        // what is still pending never started.
+    fn finds_executors_late(&self) -> bool {
+        true
+    }
+
+    fn stop(&self, _grace: Duration, _departure: Departure) -> BoxFuture<'_, ()> {
+        // For good, the workers were told to stop their executors with the driver's
+        // Shutdown; coming back, they keep them for the next driver. What is still
+        // pending never started.
         self.state
             .lock()
             .expect("standalone state lock poisoned")

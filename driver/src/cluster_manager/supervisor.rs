@@ -1,7 +1,8 @@
 //! How many executors to launch and when: the target held, unasked exits replaced with
 //! a backoff, and a limit on failures within an interval after which the driver stops
-//! asking (Spark's `spark.executor.maxNumFailures` and its validity interval). Pure: the
-//! caller passes the time and carries out the launches.
+//! asking (Spark's `spark.executor.maxNumFailures` and its validity interval); executors
+//! of an earlier driver run adopted, and those expected back waited for instead of
+//! replaced. Pure: the caller passes the time and carries out the launches.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -12,6 +13,12 @@ use flint_protocol::ExecutorId;
 /// within its start time); each further failure within the interval doubles the wait.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often an executor expected back that registered on its own (its host has not)
+/// is checked for still being there, and for how long past the wait: a worker tries to
+/// reach a lost driver at least every 5 s, so one that is not back by then has another
+/// reason (or the executor is no worker's).
+const RECHECK_EXPECTED: Duration = Duration::from_secs(1);
+const LATE_HOST: Duration = Duration::from_secs(30);
 
 pub struct Supervisor {
     target: u32,
@@ -24,6 +31,10 @@ pub struct Supervisor {
     unregistered: HashMap<ExecutorId, Instant>,
     /// Asked by the driver to go (killed, decommissioned): their exits are no failures.
     asked_to_stop: HashSet<ExecutorId>,
+    /// Of the live, executors of an earlier driver run expected back (their worker has
+    /// not registered again yet): when to stop waiting for one that has not registered
+    /// either, and for one that has (its host still not reporting it).
+    expected: HashMap<ExecutorId, (Instant, Instant)>,
     /// When each unclean, unasked exit within the interval happened, oldest first.
     failures: VecDeque<Instant>,
     not_before: Option<Instant>,
@@ -43,6 +54,7 @@ impl Supervisor {
             live: BTreeSet::new(),
             unregistered: HashMap::new(),
             asked_to_stop: HashSet::new(),
+            expected: HashMap::new(),
             failures: VecDeque::new(),
             not_before: None,
             gave_up: None,
@@ -65,6 +77,73 @@ impl Supervisor {
         due
     }
 
+    /// Executors of an earlier driver run that may come back (their hosts report them
+    /// late): counted as live, so that none is launched in their place, until they are
+    /// [`Self::adopted`] or [`Self::expectations_over`] gives up on them at `until`.
+    pub fn expect(&mut self, ids: impl IntoIterator<Item = ExecutorId>, until: Instant) {
+        for id in ids {
+            self.skip_id(&id);
+            // One adopted already is no longer waited for.
+            if self.live.insert(id.clone()) {
+                self.expected.insert(id, (until, until + LATE_HOST));
+            }
+        }
+    }
+
+    /// Its cluster manager found this executor of an earlier driver run still running:
+    /// live from now on, as if launched now (it has the launch timeout to register, if
+    /// it has not). An executor nobody expected is taken too, above the target if need
+    /// be: it may run tasks, and an idle one is what dynamic allocation removes first.
+    pub fn adopted(&mut self, id: &ExecutorId, now: Instant) {
+        self.skip_id(id);
+        self.expected.remove(id);
+        self.live.insert(id.clone());
+        self.unregistered.insert(id.clone(), now);
+    }
+
+    /// The executors expected back that are given up on now: not registered by their
+    /// deadline; registered but gone since, or still not reported by their host
+    /// [`LATE_HOST`] later (`registered(id)` says whether one is registered now).
+    /// Forgotten: this run never launched them, and their places are launched again.
+    pub fn expectations_over(
+        &mut self,
+        now: Instant,
+        registered: impl Fn(&ExecutorId) -> bool,
+    ) -> Vec<ExecutorId> {
+        let mut over: Vec<ExecutorId> = Vec::new();
+        for (id, (until, last)) in &mut self.expected {
+            if now >= *last {
+                over.push(id.clone());
+            } else if registered(id) {
+                // Back on its own, its host not yet: asked again in a while.
+                *until = (now + RECHECK_EXPECTED).min(*last);
+            } else if now >= *until {
+                over.push(id.clone());
+            }
+        }
+        over.sort();
+        for id in &over {
+            self.expected.remove(id);
+            self.live.remove(id);
+        }
+        over
+    }
+
+    /// When an executor expected back is next to be given up on, if any is.
+    pub fn next_expectation_end(&self) -> Option<Instant> {
+        self.expected.values().map(|(until, _)| *until).min()
+    }
+
+    /// An id of an earlier run (`exec-N`) is never given out again.
+    fn skip_id(&mut self, id: &ExecutorId) {
+        if let Some(n) =
+            id.0.strip_prefix("exec-")
+                .and_then(|n| n.parse::<u64>().ok())
+        {
+            self.next_id = self.next_id.max(n.saturating_add(1));
+        }
+    }
+
     /// The driver asked this executor to go: its exit is not a failure.
     pub fn asked_to_stop(&mut self, id: &ExecutorId) {
         if self.live.contains(id) {
@@ -80,6 +159,7 @@ impl Supervisor {
             return None;
         }
         self.unregistered.remove(id);
+        self.expected.remove(id);
         let asked = self.asked_to_stop.remove(id);
         let failure = failure.filter(|_| !asked)?;
         self.prune(now);
@@ -319,6 +399,61 @@ mod tests {
         assert_eq!(s.gone(&third, Some("killed"), later), None);
         assert_eq!(s.recent_failures(later), 1);
         assert!(s.gave_up().is_none());
+    }
+
+    #[test]
+    fn executors_expected_back_are_not_replaced_until_given_up_on() {
+        let t0 = Instant::now();
+        let wait = Duration::from_secs(5);
+        let mut s = Supervisor::new(3, 4, Duration::from_secs(600), 1);
+        let (one, seven) = (ExecutorId("exec-1".into()), ExecutorId("exec-7".into()));
+        s.expect([one.clone(), seven.clone()], t0 + wait);
+        // Only the third place is launched, with an id past theirs.
+        assert_eq!(ids(&s.launches_due(t0)), ["exec-8"]);
+        assert_eq!(s.next_expectation_end(), Some(t0 + wait));
+        // exec-1's worker reports it: adopted, no longer waited for.
+        s.adopted(&one, t0);
+        assert_eq!(s.next_expectation_end(), Some(t0 + wait));
+        assert!(s.expectations_over(t0, |_| false).is_empty());
+        // exec-7 never came back: given up on at the deadline, and its place launched.
+        let over = s.expectations_over(t0 + wait, |_| false);
+        assert_eq!(ids(&over), ["exec-7"]);
+        assert_eq!(s.next_expectation_end(), None);
+        assert_eq!(ids(&s.launches_due(t0 + wait)), ["exec-9"]);
+        // Expected after its adoption (its worker was back first): not waited for.
+        s.expect([one.clone()], t0 + wait);
+        assert_eq!(s.next_expectation_end(), None);
+        // An adopted executor nobody expected is taken, above the target.
+        s.adopted(&ExecutorId("exec-20".into()), t0);
+        assert_eq!(s.staying(), 4);
+        assert_eq!(ids(&s.launches_due(t0 + wait)), Vec::<&str>::new());
+        s.gone(&ExecutorId("exec-20".into()), None, t0 + wait);
+        s.gone(&one, None, t0 + wait);
+        assert_eq!(ids(&s.launches_due(t0 + wait)), ["exec-21"]);
+    }
+
+    #[test]
+    fn an_expected_executor_that_registered_on_its_own_is_waited_for_while_it_stays() {
+        let t0 = Instant::now();
+        let wait = Duration::from_secs(5);
+        let mut s = Supervisor::new(1, 4, Duration::from_secs(600), 1);
+        let one = ExecutorId("exec-1".into());
+        s.expect([one.clone()], t0 + wait);
+        // Registered (its worker has not come back yet): still counted past the wait.
+        assert!(s.expectations_over(t0 + wait, |_| true).is_empty());
+        assert!(s.launches_due(t0 + wait).is_empty());
+        let recheck = s.next_expectation_end().unwrap();
+        assert!(recheck > t0 + wait, "checked again later");
+        // Gone again without its worker reporting it: given up on then.
+        assert_eq!(ids(&s.expectations_over(recheck, |_| false)), ["exec-1"]);
+        assert_eq!(ids(&s.launches_due(recheck)), ["exec-2"]);
+        // One that stays registered and is never reported is given up on at last.
+        let two = ExecutorId("exec-2".into());
+        s.gone(&two, None, recheck);
+        s.expect([one.clone()], t0 + wait);
+        assert!(s.expectations_over(t0 + wait, |_| true).is_empty());
+        let last = t0 + wait + LATE_HOST;
+        assert_eq!(ids(&s.expectations_over(last, |_| true)), ["exec-1"]);
     }
 
     #[test]

@@ -108,6 +108,7 @@ async fn handle(stream: TcpStream, driver: Arc<Driver>, stop: CancellationToken)
                 app_id,
                 pid,
                 meters_fuel,
+                attempts,
             } => {
                 let registration = executor::Registration {
                     id: executor_id,
@@ -116,6 +117,7 @@ async fn handle(stream: TcpStream, driver: Arc<Driver>, stop: CancellationToken)
                     app_id,
                     pid,
                     meters_fuel,
+                    held: attempts,
                 };
                 executor::register(&mut conn, &driver, registration).await
             }

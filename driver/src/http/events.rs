@@ -72,6 +72,8 @@ pub async fn job_events(
             };
             Some(match &*event {
                 JobEvent::Task(task) => (Ok(sse("task", task)), (subscription, None, false)),
+                JobEvent::Adopted(note) => (Ok(sse("adopted", note)), (subscription, None, false)),
+                JobEvent::Dropped(note) => (Ok(sse("dropped", note)), (subscription, None, false)),
                 JobEvent::End(view) => (Ok(sse("end", &**view)), (subscription, None, true)),
             })
         },

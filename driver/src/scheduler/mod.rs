@@ -43,6 +43,7 @@ pub(crate) mod tests;
 mod waits;
 
 pub use model::*;
+pub use reactor::Dropped;
 pub use settings::*;
 
 pub struct ClusterState {
@@ -83,6 +84,9 @@ pub struct ClusterState {
     vtime: FastMap<Option<String>, f64>,
     /// Tasks waiting for results, and what they wait for.
     pub waits: waits::Waits,
+    /// After a restart, the wait for the executors the last driver knew (see
+    /// `reactor::adoption`).
+    adopting: Option<reactor::Adopting>,
 }
 
 /// What one tenant's attempts used since the driver started.
@@ -126,6 +130,7 @@ impl ClusterState {
             starving: FastMap::default(),
             vtime: FastMap::default(),
             waits: waits::Waits::default(),
+            adopting: None,
         }
     }
 

@@ -52,6 +52,14 @@ pub enum Action {
     TaskRequeued { job: JobId, event: TaskEvent },
     /// A job reached a final state (tasks it killed end with it).
     JobFinished(JobId),
+    /// An attempt an executor listed when it registered again was adopted (`dropped`
+    /// is `None`) or dropped (killed, if it ran): an event for its job's watchers.
+    Reconciled {
+        task: TaskId,
+        attempt: u32,
+        executor: ExecutorId,
+        dropped: Option<super::Dropped>,
+    },
     /// Waiting tasks of `job` whose named results have all succeeded: the service makes
     /// their inputs (reading ended jobs from the job store where it must) and hands them
     /// to [`super::ClusterState::inputs_ready`].
@@ -78,6 +86,10 @@ pub enum Resolved {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunningAttempt {
     pub attempt: u32,
+    /// The registration it was launched under: an attempt adopted after its executor
+    /// registered again (the driver restarted, or the connection broke) keeps the
+    /// generation its end will name.
+    pub generation: u64,
     pub since: Instant,
     /// Its span in its job's [`Job::attempts`].
     pub span: u32,

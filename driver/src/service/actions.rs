@@ -65,6 +65,12 @@ impl Driver {
                     self.job_finished(&mut inner, &job);
                     finished = true;
                 }
+                Action::Reconciled {
+                    task,
+                    attempt,
+                    executor,
+                    dropped,
+                } => self.reconciled(task, attempt, executor, dropped),
                 Action::Resolve { job, tasks } => {
                     // Off the lock: an input may name a job the store must read.
                     let _ = self.resolver.send((job, tasks));
@@ -217,6 +223,35 @@ impl Driver {
             self.jobs.memo_writes.fetch_max(write, Ordering::Relaxed);
         }
         write
+    }
+
+    /// An attempt an executor listed at registration, adopted or dropped: logged,
+    /// counted, and told to its job's watchers.
+    fn reconciled(
+        &self,
+        task: TaskId,
+        attempt: u32,
+        executor: ExecutorId,
+        dropped: Option<crate::scheduler::Dropped>,
+    ) {
+        self.metrics.attempt_reconciled(dropped);
+        match dropped {
+            None => tracing::info!(%executor, task = %task, attempt, "adopted a running attempt"),
+            Some(why) => {
+                tracing::info!(%executor, task = %task, attempt, reason = why.as_str(), "dropped an attempt")
+            }
+        }
+        let note = flint_protocol::api::AttemptNote {
+            index: task.index,
+            attempt,
+            executor,
+            reason: dropped.map(|why| why.as_str().to_owned()),
+        };
+        let event = match dropped {
+            None => JobEvent::Adopted(note),
+            Some(_) => JobEvent::Dropped(note),
+        };
+        self.events.publish(&task.job, event);
     }
 
     /// Tells a job's watchers (if any) a task's new state.

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime};
 
 use flint_protocol::api::{CodedError, ErrorCode, ExecutorState};
 use flint_protocol::messages::{ExecutorConfig, Heartbeat};
-use flint_protocol::{DriverMessage, ExecutorId, defaults};
+use flint_protocol::{DriverMessage, ExecutorId, JobId, defaults};
 use tokio::sync::mpsc;
 
 use super::reads::{Panicked, off_runtime};
@@ -69,6 +69,13 @@ impl CodedError for LogError {
     }
 }
 
+/// A registration: its generation, its connection's outbox, and a weak sender to it.
+pub type Registered = (
+    u64,
+    mpsc::UnboundedReceiver<DriverMessage>,
+    mpsc::WeakUnboundedSender<DriverMessage>,
+);
+
 impl Driver {
     pub fn executor_config(&self) -> ExecutorConfig {
         ExecutorConfig {
@@ -84,7 +91,9 @@ impl Driver {
     }
 
     /// Registers an executor and returns the outbox its connection must drain. The
-    /// outbox starts with RegisteredExecutor, so launches can only follow it.
+    /// outbox starts with RegisteredExecutor, so launches can only follow it. The
+    /// attempts it lists (`held`) are adopted or dropped before any placement. Known to
+    /// the job store from now on, so that a restarted driver waits for it.
     pub fn register_executor(
         &self,
         id: ExecutorId,
@@ -92,15 +101,18 @@ impl Driver {
         cores: u32,
         pid: u32,
         meters_fuel: bool,
-    ) -> Result<(u64, mpsc::UnboundedReceiver<DriverMessage>), String> {
+        held: Vec<flint_protocol::HeldAttempt>,
+    ) -> Result<Registered, String> {
         let (outbox, rx) = mpsc::unbounded_channel();
+        let weak = outbox.downgrade();
         // The registration and its connection's outbox change under one lock: placement
         // running in between would send the new registration's launches (and the jobs
         // they need defined) to the old connection, or to none.
+        let known = id.0.clone();
         let generation = self.apply_inner(|inner| {
             match inner
                 .state
-                .register_executor(id.clone(), host, cores, pid, meters_fuel)
+                .register_executor(id.clone(), host, cores, pid, meters_fuel, held)
             {
                 Ok((generation, mut actions)) => {
                     let _ = outbox.send(DriverMessage::RegisteredExecutor { generation });
@@ -116,13 +128,49 @@ impl Driver {
                 Err(reason) => (Err(reason), Vec::new()),
             }
         })?;
-        Ok((generation, rx))
+        self.jobs.store.executor_known(&known, true);
+        Ok((generation, rx, weak))
     }
 
     pub fn executor_lost(&self, id: &ExecutorId, generation: u64, reason: &str) {
         tracing::warn!(executor = %id, generation, reason, "executor lost");
-        self.apply(|s| ((), s.executor_lost(id, generation)));
+        let lost = self.apply(|s| {
+            let was_live = s
+                .executors
+                .get(id)
+                .is_some_and(|e| e.generation == generation && e.state == ExecutorState::Alive);
+            (was_live, s.executor_lost(id, generation))
+        });
+        // Only the registration that was live leaves the store's list: a lost old
+        // generation's connection closing after its executor registered again must not
+        // take the new one off it.
+        if lost {
+            self.executor_left(id);
+        }
         self.drop_link(id, generation);
+    }
+
+    /// Where an executor's task ends are acknowledged: once every store write made
+    /// before this call is committed, and no job among `jobs` is still having its record
+    /// committed (`submit_keyed` holds its ends until then), the ends applied before the
+    /// call are durable. `None` while such a job's record is being committed: ask again.
+    pub fn end_mark(&self, jobs: &[JobId]) -> Option<u64> {
+        let inner = self.lock();
+        if jobs.iter().any(|job| inner.storing.contains_key(job)) {
+            return None;
+        }
+        Some(self.jobs.store.last_write())
+    }
+
+    /// Resolves once write `mark` is committed (or the store's writer is gone).
+    pub async fn durable(&self, mark: u64) {
+        let mut durable = self.jobs.store.durable();
+        let _ = durable.wait_for(|at| *at >= mark).await;
+    }
+
+    /// The executor is not to be waited for after a restart (lost, expired, killed).
+    pub fn executor_left(&self, id: &ExecutorId) {
+        self.jobs.store.executor_known(&id.0, false);
     }
 
     /// Forgets a connection's outbox; its writer ends and the connection closes, so an

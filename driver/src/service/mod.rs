@@ -183,7 +183,19 @@ impl Driver {
             resolver,
         });
         resolve::start(&driver, requests)?;
-        driver.apply(|s| ((), s.restore(stored, SystemTime::now())));
+        let known = driver.jobs.store.known_executors()?;
+        let wait = driver.config.adopt_wait;
+        driver.apply(|s| {
+            let actions = s.restore(stored, SystemTime::now());
+            s.begin_adopting(known.into_iter().map(ExecutorId).collect(), wait);
+            ((), actions)
+        });
+        if let Some(expected) = driver.read(|s| s.adoption_waits_for()) {
+            tracing::info!(
+                executors = ?expected, wait_ms = wait.as_millis() as u64,
+                "waiting for the last driver's executors before launching what they may still run"
+            );
+        }
         if restored > 0 {
             tracing::info!(jobs = restored, "restored the live jobs from the job store");
         }

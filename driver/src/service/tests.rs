@@ -265,7 +265,7 @@ async fn end_a_task_while_storing(
 ) -> (TaskState, Vec<&'static str>, Vec<&'static str>) {
     let executor = flint_protocol::ExecutorId("exec-1".into());
     let generation = driver.apply(|s| {
-        s.register_executor(executor.clone(), "h".into(), 2, 1, false)
+        s.register_executor(executor.clone(), "h".into(), 2, 1, false, Vec::new())
             .unwrap()
     });
     let mut job = crate::scheduler::tests::job("j", 2, 1);

@@ -1,7 +1,9 @@
 //! Standalone workers (`flint worker`) registered with the driver, as Spark's Master
 //! keeps its Workers: what each offers and what it runs, its connection's outbox, and
 //! where a new executor goes. The `standalone` cluster manager attaches to hear what
-//! the workers say; without it, workers are refused.
+//! the workers say; without it, workers are refused. The executors a worker lists when
+//! it registers (they outlived a connection, or the last driver) take their room on it
+//! at once, before anything else can be placed there.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -61,6 +63,9 @@ pub struct Workers {
 struct Inner {
     workers: BTreeMap<String, Worker>,
     notify: Option<mpsc::UnboundedSender<WorkerEvent>>,
+    /// The cores and memory an executor a worker lists is taken to hold: what the
+    /// driver launches each one with.
+    listed: (u32, u64),
     next_generation: u64,
 }
 
@@ -94,9 +99,12 @@ impl Worker {
 }
 
 impl Workers {
-    /// The standalone cluster manager listens from here on.
-    pub fn attach(&self, notify: mpsc::UnboundedSender<WorkerEvent>) {
-        self.lock().notify = Some(notify);
+    /// The standalone cluster manager listens from here on; `listed` is the cores and
+    /// memory of each executor it launches (what one a worker lists holds).
+    pub fn attach(&self, notify: mpsc::UnboundedSender<WorkerEvent>, listed: (u32, u64)) {
+        let mut inner = self.lock();
+        inner.notify = Some(notify);
+        inner.listed = listed;
     }
 
     /// Registers a worker and its connection's outbox; returns its generation. The
@@ -156,9 +164,12 @@ impl Workers {
             heartbeat_interval_ms: heartbeat_interval.as_millis() as u64,
         });
         // A re-registration's executors are what it says it runs, not what the old
-        // connection had placed.
+        // connection had placed; those the driver did not place (an earlier driver did)
+        // hold an executor's room too, until the manager adopts or kills them.
         let previous = inner.workers.remove(&id);
-        let mut kept = BTreeMap::new();
+        let mut kept: BTreeMap<ExecutorId, (u32, u64)> = (registration.executors.iter())
+            .map(|e| (e.clone(), inner.listed))
+            .collect();
         if let Some(old) = previous.filter(|w| w.alive) {
             let (still, lost): (Vec<_>, Vec<_>) = old
                 .executors
@@ -383,6 +394,21 @@ impl Workers {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("workers lock poisoned")
+    }
+}
+
+impl super::Driver {
+    /// The executors the job store lists as registered and not gone: after a restart,
+    /// those of the last run, which workers may still run and report when they
+    /// register again. Empty if the store cannot be read (nothing is waited for then).
+    pub fn executors_known(&self) -> Vec<ExecutorId> {
+        match self.jobs.store.known_executors() {
+            Ok(ids) => ids.into_iter().map(ExecutorId).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the executors the last run knew");
+                Vec::new()
+            }
+        }
     }
 }
 

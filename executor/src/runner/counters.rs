@@ -11,6 +11,7 @@ use crate::sandbox;
 
 impl TaskRunner {
     pub fn heartbeat(&self) -> Heartbeat {
+        let ends = self.ends.figures();
         Heartbeat {
             running: self.attempts_in_flight() as u32,
             modules_compiled: self.modules_compiled.load(Ordering::Relaxed),
@@ -22,6 +23,12 @@ impl TaskRunner {
             bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
             result_bytes: self.result_bytes.load(Ordering::Relaxed),
             tasks_completed: self.tasks_completed.load(Ordering::Relaxed),
+            ends_held: ends.held,
+            ends_memory_bytes: ends.memory_bytes,
+            ends_disk_bytes: ends.disk_bytes,
+            ends_peak_memory_bytes: ends.peak_memory_bytes,
+            ends_peak_disk_bytes: ends.peak_disk_bytes,
+            ends_waited: ends.waited,
         }
     }
 

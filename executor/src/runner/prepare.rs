@@ -255,7 +255,27 @@ impl TaskRunner {
             url: url.to_owned(),
             timestamp_ms,
         };
-        let (fetched, hit) = self.fetcher.fetch(&key, digest, trust).await.map_err(|e| {
+        let mut link = self.driver_link.clone();
+        let mut tries = 0;
+        let (fetched, hit) = loop {
+            let seen = link.as_ref().map(|l| l.borrow().registrations);
+            let e = match self.fetcher.fetch(&key, digest, trust).await {
+                Ok(fetched) => break fetched,
+                Err(e) => e,
+            };
+            // A driver restarting is no failure of the task's: the fetch waits for it to
+            // be back (the executor gives up on its tasks at its grace anyway) and tries
+            // again, a few times at most.
+            if let (Some(link), Some(seen)) = (link.as_mut(), seen)
+                && trust == Trust::Driver
+                && driver_transport_failure(&e)
+                && tries < DRIVER_RETRIES
+                && driver_came_back(link, seen).await
+            {
+                tries += 1;
+                tracing::info!(url, "the driver is back; fetching again");
+                continue;
+            }
             // The source's fault fails the task on the job's budget; only the executor's
             // own (its cache's disk) may count against this executor.
             let kind = match (e.blame(), trust) {
@@ -265,8 +285,8 @@ impl TaskRunner {
                 (Blame::Source, Trust::Driver) if driver_unreachable(&e) => FailureKind::HostError,
                 (Blame::Source, _) => FailureKind::FetchError,
             };
-            TaskFailure::new(kind, with_causes(&e))
-        })?;
+            return Err(TaskFailure::new(kind, with_causes(&e)));
+        };
         if hit {
             self.fetch_hits.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -306,6 +326,46 @@ impl TaskRunner {
             TaskFailure::new(kind, rejection.message)
         })
     }
+}
+
+/// The executor's connection to its driver: how many times it registered, and whether
+/// it is connected now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverLink {
+    pub registrations: u64,
+    pub connected: bool,
+}
+
+/// Fetches from a driver that went away tried again after it came back, at most.
+const DRIVER_RETRIES: u32 = 3;
+
+/// How long a fetch from the driver that failed waits to see the connection to the driver
+/// break too: if it does not, the driver is there and the failure is this executor's.
+const DRIVER_LOSS_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the driver, which `link` showed registered `seen` times when the failed fetch
+/// began, went away and is back (registered again): then the fetch is worth another try.
+/// False at once if the connection stays up: the driver is there, and not reaching it is
+/// this executor's network.
+async fn driver_came_back(link: &mut tokio::sync::watch::Receiver<DriverLink>, seen: u64) -> bool {
+    let away = |l: &DriverLink| !l.connected || l.registrations > seen;
+    if tokio::time::timeout(DRIVER_LOSS_SEEN_WITHIN, link.wait_for(away))
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    link.wait_for(|l| l.connected && l.registrations > seen)
+        .await
+        .is_ok()
+}
+
+/// A request to the driver that did not get an answer (refused, reset, timed out).
+fn driver_transport_failure(e: &FetchError) -> bool {
+    matches!(
+        e,
+        FetchError::Request { .. } | FetchError::Resolve { .. } | FetchError::Deadline { .. }
+    )
 }
 
 /// A failure to reach the driver's own routes at all, or to be let in.

@@ -1,33 +1,19 @@
-//! How each attempt's end reaches the driver: exactly one status per attempt, sent at
-//! once or held briefly and batched. Kept apart from running tasks because the batching
-//! has its own thread and its own timing rules, and every path that ends an attempt
-//! (killed, failed to prepare, ran) goes through the one `report` here.
+//! How each attempt's end reaches the driver: exactly one end per attempt, handed to
+//! the [`EndBuffer`](crate::ends::EndBuffer), which numbers it, sends it (batched) and
+//! keeps it until the driver says it is durable. Every path that ends an attempt
+//! (killed, failed to prepare, ran) goes through the one `report` here, and a
+//! registration lists the attempts held here from here too.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use flint_protocol::{ExecutorMessage, TaskDescription, TaskEnd, TaskFailure, TaskStatus, Usage};
+use flint_protocol::{
+    HeldAttempt, TaskDescription, TaskEnd, TaskFailure, TaskResult, TaskStatus, Usage,
+};
 
 use super::TaskRunner;
 use crate::sandbox::RunReport;
-
-/// Status updates held back while task threads have more work queued, so that a burst
-/// of short tasks wakes the connection's writer once per batch instead of once per task
-/// (that wake-up, a futex call, cost as much as running a no-op task). A status is held
-/// at most [`HOLD_FOR`] (the flusher thread sends it then) and never when its thread's
-/// queue is empty, so a lone task's status goes out at once.
-#[derive(Default)]
-pub(super) struct Held {
-    statuses: Mutex<Vec<ExecutorMessage>>,
-    /// Signalled when the first status is held, to start the flusher's clock.
-    first: Condvar,
-}
-
-/// The most statuses held before they are sent anyway.
-const HOLD_MAX: usize = 64;
-/// The longest a status is held.
-const HOLD_FOR: Duration = Duration::from_millis(1);
 
 impl TaskRunner {
     /// Reports an attempt that ended before its guest ran (killed while queued, its
@@ -66,15 +52,6 @@ impl TaskRunner {
             usage,
             pins,
         } = report;
-        {
-            let mut attempts = self.lock_attempts();
-            if let Some(held) = attempts.get_mut(&desc.task) {
-                held.retain(|(a, _)| *a != desc.attempt);
-                if held.is_empty() {
-                    attempts.remove(&desc.task);
-                }
-            }
-        }
         let finished_at_us = now_us();
         // The sandbox holds a task to the executor's largest memory (see `Sandbox::run`).
         let largest_mb = (self.sandbox.max_memory_bytes() >> 20) as u32;
@@ -102,62 +79,58 @@ impl TaskRunner {
                 memory_mb,
             },
         };
-        let message = ExecutorMessage::StatusUpdate(status);
-        let mut held = self
-            .held
-            .statuses
-            .lock()
-            .expect("held statuses lock poisoned");
-        if more_queued && held.len() < HOLD_MAX {
-            held.push(message);
-            if held.len() == 1 {
-                self.held.first.notify_one();
+        // A result block that waits on this disk for the driver holds its end back.
+        let held_block = match &status.end.outcome {
+            Ok(TaskResult::Block(block)) => self.blocks.as_ref().and_then(|b| b.held(&block.id)),
+            _ => None,
+        };
+        // The runner forgets the attempt only once its end is held: a registration
+        // lists every attempt as running or ended, never neither.
+        self.ends.take(status, held_block, more_queued, |status| {
+            self.forget(status);
+        });
+    }
+
+    /// Reports from the async runtime: the end buffer may make its reporter wait for
+    /// room, which must never stop a runtime thread.
+    pub(super) async fn report_unrun_async(
+        self: &Arc<Self>,
+        desc: TaskDescription,
+        failure: TaskFailure,
+        fetched_bytes: u64,
+    ) {
+        let runner = self.clone();
+        let report = move || runner.report_unrun(desc, failure, fetched_bytes, false);
+        let _ = tokio::task::spawn_blocking(report).await;
+    }
+
+    /// Every attempt held here, running, waiting, or ended with its end not yet durable
+    /// with the driver: what a registration lists. Each is listed once.
+    pub fn held_attempts(&self) -> Vec<HeldAttempt> {
+        self.ends.held_attempts(|| {
+            let attempts = self.lock_attempts();
+            let held = attempts.iter().flat_map(|(task, held)| {
+                held.iter().map(move |live| HeldAttempt {
+                    task: task.clone(),
+                    attempt: live.attempt,
+                    generation: live.generation,
+                    started_at_us: live.started_at_us.load(Ordering::Relaxed),
+                    ended: false,
+                })
+            });
+            held.collect()
+        })
+    }
+
+    fn forget(&self, status: &TaskStatus) {
+        let mut attempts = self.lock_attempts();
+        if let Some(held) = attempts.get_mut(&status.task) {
+            held.retain(|live| {
+                (live.attempt, live.generation) != (status.attempt, status.generation)
+            });
+            if held.is_empty() {
+                attempts.remove(&status.task);
             }
-            return;
-        }
-        for earlier in held.drain(..) {
-            self.send(earlier);
-        }
-        drop(held);
-        self.send(message);
-    }
-
-    fn send(&self, message: ExecutorMessage) {
-        // A closed channel means the connection is gone and the driver will treat the
-        // attempt as lost with this executor; nothing else to do with the status.
-        let _ = self.updates.send(message);
-    }
-}
-
-/// Sends held statuses no later than [`HOLD_FOR`] after the first of them was held. Ends
-/// with the runner.
-pub(super) fn flush_held(runner: Weak<TaskRunner>) {
-    while let Some(runner) = runner.upgrade() {
-        let held = runner
-            .held
-            .statuses
-            .lock()
-            .expect("held statuses lock poisoned");
-        // Wakes now and then to notice that the runner is gone.
-        let (held, _) = runner
-            .held
-            .first
-            .wait_timeout_while(held, Duration::from_millis(200), |h| h.is_empty())
-            .expect("held statuses lock poisoned");
-        if held.is_empty() {
-            continue;
-        }
-        drop(held);
-        std::thread::sleep(HOLD_FOR);
-        let batch = std::mem::take(
-            &mut *runner
-                .held
-                .statuses
-                .lock()
-                .expect("held statuses lock poisoned"),
-        );
-        for message in batch {
-            runner.send(message);
         }
     }
 }

@@ -138,6 +138,22 @@ pub struct ExecutorView {
     pub tasks_active: u32,
     #[serde(default)]
     pub tasks_completed: u64,
+    /// Its end buffer, from its latest heartbeat: task ends it holds until the driver
+    /// has committed them, the bytes of those in memory and on its disk, the most of
+    /// each it held at once, and how many task ends had to wait for room (both budgets,
+    /// `--end-buffer-bytes` and `--end-spill-bytes`, full while the driver was away).
+    #[serde(default)]
+    pub ends_held: u64,
+    #[serde(default)]
+    pub ends_memory_bytes: u64,
+    #[serde(default)]
+    pub ends_disk_bytes: u64,
+    #[serde(default)]
+    pub ends_peak_memory_bytes: u64,
+    #[serde(default)]
+    pub ends_peak_disk_bytes: u64,
+    #[serde(default)]
+    pub ends_waited: u64,
     /// Excluded from all placement for this many more milliseconds, after too many task
     /// failures in a short window (see the README's "Failures and exclusion").
     #[serde(default)]

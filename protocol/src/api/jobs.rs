@@ -288,6 +288,20 @@ pub struct AttemptView {
     pub speculative: bool,
 }
 
+/// The data of an `adopted` or a `dropped` event on `GET /v1/jobs/{id}/events`: an
+/// executor registering again (after a driver's restart, or a broken connection) listed
+/// an attempt it had kept running or whose end it held. `adopted`: the attempt is the
+/// task's running attempt again (nothing is launched for it); `dropped`: it is killed
+/// (or its end ignored), and `reason` says why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptNote {
+    pub index: u32,
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    pub reason: Option<String>,
+}
+
 /// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state
 /// (launched, ended, back to pending for a retry, killed with its job).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -99,12 +99,13 @@ impl Inner {
                 return;
             };
             tracked.created = true;
-            let killed = tracked.deleting;
-            drop(state);
-            if killed {
+            if tracked.deleting {
+                drop(state);
                 self.delete_later(name, Some(0));
-            } else {
+            } else if !tracked.launched {
                 // Listed as launching while it is pending; its node comes once it runs.
+                // Sent under the lock: the watch, which may have seen it running already
+                // (and said so, with its node), must not be overtaken by this.
                 self.send(ExecutorEvent::Launched {
                     id: request.id,
                     worker: None,

@@ -7,11 +7,16 @@
 //! with its code and the kubelet's reason (`OOMKilled`), evicted or deleted (lost, and
 //! replaced). Pending pods count as launched; one pending past
 //! `--executor-launch-timeout-ms` is deleted by the supervisor and reported with the
-//! scheduler's or kubelet's reason. The driver stopping deletes every pod of its app;
-//! the driver's pod, when named, owns its executors' pods, so that Kubernetes deletes
-//! them if the driver goes without stopping.
+//! scheduler's or kubelet's reason.
+//!
+//! Executor pods outlive the driver: one that stops to come back (a rollout, the
+//! default) or crashes leaves them running, and the next driver adopts every pending or
+//! running pod of its app when it starts (their executors register again with what they
+//! run); only a stop for good (`--stop-executors-on-exit`) deletes them. They are owned
+//! by what owns the driver's pod, never by that pod (see `owner.rs`).
 
 mod creator;
+mod owner;
 pub mod pod;
 mod watch;
 
@@ -30,7 +35,7 @@ use tokio::task::JoinHandle;
 use self::creator::create_pods;
 use self::pod::PodSettings;
 use self::watch::watch_pods;
-use super::{ClusterManager, Dial, ExecutorEvent, LaunchRequest};
+use super::{ClusterManager, Departure, Dial, ExecutorEvent, LaunchRequest};
 use crate::config::KubernetesConfig;
 
 pub struct KubernetesManager {
@@ -72,8 +77,9 @@ struct Tracked {
 
 impl KubernetesManager {
     /// Connects to the API (`--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the
-    /// pod's service account), finds the driver's own pod for owner references, and
-    /// starts the pod creator and the watch.
+    /// pod's service account), finds the owner of the driver's own pod for owner
+    /// references, adopts the app's pods an earlier run left running (their events
+    /// queued before this returns), and starts the pod creator and the watch.
     pub async fn start(
         config: &KubernetesConfig,
         app_id: &str,
@@ -110,17 +116,13 @@ impl KubernetesManager {
             .clone()
             .unwrap_or_else(|| client_config.default_namespace.clone());
         let client = kube::Client::try_from(client_config).context("the Kubernetes client")?;
-        let api: Api<Pod> = Api::namespaced(client, &namespace);
+        let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let owner = match &config.driver_pod {
             Some(name) => {
                 let me = api.get(name).await.with_context(|| {
                     format!("getting the driver's own pod {namespace}/{name} (--k8s-driver-pod)")
                 })?;
-                let uid = me.metadata.uid.context("the driver's pod has no uid")?;
-                Some(pod::Owner {
-                    name: name.clone(),
-                    uid,
-                })
+                owner::executors_owner(&client, &namespace, &me).await
             }
             None => None,
         };
@@ -156,7 +158,8 @@ impl KubernetesManager {
         pod::executor_pod(&settings, &ExecutorId("exec-0".into()), 1, 1)
             .map_err(|e| anyhow::anyhow!("--k8s-pod-template: {e}"))?;
         tracing::info!(namespace, image = settings.image, driver_url = settings.driver_url,
-            owner = ?settings.owner.as_ref().map(|o| &o.name), "kubernetes cluster manager");
+            owner = ?settings.owner.as_ref().map(|o| format!("{}/{}", o.kind, o.name)),
+            "kubernetes cluster manager");
         let inner = Arc::new(Inner {
             api,
             settings,
@@ -166,6 +169,7 @@ impl KubernetesManager {
             state: Mutex::default(),
             queued: Notify::new(),
         });
+        inner.adopt_existing().await?;
         let tasks = vec![
             tokio::spawn(create_pods(inner.clone())),
             tokio::spawn(watch_pods(inner.clone())),
@@ -259,63 +263,78 @@ impl ClusterManager for KubernetesManager {
         true
     }
 
-    fn stop(&self, grace: Duration) -> BoxFuture<'_, ()> {
+    fn stop(&self, grace: Duration, departure: Departure) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let tasks: Vec<JoinHandle<()>> =
                 std::mem::take(&mut *self.tasks.lock().expect("kubernetes tasks lock poisoned"));
             self.inner.lock().queue.clear();
-            let api = &self.inner.api;
-            let selector = format!("{}={}", pod::APP_LABEL, self.inner.settings.app_id);
-            let list = ListParams::default().labels(&selector);
-            let deadline = Instant::now() + grace;
-            // Past the grace, what is left is deleted at once; past this, given up on.
-            let give_up = deadline + Duration::from_secs(5);
-            let mut forced = false;
-            loop {
-                let now = Instant::now();
-                let pods = match api.list(&list).await {
-                    Ok(pods) => pods.items,
-                    Err(e) if now < give_up => {
-                        tracing::warn!(error = %e, "listing executor pods to delete them");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "executor pods may be left behind");
-                        break;
-                    }
-                };
-                if pods.is_empty() {
-                    break;
-                }
-                if now >= give_up {
-                    tracing::error!(pods = pods.len(), "executor pods not gone in time");
-                    break;
-                }
-                let past = now >= deadline;
-                // Their executors were told to stop: what is left gets the rest of the
-                // grace, then none.
-                let seconds = deadline.saturating_duration_since(now).as_secs() as u32;
-                for pod in &pods {
-                    let Some(name) = &pod.metadata.name else {
-                        continue;
-                    };
-                    let fresh = pod.metadata.deletion_timestamp.is_none();
-                    if fresh || (past && !forced) {
-                        let params = DeleteParams::background().grace_period(seconds);
-                        if let Err(e) = api.delete(name, &params).await
-                            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-                        {
-                            tracing::warn!(pod = name, error = %e, "deleting executor pod");
-                        }
-                    }
-                }
-                forced |= past;
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if departure == Departure::ForGood {
+                self.delete_all(grace).await;
+            } else {
+                let pods = self.inner.lock().pods.len();
+                tracing::info!(pods, "leaving the executor pods to the next driver");
             }
             for task in tasks {
                 task.abort();
             }
         })
+    }
+}
+
+impl KubernetesManager {
+    /// Deletes every pod of the app: their executors get `grace` to stop, then none.
+    async fn delete_all(&self, grace: Duration) {
+        let api = &self.inner.api;
+        let selector = format!("{}={}", pod::APP_LABEL, self.inner.settings.app_id);
+        let list = ListParams::default().labels(&selector);
+        let deadline = Instant::now() + grace;
+        // Past the grace, what is left is deleted at once; past this, given up on.
+        let give_up = deadline + Duration::from_secs(5);
+        let mut forced = false;
+        loop {
+            let now = Instant::now();
+            let pods = match api.list(&list).await {
+                Ok(pods) => pods.items,
+                Err(e) if now < give_up => {
+                    tracing::warn!(error = %e, "listing executor pods to delete them");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "executor pods may be left behind");
+                    return;
+                }
+            };
+            if pods.is_empty() {
+                return;
+            }
+            if now >= give_up {
+                tracing::error!(pods = pods.len(), "executor pods not gone in time");
+                return;
+            }
+            let past = now >= deadline;
+            // Their executors were told to stop: what is left gets the rest of the
+            // grace, then none.
+            let seconds = deadline.saturating_duration_since(now).as_secs() as u32;
+            for pod in &pods {
+                let fresh = pod.metadata.deletion_timestamp.is_none();
+                if let Some(name) = &pod.metadata.name
+                    && (fresh || (past && !forced))
+                {
+                    self.delete_now(name, seconds).await;
+                }
+            }
+            forced |= past;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn delete_now(&self, name: &str, grace_seconds: u32) {
+        let params = DeleteParams::background().grace_period(grace_seconds);
+        if let Err(e) = self.inner.api.delete(name, &params).await
+            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+        {
+            tracing::warn!(pod = name, error = %e, "deleting executor pod");
+        }
     }
 }

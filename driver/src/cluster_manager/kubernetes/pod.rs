@@ -36,8 +36,9 @@ pub struct PodSettings {
     /// The Secret and key holding the cluster secret: executors get it by reference,
     /// never inline in the pod spec.
     pub cluster_secret_ref: Option<(String, String)>,
-    /// The driver's own pod: its executors' owner, so that Kubernetes deletes them
-    /// with it.
+    /// What owns the driver's pod (its StatefulSet or Deployment, see `owner.rs`): its
+    /// executors' owner too, so that Kubernetes deletes them with it, but not with the
+    /// driver's pod, which a rollout replaces.
     pub owner: Option<Owner>,
     /// The operator's template (`--k8s-pod-template`), as JSON.
     pub template: Option<Value>,
@@ -47,8 +48,10 @@ pub struct PodSettings {
     pub memory_overhead: MemoryOverhead,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
+    pub api_version: String,
+    pub kind: String,
     pub name: String,
     pub uid: String,
 }
@@ -133,13 +136,15 @@ fn put_metadata(
         labels.insert(k.into(), json!(v));
     }
     if let Some(owner) = &settings.owner {
+        // Not a controller reference: the owner's controller must not take the pod
+        // for one of its own (nor release it, the StatefulSet's does with what its
+        // selector does not match).
         let owners = array(metadata, "ownerReferences")?;
         owners.push(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
+            "apiVersion": owner.api_version,
+            "kind": owner.kind,
             "name": owner.name,
             "uid": owner.uid,
-            "controller": true,
         }));
     }
     Ok(())

@@ -1,22 +1,76 @@
 //! The watch of the app's pods: each status it reports turned into the executor events
 //! it means (launched, pending, exited, lost), and pods deleted while it was down found
-//! by comparing a re-list with what it had seen. Apart from creation because this side
-//! only reads, and owns what a pod's state means to the driver.
+//! by comparing a re-list with what it had seen; before it, the pods an earlier run of
+//! the driver left running, adopted. Apart from creation because this side only reads,
+//! and owns what a pod's state means to the driver.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use anyhow::Context;
+use flint_protocol::ExecutorId;
 use flint_protocol::exit::ProcessExit;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use super::Inner;
 use super::pod::{self, PodFate};
+use super::{Inner, Tracked};
 use crate::cluster_manager::ExecutorEvent;
 
 impl Inner {
+    /// Lists the app's pods and adopts those an earlier run of the driver left pending
+    /// or running: tracked as created, reported [`ExecutorEvent::Adopted`] (before the
+    /// supervisor's first launch), never created again. Finished pods, pods being
+    /// deleted and pods not named as this app's executors are left to the watch, which
+    /// deletes them.
+    pub(super) async fn adopt_existing(&self) -> anyhow::Result<()> {
+        let selector = format!("{}={}", pod::APP_LABEL, self.settings.app_id);
+        let params = ListParams::default().labels(&selector);
+        let listed = self
+            .api
+            .list(&params)
+            .await
+            .context("listing the app's executor pods (to adopt those of an earlier run)")?;
+        for found in &listed.items {
+            let Some((name, id, fate)) = self.adoptable(found) else {
+                continue;
+            };
+            let (launched, pending, worker) = match fate {
+                PodFate::Running { node } => (true, None, node),
+                PodFate::Pending(reason) => (false, reason, None),
+                _ => continue,
+            };
+            tracing::info!(pod = name, executor = %id, launched, "adopting an executor pod");
+            self.lock().pods.insert(
+                name,
+                Tracked {
+                    id: id.clone(),
+                    created: true,
+                    observed: true,
+                    launched,
+                    ended: false,
+                    deleting: false,
+                    pending,
+                },
+            );
+            self.send(ExecutorEvent::Adopted { id, worker });
+        }
+        Ok(())
+    }
+
+    /// A listed pod's name, executor id and fate, if it is this app's executor's pod
+    /// as this driver names them, and not being deleted.
+    fn adoptable(&self, found: &Pod) -> Option<(String, ExecutorId, PodFate)> {
+        let name = found.metadata.name.clone()?;
+        let labels = found.metadata.labels.as_ref()?;
+        let id = ExecutorId(labels.get(pod::EXECUTOR_LABEL)?.clone());
+        let ours = found.metadata.deletion_timestamp.is_none() && self.pod_name(&id) == name;
+        ours.then(|| (name, id, pod::fate(found)))
+    }
+
     fn on_pod(self: &Arc<Self>, pod: &Pod) {
         let Some(name) = pod.metadata.name.clone() else {
             return;
@@ -29,7 +83,7 @@ impl Inner {
             if pod.metadata.deletion_timestamp.is_none() {
                 tracing::warn!(
                     pod = name,
-                    "a pod of this app that this driver did not create; deleting it"
+                    "a pod of this app that this driver neither created nor adopted; deleting it"
                 );
                 self.delete_later(name, Some(0));
             }
@@ -50,7 +104,7 @@ impl Inner {
             PodFate::Running { node } => {
                 if !tracked.launched {
                     tracked.launched = true;
-                    drop(state);
+                    // Under the lock, as the creator's report of the creation is.
                     self.send(ExecutorEvent::Launched {
                         id,
                         worker: node,

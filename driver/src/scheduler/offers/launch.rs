@@ -114,6 +114,7 @@ fn start_attempt(
         },
         RunningAttempt {
             attempt: job.tasks[index as usize].attempts,
+            generation: executor.generation,
             since: now,
             span,
             cores: job.def.resources.cores,

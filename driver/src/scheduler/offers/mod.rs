@@ -52,8 +52,13 @@ impl ClusterState {
             self.fail_excluded_jobs(wall, &mut actions);
             self.preempt(&mut actions);
         }
-        self.queue
-            .retain(|id| self.jobs.get(id).is_some_and(Job::has_work));
+        // Jobs restored after a restart launch nothing while their executors may still
+        // be coming back with their attempts (see `reactor::adoption`).
+        let (jobs, adopting) = (&self.jobs, &self.adopting);
+        self.queue.retain(|id| {
+            jobs.get(id).is_some_and(Job::has_work)
+                && !adopting.as_ref().is_some_and(|a| a.holds(id))
+        });
         if self.queue.is_empty() {
             return actions;
         }

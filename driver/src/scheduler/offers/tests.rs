@@ -21,7 +21,7 @@ fn state(tasks: usize) -> ClusterState {
     let mut state = ClusterState::new(0, config, Instant::now(), SystemTime::UNIX_EPOCH);
     for n in 1..=2 {
         state
-            .register_executor(exec(n), "h".into(), 2, n, false)
+            .register_executor(exec(n), "h".into(), 2, n, false, Vec::new())
             .expect("a new id");
     }
     state

@@ -3,6 +3,7 @@
 //! allocation reads. Apart from jobs and tasks because each change here starts from an
 //! executor; what it does to tasks (re-queueing what a lost one ran) follows from that.
 
+use flint_protocol::HeldAttempt;
 use flint_protocol::exit::ProcessExit;
 use flint_protocol::messages::Heartbeat;
 
@@ -13,6 +14,9 @@ impl ClusterState {
     /// same process (host and pid) registering again replaces its old registration: it
     /// reconnected before its old connection was seen to close, and that generation is
     /// lost (its tasks run again; the returned actions launch them).
+    /// The attempts it lists (it kept them running through a lost connection or a
+    /// driver's restart) are adopted or dropped (see `adoption`) before any placement,
+    /// so that none of them is launched a second time.
     pub fn register_executor(
         &mut self,
         id: ExecutorId,
@@ -20,6 +24,7 @@ impl ClusterState {
         cores: u32,
         pid: u32,
         meters_fuel: bool,
+        held: Vec<HeldAttempt>,
     ) -> Result<(u64, Vec<Action>), String> {
         if cores == 0 {
             return Err("an executor needs at least one core".into());
@@ -36,7 +41,7 @@ impl ClusterState {
                 ));
             }
             let old = existing.generation;
-            actions = self.executor_lost(&id, old);
+            self.lose_executor(&id, old, &mut actions);
         }
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -53,7 +58,9 @@ impl ClusterState {
         executor.meters_fuel = meters_fuel;
         executor.health = health;
         executor.launched_by = launched_by;
-        self.executors.insert(id, executor);
+        self.executors.insert(id.clone(), executor);
+        self.adopt(&id, held, &mut actions);
+        self.adopting_registered(&id);
         Ok((generation, actions))
     }
 
@@ -71,8 +78,22 @@ impl ClusterState {
     /// The executor's connection is gone: its running tasks go back to pending without
     /// counting as failures of the task (unless a copy still runs elsewhere).
     pub fn executor_lost(&mut self, id: &ExecutorId, generation: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if self.lose_executor(id, generation, &mut actions) {
+            actions.extend(self.make_offers());
+        }
+        actions
+    }
+
+    /// [`Self::executor_lost`] without the round of offers; whether it was live.
+    fn lose_executor(
+        &mut self,
+        id: &ExecutorId,
+        generation: u64,
+        actions: &mut Vec<Action>,
+    ) -> bool {
         let Some(executor) = self.live_executor(id, generation) else {
-            return Vec::new();
+            return false;
         };
         // The process may already have been seen exiting (a cluster manager's report).
         executor.state = match executor.exit {
@@ -82,7 +103,6 @@ impl ClusterState {
         executor.free_cores = 0;
         executor.queued_ahead = 0;
         let running: Vec<(TaskId, RunningAttempt)> = executor.running.drain().collect();
-        let mut actions = Vec::new();
         let now = self.wall;
         for (task_id, attempt) in running {
             if let Some(job) = self.jobs.get_mut(&task_id.job) {
@@ -103,8 +123,7 @@ impl ClusterState {
                 actions.push(requeue(queue, job, task_id.index, Rejoin::Front, why));
             }
         }
-        actions.extend(self.make_offers());
-        actions
+        true
     }
 
     /// Live executors whose last heartbeat is older than `timeout`: hung (SIGSTOP) or cut

@@ -6,6 +6,7 @@
 //! | event | function | file |
 //! |---|---|---|
 //! | an executor registers, beats, is lost, expires, is decommissioned; a cluster manager launched it, lost it, saw it exit | `register_executor`, `heartbeat`, `executor_lost`, `expire_executors`, `decommission_executor`, `stop_drained`, `executor_launched`, `executor_gone`, `executor_exited` | `executor_lifecycle.rs` |
+//! | an executor registers again with the attempts it kept; the wait for them after a restart ends | `adopt`, `begin_adopting`, `end_adopting_if_due` | `adoption.rs` |
 //! | a job (or a graph's jobs) is submitted, killed or stopped; a final job's last attempt reported | `submit_job`, `submit_jobs`, `kill_job`, `stop_job`, `retire_job`, `take_drained` | `job_lifecycle.rs` |
 //! | attempts end (a burst from one executor) | `status_updates`, then per attempt `on_task_ended`, which tells its outcome apart | `task_ended.rs` |
 //! | ... and the outcome decides the task | `on_task_succeeded`, `on_result_over_limit`, `on_task_failed` | `task_final.rs` |
@@ -18,6 +19,9 @@
 
 use super::*;
 
+pub use adoption::{Adopting, Dropped};
+
+mod adoption;
 mod executor_lifecycle;
 mod job_lifecycle;
 mod task_ended;

@@ -160,7 +160,7 @@ impl ClusterState {
         let running = executor
             .running
             .get(&status.task)
-            .filter(|r| r.attempt == status.attempt && status.generation == generation)
+            .filter(|r| r.attempt == status.attempt && r.generation == status.generation)
             .copied()?;
         executor.running.remove(&status.task);
         executor.tasks_finished += 1;

@@ -33,7 +33,7 @@ fn launched(executors: u32, tasks: usize, config: SchedulingConfig) -> ClusterSt
     let mut state = ClusterState::new(0, config, Instant::now(), SystemTime::UNIX_EPOCH);
     for n in 1..=executors {
         state
-            .register_executor(exec(n), "h".into(), 1, n, false)
+            .register_executor(exec(n), "h".into(), 1, n, false, Vec::new())
             .expect("a new id");
     }
     state.submit_job(job("j", tasks, 1));
@@ -166,7 +166,7 @@ fn a_failed_attempt_with_retries_left_requeues_once_and_counts() {
 fn a_failed_attempt_with_escalation_requeues_with_the_escalated_budget() {
     let mut state = ClusterState::new(0, plain(), Instant::now(), SystemTime::UNIX_EPOCH);
     state
-        .register_executor(exec(1), "h".into(), 1, 1, false)
+        .register_executor(exec(1), "h".into(), 1, 1, false, Vec::new())
         .expect("a new id");
     let mut escalating = job("j", 1, 1);
     escalating.def.resources.memory_mb = 128;
@@ -445,7 +445,7 @@ fn a_kill_ends_the_job_and_kills_each_running_attempt() {
 fn a_submitted_job_launches_onto_free_cores_and_memoized_tasks_end_at_once() {
     let mut state = ClusterState::new(0, plain(), Instant::now(), SystemTime::UNIX_EPOCH);
     state
-        .register_executor(exec(1), "h".into(), 1, 1, false)
+        .register_executor(exec(1), "h".into(), 1, 1, false, Vec::new())
         .expect("a new id");
     let mut memoized = job("j", 2, 1);
     memoized.tasks[1].memoized = Some(TaskResult::Inline(b"kept".to_vec()));

@@ -109,7 +109,7 @@ fn cluster(executors: u32, cores: u32) -> (ClusterState, Vec<u64>) {
     let generations = (1..=executors)
         .map(|n| {
             state
-                .register_executor(exec(n), "h".into(), cores, n, false)
+                .register_executor(exec(n), "h".into(), cores, n, false, Vec::new())
                 .unwrap()
                 .0
         })
@@ -158,6 +158,7 @@ fn finish(
     ))
 }
 
+mod adoption;
 mod failures;
 mod placement;
 mod shares;
@@ -167,17 +168,17 @@ mod waits;
 fn a_duplicate_live_id_is_refused_and_a_lost_one_comes_back_newer() {
     let (mut state, gens) = cluster(1, 2);
     let err = state
-        .register_executor(exec(1), "h".into(), 2, 9, false)
+        .register_executor(exec(1), "h".into(), 2, 9, false, Vec::new())
         .unwrap_err();
     assert!(err.contains("already registered"), "{err}");
     state.executor_lost(&exec(1), gens[0]);
     let (again, _) = state
-        .register_executor(exec(1), "h".into(), 2, 9, false)
+        .register_executor(exec(1), "h".into(), 2, 9, false, Vec::new())
         .unwrap();
     assert!(again > gens[0]);
     // The same process (host and pid) coming back supersedes its live registration.
     let (third, _) = state
-        .register_executor(exec(1), "h".into(), 2, 9, false)
+        .register_executor(exec(1), "h".into(), 2, 9, false, Vec::new())
         .unwrap();
     assert!(third > again);
 }
@@ -362,7 +363,7 @@ fn a_launched_executor_is_launching_until_it_registers_and_keeps_where_it_came_f
         "no offers before it registers"
     );
     let (generation, _) = state
-        .register_executor(exec(1), "h".into(), 2, 41, false)
+        .register_executor(exec(1), "h".into(), 2, 41, false, Vec::new())
         .unwrap();
     let e = &state.executors[&exec(1)];
     assert_eq!(e.state, ExecutorState::Alive);

@@ -259,7 +259,7 @@ fn a_job_is_defined_once_per_registration_before_its_first_launch_and_forgotten_
     // A new registration is a new connection, which knows no jobs.
     state.executor_lost(&exec(1), gens[0]);
     let (generation, _) = state
-        .register_executor(exec(1), "h".into(), 1, 1, false)
+        .register_executor(exec(1), "h".into(), 1, 1, false, Vec::new())
         .unwrap();
     let again = state.make_offers();
     assert_eq!(

@@ -261,7 +261,7 @@ fn preemption_takes_back_queued_attempts_first_and_long_tasks_queue_none_while_s
     };
     let mut state = ClusterState::new(0, config, Instant::now(), SystemTime::now());
     state
-        .register_executor(exec(1), "h".into(), 2, 1, false)
+        .register_executor(exec(1), "h".into(), 2, 1, false, Vec::new())
         .unwrap();
     let t0 = state.now();
     // Alone, B's tasks of unknown length queue `launch_ahead` deep beyond its 2 cores.

@@ -7,7 +7,7 @@ use super::*;
 fn bad_names_are_refused_and_lost_workers_are_forgotten_oldest_first() {
     let workers = Workers::default();
     let (notify, _heard) = mpsc::unbounded_channel();
-    workers.attach(notify);
+    workers.attach(notify, (1, 256));
     let (outbox, _sent) = mpsc::unbounded_channel();
     let register = |r: WorkerRegistration| {
         workers.register(r, outbox.clone(), "flint", Duration::from_secs(1))
@@ -42,7 +42,7 @@ fn bad_names_are_refused_and_lost_workers_are_forgotten_oldest_first() {
 fn past_max_workers_a_new_worker_is_refused_naming_the_limit_and_a_live_one_may_come_back() {
     let workers = Workers::default();
     let (notify, _heard) = mpsc::unbounded_channel();
-    workers.attach(notify);
+    workers.attach(notify, (1, 256));
     let (outbox, _sent) = mpsc::unbounded_channel();
     let register = |r: WorkerRegistration| {
         workers.register(r, outbox.clone(), "flint", Duration::from_secs(1))
@@ -111,7 +111,7 @@ fn executors_spread_by_free_cores_and_only_where_they_fit() {
         refused.contains("--cluster-manager standalone"),
         "{refused}"
     );
-    workers.attach(notify);
+    workers.attach(notify, (1, 256));
     let (out_a, mut sent_a) = mpsc::unbounded_channel();
     let (out_b, mut sent_b) = mpsc::unbounded_channel();
     let ga = join(&workers, registration("a", 2, 4096), out_a).unwrap();
@@ -182,7 +182,7 @@ fn executors_spread_by_free_cores_and_only_where_they_fit() {
 fn a_second_live_worker_of_one_id_is_refused_and_the_same_process_replaces_itself() {
     let workers = Workers::default();
     let (notify, _heard) = mpsc::unbounded_channel();
-    workers.attach(notify);
+    workers.attach(notify, (1, 256));
     let (out, _rx) = mpsc::unbounded_channel();
     let first = workers
         .register(
@@ -210,4 +210,31 @@ fn a_second_live_worker_of_one_id_is_refused_and_the_same_process_replaces_itsel
     // The old generation's messages and loss are ignored.
     workers.lost("a", first, "stale");
     assert_eq!(workers.views()[0].state, "alive");
+}
+
+/// After a driver restart a worker lists the executors it kept: they hold their room on
+/// it before anything else is placed there, and their exits are the worker's to report.
+#[test]
+fn the_executors_a_worker_lists_hold_their_room_at_once() {
+    let workers = Workers::default();
+    let (notify, mut heard) = mpsc::unbounded_channel();
+    workers.attach(notify, (1, 256));
+    let (out, _sent) = mpsc::unbounded_channel();
+    let mut kept = registration("a", 2, 1024);
+    kept.executors = vec![ExecutorId("exec-1".into())];
+    let generation = join(&workers, kept, out).unwrap();
+    assert!(matches!(
+        heard.try_recv().unwrap(),
+        WorkerEvent::Registered { reported, .. } if reported == [ExecutorId("exec-1".into())]
+    ));
+    let view = &workers.views()[0];
+    assert_eq!((view.free_cores, view.free_memory_mb), (1, 768), "{view:?}");
+    assert_eq!(workers.place(&placement(2, 1, 256)).as_deref(), Some("a"));
+    assert_eq!(workers.place(&placement(3, 1, 256)), None, "full");
+    exited(&workers, ("a", generation), "exec-1", 0);
+    assert!(matches!(
+        heard.try_recv().unwrap(),
+        WorkerEvent::ExecutorState { executor, .. } if executor.0 == "exec-1"
+    ));
+    assert_eq!(workers.place(&placement(3, 1, 256)).as_deref(), Some("a"));
 }

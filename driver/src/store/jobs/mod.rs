@@ -254,6 +254,36 @@ impl JobStore {
     }
 
     /// Whether the write numbered `write` (and every one before it) is committed.
+    /// An executor registered (`true`) or left for good (`false`); returns the write's
+    /// number.
+    pub fn executor_known(&self, id: &str, present: bool) -> u64 {
+        self.writer
+            .send(writer::Write::Executor(id.to_owned(), present))
+    }
+
+    /// The executors registered and not seen leave, as committed.
+    pub fn known_executors(&self) -> Result<Vec<String>, StoreError> {
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
+        let table = txn.open_table(schema::EXECUTORS).map_err(db_error)?;
+        let mut ids = Vec::new();
+        for row in table.iter().map_err(db_error)? {
+            let (id, _) = row.map_err(db_error)?;
+            ids.push(id.value().to_owned());
+        }
+        Ok(ids)
+    }
+
+    /// The number of the latest write sent: once [`Self::is_durable`] says so of it,
+    /// every end and job handed to the store before this call is committed.
+    pub fn last_write(&self) -> u64 {
+        self.writer.last_sent()
+    }
+
+    /// Changes to the number of the latest write committed, whenever a commit lands.
+    pub fn durable(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.writer.durable()
+    }
+
     pub fn is_durable(&self, write: u64) -> bool {
         self.writer.committed() >= write
     }

@@ -78,6 +78,11 @@ pub(super) const JOB_KEYS: TableDefinition<&str, &str> = TableDefinition::new("j
 /// names of its jobs and the edges between them, written in the transaction that stores
 /// its jobs. Added in layout 5 without a new layout: a data dir without it has no graphs.
 pub(super) const GRAPHS: TableDefinition<&str, &[u8]> = TableDefinition::new("graphs.v1");
+/// Executor id -> nothing: the executors registered and not since seen leave, so that
+/// a restarted driver knows whom to wait for before it launches again what they may
+/// still run (`--adopt-wait-ms`). Added in layout 5 without a new layout: a data dir
+/// without it knew no executors.
+pub(super) const EXECUTORS: TableDefinition<&str, ()> = TableDefinition::new("executors.v1");
 /// Job -> [`JobSummaryRecord`].
 pub(super) const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("job_summaries.v1");
 /// Indexes of every job: by creation time; by state (a live job is under `queued` until
@@ -131,6 +136,7 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(BLOB_REFS).map_err(db_error)?;
     txn.open_table(META).map_err(db_error)?;
     txn.open_table(GRAPHS).map_err(db_error)?;
+    txn.open_table(EXECUTORS).map_err(db_error)?;
     Ok(())
 }
 
@@ -156,6 +162,7 @@ fn has_every_table(tables: &HashSet<String>) -> bool {
         && has(BLOB_REFS.name())
         && has(META.name())
         && has(GRAPHS.name())
+        && has(EXECUTORS.name())
 }
 
 /// Makes the tables and the layout a data dir lacks (a new one, or one from before a

@@ -390,7 +390,8 @@ fn names_gone(txn: &redb::ReadTransaction, name: &str) -> bool {
                 postcard::from_bytes(e.unwrap().1.value()).unwrap();
             record.jobs.iter().any(|(_, job)| job.0 == "gone")
         }),
-        "blob_refs.v1" | "upload_owners.v1" | "meta" => false,
+        // Executors are not a job's: nothing of a job is kept there.
+        "blob_refs.v1" | "upload_owners.v1" | "meta" | "executors.v1" => false,
         other => panic!("a table this test does not know: {other}; teach it to look there"),
     }
 }
@@ -1048,4 +1049,32 @@ fn a_graph_is_stored_with_its_jobs_and_key_or_not_at_all_and_its_key_leaves_with
     );
     assert!(store.graph("graph-1").unwrap().is_none());
     assert!(store.load().unwrap().keys.is_empty(), "the key is free");
+}
+
+#[test]
+fn the_executors_known_are_what_registered_and_did_not_leave_and_outlive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = JobStore::open(&path, Duration::ZERO).unwrap();
+    let mut durable = store.durable();
+    store.executor_known("exec-1", true);
+    store.executor_known("exec-2", true);
+    store.executor_known("exec-3", true);
+    let last = store.executor_known("exec-2", false);
+    assert_eq!(store.last_write(), last);
+    // The watch says when the commit that holds them has landed.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), durable.wait_for(|at| *at >= last))
+                .await
+                .expect("the commit lands")
+                .unwrap();
+        });
+    assert!(store.is_durable(last));
+    assert_eq!(store.known_executors().unwrap(), ["exec-1", "exec-3"]);
+    let store = reopen(store, &path);
+    assert_eq!(store.known_executors().unwrap(), ["exec-1", "exec-3"]);
 }

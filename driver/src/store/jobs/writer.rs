@@ -23,7 +23,9 @@ use super::handle::Handle;
 use super::journal::record::Journaled;
 use super::journal::{Journal, Position};
 use super::rows::{end_job, insert_encoded};
-use super::schema::{JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS};
+use super::schema::{
+    EXECUTORS, JOB_ATTEMPTS, JOBS, MEMO, MEMO_BY_JOB, META, NEXT_SEQUENCE, TASK_ENDS,
+};
 use super::{StoreError, db_error};
 
 /// Ends written per commit at most; a bound on how long one commit holds the writer.
@@ -44,6 +46,8 @@ pub(super) enum Write {
     Attempts(JobId, Vec<AttemptRecord>),
     /// A memoize job's task succeeded with an inline result under this key.
     Memo(Digest, JobId, u32),
+    /// An executor registered (`true`) or left (`false`).
+    Executor(String, bool),
     /// Try to commit what came before now, then answer.
     Flush(mpsc::SyncSender<()>),
 }
@@ -59,10 +63,12 @@ pub(super) struct Writer {
 }
 
 /// What the writer thread shares with the store's callers.
-#[derive(Default)]
 struct WriterState {
     /// The number of the latest write committed (every one before it is too).
     committed: AtomicU64,
+    /// The same, for those who wait for a write to be durable (an executor's task ends
+    /// are acknowledged once they are).
+    durable: tokio::sync::watch::Sender<u64>,
     /// Group commits of task and job ends so far.
     commits: AtomicU64,
     /// A flush is waiting: stop waiting out the commit interval.
@@ -78,7 +84,12 @@ impl Writer {
         commit_interval: Duration,
     ) -> Result<Self, StoreError> {
         let (writes, queue) = mpsc::channel();
-        let state = Arc::new(WriterState::default());
+        let state = Arc::new(WriterState {
+            committed: AtomicU64::new(0),
+            durable: tokio::sync::watch::Sender::new(0),
+            commits: AtomicU64::new(0),
+            flush: AtomicBool::new(false),
+        });
         let shared = state.clone();
         let thread = std::thread::Builder::new()
             .name("flint-job-store".into())
@@ -115,6 +126,17 @@ impl Writer {
 
     pub(super) fn committed(&self) -> u64 {
         self.state.committed.load(Ordering::Acquire)
+    }
+
+    /// The number of the latest write sent: once it is committed, so is everything
+    /// sent before this call.
+    pub(super) fn last_sent(&self) -> u64 {
+        self.writes.lock().expect("no panic while sending").0
+    }
+
+    /// Changes whenever a commit lands, to the number of the latest write committed.
+    pub(super) fn durable(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state.durable.subscribe()
     }
 
     pub(super) fn commits(&self) -> u64 {
@@ -200,6 +222,11 @@ impl WriteLoop<'_> {
             if let Ok(folded) = &committed {
                 let last = batch.last().map_or(0, |(n, _)| *n);
                 self.state.committed.fetch_max(last, Ordering::AcqRel);
+                self.state.durable.send_if_modified(|at| {
+                    let moved = last > *at;
+                    *at = (*at).max(last);
+                    moved
+                });
                 if let Some(mark) = folded {
                     self.journal.folded(*mark);
                     self.journal.prepare();
@@ -301,6 +328,7 @@ fn commit(
         }
     }
     put_timelines_and_memos(&txn, batch)?;
+    put_executors(&txn, batch)?;
     txn.open_table(META)
         .map_err(db_error)?
         .insert(NEXT_SEQUENCE, sequence)
@@ -360,6 +388,20 @@ fn put_task_ends(
         }
     }
     Ok(sequence)
+}
+
+/// The executors that registered or left, in the order they did.
+fn put_executors(txn: &redb::WriteTransaction, batch: &[(u64, Write)]) -> Result<(), StoreError> {
+    let mut table = txn.open_table(EXECUTORS).map_err(db_error)?;
+    for (_, write) in batch {
+        if let Write::Executor(id, present) = write {
+            match present {
+                true => table.insert(id.as_str(), ()).map_err(db_error)?,
+                false => table.remove(id.as_str()).map_err(db_error)?,
+            };
+        }
+    }
+    Ok(())
 }
 
 /// The batch's timelines and memo entries, each of a job the database holds.

@@ -14,7 +14,9 @@ fn settings() -> PodSettings {
         driver_url: "flint://flint-driver.flint.svc:7071".into(),
         cluster_secret_ref: Some(("flint-secrets".into(), "cluster-secret".into())),
         owner: Some(Owner {
-            name: "flint-driver-0".into(),
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: "flint-driver".into(),
             uid: "u-1".into(),
         }),
         template: None,
@@ -38,7 +40,10 @@ fn the_built_in_pod_carries_env_limits_labels_owner_and_no_inline_secret() {
     assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-3");
     assert_eq!(json["metadata"]["labels"][APP_LABEL], "batch_7");
     assert_eq!(json["metadata"]["labels"][EXECUTOR_LABEL], "exec-3");
-    assert_eq!(json["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    let owner = &json["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["uid"], "u-1");
+    assert_eq!(owner["kind"], "StatefulSet");
+    assert!(owner.get("controller").is_none(), "{owner}");
     let c = &json["spec"]["containers"][0];
     assert_eq!(c["args"], json!(["executor"]));
     // 10 % of 2048 is under the 384 MiB floor.
