@@ -1,7 +1,8 @@
-//! End to end: `flint bench`'s modes (issues 16, 30, 31) run and print their figures,
+//! End to end: `flint bench`'s modes (issues 16, 30, 31, 41) run and print their figures,
 //! small, so that they keep working between the sessions that measure with them
 //! (BENCHMARKS.md). Their numbers are not checked here: a debug build on a shared
-//! machine says nothing.
+//! machine says nothing. Only `--restarts` compares two of its own, work lost before
+//! and after adoption, which differ by far more than any machine's noise.
 
 use std::process::Command;
 
@@ -203,4 +204,47 @@ fn the_floor_prints_every_figure_beside_its_floor_and_needs_the_testkit_module()
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--floor needs --module"), "{stderr}");
+}
+
+/// Both modes run, and executors that keep their tasks through a driver's SIGKILL lose
+/// less than ones that kill them: every `before` kill lands while both cores are busy
+/// (the restarts start once each has run a task), so it throws away part of two attempts.
+#[test]
+fn restarts_measure_the_work_lost_before_and_after_adoption() {
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let out = bench(&[
+        "--module",
+        &testkit,
+        "--restarts",
+        "2",
+        "--restart-task-ms",
+        "500",
+        "--restart-interval-ms",
+        "700",
+    ]);
+    let lost = |mode: &str| -> f64 {
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(mode))
+            .unwrap_or_else(|| panic!("no `{mode}` row in:\n{out}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[2], "2", "two restarts during the job: {row}");
+        cells[4]
+            .parse()
+            .unwrap_or_else(|_| panic!("lost task-s in {row}"))
+    };
+    let (before, after) = (lost("before"), lost("after"));
+    assert!(
+        before > 0.0 && after < before,
+        "before {before}, after {after}:\n{out}"
+    );
+    assert!(out.contains("work lost, after / before: "), "{out}");
+
+    let out = Command::new(FLINT)
+        .args(["bench", "--restarts", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--restarts needs --module"), "{stderr}");
 }

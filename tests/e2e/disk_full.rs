@@ -242,7 +242,8 @@ fn uploads_past_the_quota_get_507_with_the_figures_and_the_driver_keeps_what_it_
 fn a_full_disk_fails_new_work_cleanly_and_every_accepted_job_survives_it() {
     let tmpfs = Tmpfs::mount("16m");
     let (http, executors) = (free_port(), free_port());
-    let driver = tmpfs.driver(http, executors, &[]);
+    // Told to on its way out, the executor stops with the driver (below).
+    let driver = tmpfs.driver(http, executors, &["--stop-executors-on-exit"]);
     let work = tempfile::tempdir().unwrap();
     let mut first_executor = executor(executors, work.path());
     let api = api(http);
@@ -304,7 +305,7 @@ fn a_full_disk_fails_new_work_cleanly_and_every_accepted_job_survives_it() {
     let after = body["id"].as_str().unwrap().to_owned();
     assert_echoed(&api, &after, &["c0"]);
 
-    // A restart on the same tmpfs finds every accepted job with its results. A clean
+    // A restart on the same tmpfs finds every accepted job with its results. This clean
     // stop tells the executor the driver is gone for good, so another one is started.
     driver.stop();
     assert!(first_executor.wait().unwrap().success());
@@ -348,7 +349,8 @@ fn a_driver_crashed_with_jobs_in_its_journal_starts_on_a_full_disk_and_runs_them
     driver.sigkill();
     let filler = fill(&tmpfs);
 
-    let driver = tmpfs.driver(http, executors, &slow_commits);
+    let stop_all = ["--commit-interval-ms", "10000", "--stop-executors-on-exit"];
+    let driver = tmpfs.driver(http, executors, &stop_all);
     let work = tempfile::tempdir().unwrap();
     let mut first_executor = executor(executors, work.path());
     api.wait_for_alive_executors(1);

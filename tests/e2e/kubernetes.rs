@@ -4,7 +4,8 @@
 //! (`flint driver --cluster-manager kubernetes --kubeconfig ...`, a real process)
 //! creating executor pods that the simulator runs as real `flint executor` processes:
 //! scaling with the work, evictions, OOM kills, unschedulable pods, dropped watches and
-//! 410s, 429s, and the driver's stop and death.
+//! 410s, 429s, and the driver's stop and death; its restart, which adopts the pods it
+//! left running, in `kubernetes/restart.rs`.
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
@@ -491,11 +492,26 @@ fn kube_sim_runs_containers_as_the_kubelet_would() {
 const SECRET: &str = "k8s-cluster-secret";
 const APP: &str = "k8s-test";
 
+/// The uid of the StatefulSet that owns the driver's pod (it exists only as this uid:
+/// the simulator has no StatefulSets).
+const STATEFULSET_UID: &str = "5e7f0c1a-0d1e-4c2b-9a3f-57a7e0f5e7a1";
+
+/// The driver's own pod, as its StatefulSet makes it (again, in a rollout); its uid.
+fn add_driver_pod(sim: &KubeSim) -> String {
+    let owner = json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "flint-driver",
+        "uid": STATEFULSET_UID, "controller": true, "blockOwnerDeletion": true,
+    });
+    let labels = [("app.kubernetes.io/component", "driver")];
+    sim.add_owned_pod(NS, "flint-driver-0", &labels, Some(owner))
+}
+
 /// A simulated API with the driver's own pod and the Secret, and a driver using it.
 struct K8s {
     sim: KubeSim,
     driver: DevCluster,
-    driver_uid: String,
+    /// The driver's flags, for a restart.
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -506,22 +522,23 @@ impl K8s {
 
     /// `before` runs against the simulator before the driver starts (faults to inject).
     fn start_with(allocation: &[&str], before: impl FnOnce(&KubeSim)) -> K8s {
+        Self::start_on(["127.0.0.1:0", "127.0.0.1:0"], allocation, before)
+    }
+
+    /// A driver listening on `listen` (its API, then its executor port).
+    fn start_on(listen: [&str; 2], allocation: &[&str], before: impl FnOnce(&KubeSim)) -> K8s {
         let dir = tempfile::tempdir().unwrap();
         let sim = KubeSim::start(std::path::Path::new(FLINT), &dir.path().join("pods"));
         sim.add_secret(NS, "flint-secrets", "cluster-secret", SECRET);
-        let driver_uid = sim.add_pod(
-            NS,
-            "flint-driver-0",
-            &[("app.kubernetes.io/component", "driver")],
-        );
+        add_driver_pod(&sim);
         let kubeconfig = sim.write_kubeconfig(dir.path(), NS);
         before(&sim);
-        let kubeconfig = kubeconfig.to_str().unwrap().to_owned();
-        let mut args = vec![
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let mut args: Vec<String> = [
             "--listen",
-            "127.0.0.1:0",
+            listen[0],
             "--executor-listen",
-            "127.0.0.1:0",
+            listen[1],
             "--app-id",
             APP,
             "--cluster-secret",
@@ -529,7 +546,7 @@ impl K8s {
             "--cluster-manager",
             "kubernetes",
             "--kubeconfig",
-            &kubeconfig,
+            kubeconfig,
             "--k8s-image",
             "localhost/flint:dev",
             "--k8s-driver-pod",
@@ -542,13 +559,15 @@ impl K8s {
             "1",
             "--executor-memory-mb",
             "256",
-        ];
-        args.extend_from_slice(allocation);
-        let driver = DevCluster::spawn("driver", &args, &[]);
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(allocation.iter().map(|a| a.to_string()));
+        let driver = DevCluster::driver(&args);
         K8s {
             sim,
             driver,
-            driver_uid,
+            args,
             _dir: dir,
         }
     }
@@ -623,11 +642,16 @@ fn pods_scale_from_zero_to_n_for_a_job_and_back_to_zero_after_idle() {
     let allocation = k.driver.get("/v1/executors").1["allocation"].clone();
     assert_eq!(allocation["recent_failures"], 0, "{allocation}");
 
-    // What the driver sent: each pod owned by the driver's, the secret by reference.
+    // What the driver sent: each pod owned by what owns the driver's pod (not as its
+    // controller), the secret by reference.
     for pod in k.sim.created() {
         let owner = &pod["metadata"]["ownerReferences"][0];
-        assert_eq!(owner["uid"], k.driver_uid.as_str(), "{pod}");
-        assert_eq!(owner["kind"], "Pod");
+        assert_eq!(owner["uid"], STATEFULSET_UID, "{pod}");
+        assert_eq!(
+            (&owner["kind"], &owner["name"]),
+            (&json!("StatefulSet"), &json!("flint-driver"))
+        );
+        assert!(owner.get("controller").is_none(), "{owner}");
         let env = pod["spec"]["containers"][0]["env"]
             .as_array()
             .unwrap()
@@ -903,8 +927,8 @@ fn api_429s_on_pod_creation_are_backed_off_and_retried() {
 }
 
 #[test]
-fn stopping_the_driver_deletes_every_pod_of_its_app() {
-    let mut k = K8s::start(&["--initial-executors", "3"]);
+fn stopping_the_driver_for_good_deletes_every_pod_of_its_app() {
+    let mut k = K8s::start(&["--initial-executors", "3", "--stop-executors-on-exit"]);
     wait_until(Duration::from_secs(30), "three executors", || {
         k.driver.alive_executors() == 3
     });
@@ -916,17 +940,28 @@ fn stopping_the_driver_deletes_every_pod_of_its_app() {
     assert_eq!(k.sim.pods(NS).len(), 1);
 }
 
+/// The driver's pod goes in every rollout: its executors' pods are not its own, so they
+/// stay for the next driver; they go with the StatefulSet that owns them all.
 #[test]
-fn a_driver_pod_deleted_takes_its_executor_pods_with_it() {
+fn a_driver_pod_deleted_leaves_its_executor_pods_and_its_statefulset_deleted_takes_them() {
     let k = K8s::start(&["--initial-executors", "2"]);
     wait_until(Duration::from_secs(30), "two executors", || {
         k.driver.alive_executors() == 2
     });
-    // The driver dies without cleaning up; Kubernetes deletes its pod, and the garbage
-    // collector the pods it owns.
     signal(k.driver.pid(), libc::SIGKILL);
     k.sim.delete(NS, "flint-driver-0");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(k.executor_pods().len(), 2, "{:?}", k.executor_pods());
+    let pids: Vec<u32> = ["exec-1", "exec-2"]
+        .iter()
+        .map(|e| k.sim.pid(NS, &k.pod_of(e)).unwrap())
+        .collect();
+    assert!(pids.iter().all(|pid| process_exists(*pid)));
+    // `kubectl delete statefulset flint-driver`: the garbage collector takes them.
+    k.sim.delete_owner(NS, STATEFULSET_UID);
     wait_until(Duration::from_secs(30), "no executor pods", || {
         k.executor_pods().is_empty()
     });
 }
+
+pub(crate) mod restart;

@@ -25,6 +25,7 @@
 mod common;
 
 mod accounting;
+mod adoption;
 mod auth;
 mod bad_input;
 mod bench;

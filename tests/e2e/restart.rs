@@ -14,7 +14,7 @@ use crate::common;
 use crate::common::{Api, Process, free_port, guests, process, wait_until};
 
 /// Appends to `<dir>/<name>.log`, kept with the test's temp dir for a failure's post mortem.
-fn log(dir: &Path, name: &str) -> Stdio {
+pub(crate) fn log(dir: &Path, name: &str) -> Stdio {
     std::fs::create_dir_all(dir).unwrap();
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -25,10 +25,10 @@ fn log(dir: &Path, name: &str) -> Stdio {
 }
 
 /// Keeps the directory (and its logs) when the test fails.
-struct KeepOnPanic(Option<tempfile::TempDir>);
+pub(crate) struct KeepOnPanic(Option<tempfile::TempDir>);
 
 impl KeepOnPanic {
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.0.as_ref().expect("present until drop").path()
     }
 }
@@ -43,7 +43,7 @@ impl Drop for KeepOnPanic {
     }
 }
 
-fn scopeguard_keep(dir: tempfile::TempDir) -> KeepOnPanic {
+pub(crate) fn scopeguard_keep(dir: tempfile::TempDir) -> KeepOnPanic {
     KeepOnPanic(Some(dir))
 }
 
@@ -51,7 +51,12 @@ fn start_driver(http: u16, executors: u16, data_dir: &Path) -> Process {
     start_driver_with(http, executors, data_dir, &[])
 }
 
-fn start_driver_with(http: u16, executors: u16, data_dir: &Path, args: &[&str]) -> Process {
+pub(crate) fn start_driver_with(
+    http: u16,
+    executors: u16,
+    data_dir: &Path,
+    args: &[&str],
+) -> Process {
     let (listen, executor_listen) = (
         format!("127.0.0.1:{http}"),
         format!("127.0.0.1:{executors}"),
@@ -78,7 +83,7 @@ fn start_executor(id: &str, executors: u16, work_dir: &Path) -> Process {
 }
 
 /// The driver's API at `http`; it may be down between a crash and a restart.
-fn api(http: u16) -> Api {
+pub(crate) fn api(http: u16) -> Api {
     Api::new(format!("http://127.0.0.1:{http}"), None)
 }
 
@@ -175,7 +180,10 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
     // Commits 10 s apart (the most allowed): the ends after the first wait for the
     // next commit far longer than this job runs.
     let slow_commits = ["--commit-interval-ms", "10000"];
-    let mut driver = start_driver_with(http, exec_port, &data, &slow_commits);
+    // Told to on its way out, the executor stops with the driver instead of waiting for
+    // the next one (see tests/e2e/adoption.rs for a driver stopped without it).
+    let stop_all = ["--commit-interval-ms", "10000", "--stop-executors-on-exit"];
+    let mut driver = start_driver_with(http, exec_port, &data, &stop_all);
     let mut executor = start_executor("exec-1", exec_port, dir.path());
     wait_until(Duration::from_secs(30), "the executor to register", || {
         api.alive_executors() == 1
@@ -193,7 +201,8 @@ fn a_cleanly_stopped_driver_keeps_the_ends_waiting_for_a_group_commit() {
     common::signal(driver.id(), libc::SIGTERM);
     let status = driver.wait().unwrap();
     assert!(status.success(), "a clean stop: {status:?}");
-    // A clean stop tells the executors the driver is gone for good: they exit.
+    // With --stop-executors-on-exit, a clean stop tells the executors the driver is gone
+    // for good: they exit.
     let status = executor.wait().unwrap();
     assert!(
         status.success(),

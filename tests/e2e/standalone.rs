@@ -3,7 +3,8 @@
 //! driver listens on the bridge with a token and a cluster secret and has its workers
 //! launch its executors. A SIGKILLed executor is reported by its worker with its signal
 //! and replaced; a SIGKILLed worker takes its executors with it and the replacements
-//! come from the other workers; every result is there, once.
+//! come from the other workers; every result is there, once. A driver SIGKILLed and
+//! started again adopts its workers' executors (`standalone/restart.rs`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -424,3 +425,5 @@ fn dynamic_allocation_scales_from_zero_to_six_with_the_work_and_back_to_zero() {
         assert_eq!(t["state"], "succeeded", "{t}");
     }
 }
+
+mod restart;

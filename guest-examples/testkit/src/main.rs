@@ -9,6 +9,8 @@
 //! | `noop`       | nothing; exit 0, no output                                            |
 //! | `echo`       | copies stdin to stdout byte for byte                                  |
 //! | `sleep MS`   | sleeps MS milliseconds, then exits 0                                  |
+//! | `after MS COMMAND...` | sleeps MS milliseconds, then does COMMAND (with its own arguments): a task that takes time and still has a result |
+//! | `burn MS`    | computes for MS milliseconds of wall time (a busy wait: CPU time an executor can account for), then exits 0 |
 //! | `slow-first MS` | on the first attempt (`FLINT_ATTEMPT=1`) computes for MS milliseconds (a busy wait, so a kill interrupts it, unlike `sleep`); then, on every attempt, copies stdin to stdout (for speculation) |
 //! | `spin`       | computes forever without calling the host (for timeouts and kills)    |
 //! | `alloc MB`   | allocates and touches MB MiB, then writes the byte count (decimal, no newline) |
@@ -53,8 +55,9 @@ use flint_sdk::TaskInfo;
 #[cfg(target_os = "wasi")]
 mod facts;
 
-const USAGE: &str = "valid commands: noop, echo, sleep MS, slow-first MS, spin, alloc MB, exit N, panic, \
-                     print N, eprint N, env, info, read PATH, write PATH, recurse, facts";
+const USAGE: &str = "valid commands: noop, echo, sleep MS, after MS COMMAND..., burn MS, slow-first MS, \
+                     spin, alloc MB, exit N, panic, print N, eprint N, env, info, read PATH, write PATH, \
+                     recurse, facts";
 
 const MIB: usize = 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
@@ -100,6 +103,8 @@ enum Command {
     Write(String),
     Recurse,
     Facts,
+    After(Duration, Box<Command>),
+    Burn(Duration),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +151,12 @@ impl Command {
             "noop" => Command::Noop,
             "echo" => Command::Echo,
             "sleep" => Command::Sleep(Duration::from_millis(number("sleep", rest)?)),
+            "after" => {
+                let pause = Duration::from_millis(number("after", rest)?);
+                let then = Command::parse(&rest[1..])?;
+                return Ok(Command::After(pause, Box::new(then)));
+            }
+            "burn" => Command::Burn(Duration::from_millis(number("burn", rest)?)),
             "slow-first" => Command::SlowFirst(Duration::from_millis(number("slow-first", rest)?)),
             "spin" => Command::Spin,
             "alloc" => {
@@ -182,6 +193,7 @@ impl Command {
         matches!(
             self,
             Command::Sleep(_)
+                | Command::Burn(_)
                 | Command::SlowFirst(_)
                 | Command::Alloc { .. }
                 | Command::Exit(_)
@@ -197,6 +209,8 @@ impl Command {
             Command::Noop => "noop",
             Command::Echo => "echo",
             Command::Sleep(_) => "sleep",
+            Command::After(..) => "after",
+            Command::Burn(_) => "burn",
             Command::SlowFirst(_) => "slow-first",
             Command::Spin => "spin",
             Command::Alloc { .. } => "alloc",
@@ -223,6 +237,16 @@ impl Command {
                 stdout.flush()?;
             }
             Command::Sleep(duration) => std::thread::sleep(duration),
+            Command::After(pause, then) => {
+                std::thread::sleep(pause);
+                return then.run(args);
+            }
+            Command::Burn(duration) => {
+                let start = std::time::Instant::now();
+                while start.elapsed() < duration {
+                    black_box(0u64);
+                }
+            }
             Command::SlowFirst(duration) => {
                 if std::env::var("FLINT_ATTEMPT").as_deref() == Ok("1") {
                     let start = std::time::Instant::now();

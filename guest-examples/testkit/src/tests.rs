@@ -13,6 +13,17 @@ fn parses_every_command() {
         parse(&["sleep", "250"]),
         Ok(Command::Sleep(Duration::from_millis(250)))
     );
+    assert_eq!(
+        parse(&["after", "3000", "print", "5"]),
+        Ok(Command::After(
+            Duration::from_millis(3000),
+            Box::new(Command::Print(5))
+        ))
+    );
+    assert_eq!(
+        parse(&["burn", "20"]),
+        Ok(Command::Burn(Duration::from_millis(20)))
+    );
     assert_eq!(parse(&["spin"]), Ok(Command::Spin));
     assert_eq!(
         parse(&["alloc", "3"]),
@@ -145,6 +156,8 @@ fn usage_names_every_command() {
         "noop",
         "echo",
         "sleep",
+        "after",
+        "burn",
         "slow-first",
         "spin",
         "alloc",

@@ -57,7 +57,8 @@
 //!   ended, unscheduled) or a grace of 0 goes at once, as the real registry does. The
 //!   garbage collector: once a pod is gone, the pods whose `ownerReferences` name its
 //!   uid are deleted the same way (with their own grace), or with `Orphan` lose that
-//!   reference.
+//!   reference; [`KubeSim::delete_owner`] does the same for an owner that is no pod (a
+//!   StatefulSet, which exists here only as the uid its pods name).
 //! - Injected API failures ([`KubeSim::fail_next`]: 429 with `Retry-After`, 5xx).
 //!
 //! What it does not model: every other resource (no Secret, ConfigMap, Node or Event
@@ -271,6 +272,19 @@ impl KubeSim {
     /// A Running pod with no process (the driver's own pod, say, for owner references);
     /// returns its uid.
     pub fn add_pod(&self, namespace: &str, name: &str, labels: &[(&str, &str)]) -> String {
+        self.add_owned_pod(namespace, name, labels, None)
+    }
+
+    /// [`Self::add_pod`] with an owner reference (`{apiVersion, kind, name, uid,
+    /// controller}`): a StatefulSet's pod, say. The owner need not exist here: only
+    /// [`Self::delete_owner`] acts on it.
+    pub fn add_owned_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        owner: Option<Value>,
+    ) -> String {
         let mut st = self.shared.lock();
         let key: Key = (namespace.into(), name.into());
         assert!(!st.pods.contains_key(&key), "pod {namespace}/{name} exists");
@@ -295,6 +309,9 @@ impl KubeSim {
             },
             "status": {"phase": "Running", "podIP": POD_IP, "hostIP": POD_IP, "startTime": now},
         });
+        if let Some(owner) = owner {
+            object["metadata"]["ownerReferences"] = json!([owner]);
+        }
         for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
             set_condition(&mut object, kind, "True", None, None);
         }
@@ -384,6 +401,16 @@ impl KubeSim {
         let key: Key = (namespace.into(), name.into());
         if let Err(status) = delete_pod(&self.shared, &mut st, &key, DeleteOptions::default()) {
             panic!("deleting {namespace}/{name}: {status}");
+        }
+    }
+
+    /// The garbage collector once an owner that is not a pod here (a StatefulSet,
+    /// deleted by `kubectl delete`) is gone: every pod naming its uid is deleted, with
+    /// its own grace.
+    pub fn delete_owner(&self, namespace: &str, uid: &str) {
+        let mut st = self.shared.lock();
+        for dependent in dependents(&st, namespace, uid) {
+            let _ = delete_pod(&self.shared, &mut st, &dependent, DeleteOptions::default());
         }
     }
 
@@ -1244,13 +1271,7 @@ fn delete_pod(
 fn remove_pod(shared: &Arc<Shared>, st: &mut State, key: &Key) -> Value {
     let object = st.publish(key, "DELETED").unwrap();
     let gone = st.pods.remove(key).unwrap();
-    let dependents: Vec<Key> = st
-        .pods
-        .iter()
-        .filter(|((ns, _), pod)| *ns == key.0 && owner_uids(&pod.object).any(|u| u == gone.uid))
-        .map(|(k, _)| k.clone())
-        .collect();
-    for dependent in dependents {
+    for dependent in dependents(st, &key.0, &gone.uid) {
         if gone.orphan_dependents {
             st.modify(&dependent, |o| {
                 if let Some(owners) = o["metadata"]["ownerReferences"].as_array_mut() {
@@ -1262,6 +1283,14 @@ fn remove_pod(shared: &Arc<Shared>, st: &mut State, key: &Key) -> Value {
         }
     }
     object
+}
+
+/// The pods of `namespace` whose `ownerReferences` name `uid`.
+fn dependents(st: &State, namespace: &str, uid: &str) -> Vec<Key> {
+    (st.pods.iter())
+        .filter(|((ns, _), pod)| ns == namespace && owner_uids(&pod.object).any(|u| u == uid))
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 fn owner_uids(pod: &Value) -> impl Iterator<Item = &str> {
