@@ -37,9 +37,11 @@ from .errors import (
     WaitTimeout,
 )
 from .models import (
+    AdoptedEvent,
     AllocationView,
     ClusterHistory,
     ClusterSample,
+    DroppedEvent,
     EndEvent,
     ErrorBody,
     Event,
@@ -127,6 +129,8 @@ __all__ = [
     "JobEvent",
     "TaskEvent",
     "LaggedEvent",
+    "AdoptedEvent",
+    "DroppedEvent",
     "EndEvent",
     "UnknownEvent",
     "ExecutorView",

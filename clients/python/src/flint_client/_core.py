@@ -30,7 +30,9 @@ import httpx
 
 from .errors import FlintError, ProtocolError, ReplayUnavailable, TaskFailure, WaitTimeout, error_for
 from .models import (
+    AdoptedEvent,
     ClusterHistory,
+    DroppedEvent,
     EndEvent,
     Event,
     ExecutorList,
@@ -1050,7 +1052,8 @@ class SSEParser:
 def parse_event(name: str, data: str) -> Event:
     """One server-sent event of a job's stream as its typed :data:`Event`."""
     try:
-        body: Any = json.loads(data) if name in ("job", "end", "task", "lagged") else None
+        known = ("job", "end", "task", "lagged", "adopted", "dropped")
+        body: Any = json.loads(data) if name in known else None
         if name == "job":
             return JobEvent(from_json(JobView, body))
         if name == "end":
@@ -1059,6 +1062,10 @@ def parse_event(name: str, data: str) -> Event:
             return from_json(TaskEvent, body)
         if name == "lagged":
             return from_json(LaggedEvent, body)
+        if name == "adopted":
+            return from_json(AdoptedEvent, body)
+        if name == "dropped":
+            return from_json(DroppedEvent, body)
     except (ValueError, TypeError) as e:
         raise ProtocolError("bad_response", f"event {name}: {e}: {data[:200]!r}") from None
     return UnknownEvent(name, data)

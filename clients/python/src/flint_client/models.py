@@ -294,6 +294,32 @@ class LaggedEvent:
 
 
 @dataclass(frozen=True)
+class AdoptedEvent:
+    """An ``adopted`` event: an executor that kept running an attempt through a driver
+    restart (or a broken connection) registered again, and the attempt is its task's
+    running attempt again; nothing was launched for it."""
+
+    event: ClassVar[str] = "adopted"
+    index: int
+    attempt: int = 0
+    executor: str = ""
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DroppedEvent:
+    """A ``dropped`` event: an attempt an executor listed when it registered again was
+    killed (or its end ignored); ``reason`` says why (``job_gone``, ``task_ended``,
+    ``runs_elsewhere``, ``task_waiting``, ``no_such_task``)."""
+
+    event: ClassVar[str] = "dropped"
+    index: int
+    attempt: int = 0
+    executor: str = ""
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class JobEvent:
     """A ``job`` event, the first of a stream: the job as it was when the stream began."""
 
@@ -318,7 +344,9 @@ class UnknownEvent:
 
 
 #: Anything :meth:`flint_client.Job.events` yields.
-Event = Union[JobEvent, TaskEvent, LaggedEvent, EndEvent, UnknownEvent]
+Event = Union[
+    JobEvent, TaskEvent, LaggedEvent, EndEvent, AdoptedEvent, DroppedEvent, UnknownEvent
+]
 
 
 @dataclass(frozen=True)
@@ -352,6 +380,12 @@ class ExecutorView:
     result_bytes: int = 0
     tasks_active: int = 0
     tasks_completed: int = 0
+    ends_held: int = 0
+    ends_memory_bytes: int = 0
+    ends_disk_bytes: int = 0
+    ends_peak_memory_bytes: int = 0
+    ends_peak_disk_bytes: int = 0
+    ends_waited: int = 0
     excluded_for_ms: Optional[int] = None
     recent_task_failures: int = 0
     log_url: Optional[str] = None
