@@ -47,12 +47,13 @@ pub struct Metrics {
 }
 
 /// The reasons an attempt listed at registration is dropped, as `/metrics` labels them.
-const DROP_REASONS: [Dropped; 5] = [
+const DROP_REASONS: [Dropped; 6] = [
     Dropped::JobGone,
     Dropped::NoSuchTask,
     Dropped::TaskEnded,
     Dropped::RunsElsewhere,
     Dropped::TaskWaiting,
+    Dropped::EndApplied,
 ];
 
 impl Metrics {

@@ -197,7 +197,13 @@ async fn revive_loop(driver: Arc<Driver>) {
     loop {
         tick.tick().await;
         let timeout = driver.config.executor_timeout;
-        let expired = driver.apply(|s| s.tick(timeout));
+        let (expired, given_up) = driver.apply(|s| {
+            let (expired, actions) = s.tick(timeout);
+            ((expired, s.take_given_up()), actions)
+        });
+        for id in given_up {
+            driver.executor_left(&id);
+        }
         for (id, generation) in expired {
             tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
             driver.executor_left(&id);

@@ -87,6 +87,8 @@ pub struct ClusterState {
     /// After a restart, the wait for the executors the last driver knew (see
     /// `reactor::adoption`).
     adopting: Option<reactor::Adopting>,
+    /// Executors that wait ended without (see [`Self::take_given_up`]).
+    given_up: Vec<ExecutorId>,
 }
 
 /// What one tenant's attempts used since the driver started.
@@ -131,6 +133,7 @@ impl ClusterState {
             vtime: FastMap::default(),
             waits: waits::Waits::default(),
             adopting: None,
+            given_up: Vec::new(),
         }
     }
 

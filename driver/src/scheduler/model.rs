@@ -336,6 +336,24 @@ impl Job {
 
     /// Closes an attempt's span; the executor's own times and usage (when it reported
     /// them) replace the driver's.
+    /// The span of attempt `attempt` of task `index` on `executor`, if this driver
+    /// launched or adopted it.
+    pub(crate) fn span_of(&self, index: u32, attempt: u32, executor: &ExecutorId) -> Option<u32> {
+        let on = *self.attempt_executor_at.get(executor)?;
+        (self.attempts.iter().enumerate())
+            .rev()
+            .find(|(_, s)| s.task == index && s.attempt == attempt && s.executor == on)
+            .map(|(at, _)| at as u32)
+    }
+
+    /// Opens a closed span again: an attempt taken for lost came back running.
+    pub(crate) fn reopen_span(&mut self, span: u32) {
+        if let Some(span) = self.attempts.get_mut(span as usize) {
+            span.end_us = None;
+            span.outcome = None;
+        }
+    }
+
     pub(crate) fn close_span(
         &mut self,
         span: u32,

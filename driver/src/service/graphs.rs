@@ -233,17 +233,26 @@ impl Driver {
             }
             (Ok(()), inner.state.submit_jobs(jobs))
         })?;
+        // Settled in a task of its own (see `submit_keyed`): a client hanging up mid-commit
+        // must not leave the graph's jobs held as being stored.
         let driver = self.clone();
-        let stored = tokio::task::spawn_blocking(move || {
-            let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
-            driver.jobs.store.put_graph(&record, &records, key)
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Db(format!("job store thread: {e}"))));
-        for job in &ids {
-            self.settle_commit(job, &stored);
-        }
-        stored?;
+        let settling = ids.clone();
+        let settled = tokio::spawn(async move {
+            let store = driver.clone();
+            let stored = tokio::task::spawn_blocking(move || {
+                let key = key.as_ref().map(|(key, spec)| (key.as_str(), spec));
+                store.jobs.store.put_graph(&record, &records, key)
+            })
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Db(format!("job store thread: {e}"))));
+            for job in &settling {
+                driver.settle_commit(job, &stored);
+            }
+            stored
+        });
+        settled
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Db(format!("job store task: {e}"))))?;
         tracing::info!(graph = %id, jobs = ids.len(), "graph accepted");
         Ok(GraphCreated {
             id,

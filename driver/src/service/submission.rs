@@ -146,21 +146,32 @@ impl Driver {
             inner.storing.insert(id.clone(), Vec::new());
             (Ok(()), inner.state.submit_job(job))
         })?;
+        // Settled in a task of its own, not in the request's future: a client that hangs
+        // up mid-commit must not leave the job held as being stored (its task ends, and
+        // their acknowledgement to executors, would wait for it for good).
         let driver = self.clone();
-        let commit = tokio::task::spawn_blocking(move || match &key {
-            Some((key, spec)) => {
-                driver
-                    .jobs
-                    .store
-                    .put_job(&record, &ends, Some((key.as_str(), spec)))
-            }
-            None => driver.jobs.store.accept_job(record, &ends),
+        let settled = tokio::spawn(async move {
+            let store = driver.clone();
+            let commit = tokio::task::spawn_blocking(move || match &key {
+                Some((key, spec)) => {
+                    store
+                        .jobs
+                        .store
+                        .put_job(&record, &ends, Some((key.as_str(), spec)))
+                }
+                None => store.jobs.store.accept_job(record, &ends),
+            });
+            let stored = match commit.await {
+                Ok(stored) => stored,
+                Err(e) => Err(StoreError::Db(format!("job store thread: {e}"))),
+            };
+            driver.settle_commit(&id, &stored);
+            stored
         });
-        let stored = match commit.await {
+        let stored = match settled.await {
             Ok(stored) => stored,
-            Err(e) => Err(StoreError::Db(format!("job store thread: {e}"))),
+            Err(e) => Err(StoreError::Db(format!("job store task: {e}"))),
         };
-        self.settle_commit(&id, &stored);
         Ok(stored?)
     }
 

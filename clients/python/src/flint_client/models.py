@@ -310,7 +310,7 @@ class AdoptedEvent:
 class DroppedEvent:
     """A ``dropped`` event: an attempt an executor listed when it registered again was
     killed (or its end ignored); ``reason`` says why (``job_gone``, ``task_ended``,
-    ``runs_elsewhere``, ``task_waiting``, ``no_such_task``)."""
+    ``runs_elsewhere``, ``task_waiting``, ``end_applied``, ``no_such_task``)."""
 
     event: ClassVar[str] = "dropped"
     index: int

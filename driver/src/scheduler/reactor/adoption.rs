@@ -21,6 +21,9 @@ pub enum Dropped {
     RunsElsewhere,
     /// Its task waits for the results it reads: no attempt of it can be right.
     TaskWaiting,
+    /// Its end was applied already (the acknowledgement was lost with the connection):
+    /// sent again, it must not count twice.
+    EndApplied,
 }
 
 impl Dropped {
@@ -31,6 +34,7 @@ impl Dropped {
             Dropped::TaskEnded => "task_ended",
             Dropped::RunsElsewhere => "runs_elsewhere",
             Dropped::TaskWaiting => "task_waiting",
+            Dropped::EndApplied => "end_applied",
         }
     }
 
@@ -41,6 +45,7 @@ impl Dropped {
             Dropped::TaskEnded => "its task has ended",
             Dropped::RunsElsewhere => "another attempt of its task runs",
             Dropped::TaskWaiting => "its task waits for its inputs",
+            Dropped::EndApplied => "its end was applied already",
         }
     }
 }
@@ -66,8 +71,10 @@ impl ClusterState {
     /// After a restore: hold the restored jobs' launches until the executors in
     /// `expected` are back, or `wait` has passed. Nothing is held without either.
     pub fn begin_adopting(&mut self, expected: Vec<ExecutorId>, wait: Duration) {
+        // Waiting tasks too: a graph's downstream task is waiting again after a restart
+        // until its inputs are made once more, and may be running somewhere meanwhile.
         let jobs: std::collections::HashSet<JobId> = (self.jobs.iter())
-            .filter(|(_, j)| !j.state.is_final() && j.counts.pending > 0)
+            .filter(|(_, j)| !j.state.is_final() && j.counts.pending + j.counts.waiting > 0)
             .map(|(id, _)| id.clone())
             .collect();
         if expected.is_empty() || jobs.is_empty() || wait.is_zero() {
@@ -96,6 +103,11 @@ impl ClusterState {
         Some(ids)
     }
 
+    /// Executors the wait after a restart ended without: for the job store to forget.
+    pub fn take_given_up(&mut self) -> Vec<ExecutorId> {
+        std::mem::take(&mut self.given_up)
+    }
+
     /// `id` registered: one fewer to wait for.
     pub(super) fn adopting_registered(&mut self, id: &ExecutorId) {
         if let Some(a) = &mut self.adopting {
@@ -114,6 +126,8 @@ impl ClusterState {
                     missing = ?a.expected,
                     "the wait for executors to come back is over; their tasks run again"
                 );
+                // Not waited for again after another restart: they are gone.
+                self.given_up.extend(a.expected.iter().cloned());
                 self.end_adopting();
                 true
             }
@@ -195,6 +209,16 @@ impl ClusterState {
             TaskState::Waiting => return Err(Dropped::TaskWaiting),
             _ => return Err(Dropped::TaskEnded),
         }
+        // This driver closed the attempt's span before: an end it applied (a failure it
+        // put the task back for) must not count twice; an attempt it took for lost, with
+        // its executor, is taken back in the same span.
+        let index = held.task.index;
+        let earlier = job.span_of(index, held.attempt, id);
+        if let Some(at) = earlier
+            && job.attempts[at as usize].outcome != Some(Outcome::Lost)
+        {
+            return Err(Dropped::EndApplied);
+        }
         let executor = executors.get_mut(id).expect("registered just now");
         let cores = job.def.resources.cores;
         if executor.free_cores >= cores {
@@ -208,16 +232,23 @@ impl ClusterState {
         if job.state == JobState::Queued {
             job.state = JobState::Running;
         }
-        let index = held.task.index;
         let task = &mut job.tasks[index as usize];
         set_state(&mut job.counts, task, TaskState::Running);
         task.attempts = task.attempts.max(held.attempt);
         task.executor = Some(id.clone());
-        let started = match held.started_at_us {
-            0 => *wall,
-            us => std::time::UNIX_EPOCH + Duration::from_micros(us),
+        let span = match earlier {
+            Some(at) => {
+                job.reopen_span(at);
+                at
+            }
+            None => {
+                let started = match held.started_at_us {
+                    0 => *wall,
+                    us => std::time::UNIX_EPOCH + Duration::from_micros(us),
+                };
+                job.open_span(index, id, false, started)
+            }
         };
-        let span = job.open_span(index, id, false, started);
         executor.running.insert(
             held.task.clone(),
             RunningAttempt {

@@ -168,7 +168,9 @@ impl ClusterState {
             // A queued attempt takes the thread this one leaves.
             executor.queued_ahead -= 1;
         } else {
-            executor.free_cores += running.cores;
+            // Never past its cores: attempts adopted beyond them (several multi-core ones
+            // held at a registration) took queue slots, not cores.
+            executor.free_cores = (executor.free_cores + running.cores).min(executor.cores);
         }
         self.launch_to_status
             .record(clock.saturating_duration_since(running.since));

@@ -228,3 +228,97 @@ fn the_wait_for_executors_that_never_come_back_ends_at_adopt_wait() {
     state.begin_adopting(Vec::new(), Duration::from_secs(5));
     assert_eq!(state.adoption_waits_for(), None);
 }
+
+#[test]
+fn an_end_applied_before_a_reconnect_is_not_counted_again_when_listed() {
+    let (mut state, _) = cluster(1, 1);
+    let placed = launches(&state.submit_job(job("j", 1, 1)));
+    let generation = generation_of(&state, &exec(1));
+    // Attempt 1 fails for the host's reasons: applied, the task runs again as attempt 2;
+    // the acknowledgement of attempt 1's end is lost with the connection.
+    let retry = finish(&mut state, &placed[0], "j", host_error());
+    assert_eq!(retry, [(exec(1), 0, 2)]);
+    state.executor_lost(&exec(1), generation);
+    // The executor registers again listing that end and the retry it runs.
+    let listed = vec![
+        held("j", 0, 1, generation, true),
+        held("j", 0, 2, generation, false),
+    ];
+    let (g2, actions) = state
+        .register_executor(exec(1), "h".into(), 1, 1, false, listed)
+        .unwrap();
+    assert_eq!(
+        reconciled(&actions),
+        [(0, Some(Dropped::EndApplied)), (0, None)]
+    );
+    let mut again = status("j", 0, 1, host_error());
+    again.generation = generation;
+    state.status_update(&exec(1), g2, again, SystemTime::now());
+    let task = &state.jobs[&JobId("j".into())].tasks[0];
+    assert_eq!(task.host_failures, 1, "counted once");
+    assert_eq!((task.state, task.attempts), (TaskState::Running, 2));
+}
+
+#[test]
+fn an_attempt_taken_for_lost_comes_back_in_its_own_span() {
+    let (mut state, _) = cluster(1, 1);
+    let placed = launches(&state.submit_job(job("j", 1, 1)));
+    let generation = generation_of(&state, &exec(1));
+    state.executor_lost(&exec(1), generation);
+    let (_, actions) = state
+        .register_executor(
+            exec(1),
+            "h".into(),
+            1,
+            1,
+            false,
+            vec![held("j", placed[0].1, 1, generation, false)],
+        )
+        .unwrap();
+    assert_eq!(reconciled(&actions), [(0, None)]);
+    let job = &state.jobs[&JobId("j".into())];
+    assert_eq!(job.attempts.len(), 1, "one attempt, one span");
+    assert_eq!(job.attempts[0].outcome, None, "running again");
+}
+
+#[test]
+fn multi_core_attempts_adopted_past_the_cores_never_leave_more_cores_free_than_there_are() {
+    let mut state = ClusterState::new(
+        1_000,
+        SchedulingConfig::default(),
+        Instant::now(),
+        SystemTime::now(),
+    );
+    state.submit_job(job("two", 2, 2));
+    state.submit_job(job("four", 1, 4));
+    let listed = vec![
+        held("two", 0, 1, 7, true),
+        held("two", 1, 1, 7, true),
+        held("four", 0, 1, 7, true),
+    ];
+    let (generation, _) = state
+        .register_executor(exec(1), "h".into(), 4, 1, false, listed)
+        .unwrap();
+    for (job, index) in [("two", 0), ("two", 1), ("four", 0)] {
+        let mut end = status(job, index, 1, Ok(()));
+        end.generation = 7;
+        state.status_update(&exec(1), generation, end, SystemTime::now());
+        assert!(
+            free(&state, 1) <= 4,
+            "{} free after {job}/{index}",
+            free(&state, 1)
+        );
+    }
+    assert_eq!(free(&state, 1), 4);
+}
+
+#[test]
+fn a_graphs_waiting_job_is_held_through_the_wait_too() {
+    let mut state = restarted(1);
+    let job = state.jobs.get_mut(&JobId("j".into())).unwrap();
+    let task = &mut job.tasks[0];
+    set_state(&mut job.counts, task, TaskState::Waiting);
+    job.pending.clear();
+    state.begin_adopting(vec![exec(1)], Duration::from_secs(5));
+    assert_eq!(state.adoption_waits_for(), Some(vec![exec(1)]));
+}
