@@ -21,21 +21,6 @@ fn field(usage: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in {usage}"))
 }
 
-fn metric(cluster: &DevCluster, name: &str) -> f64 {
-    let text = cluster
-        .client
-        .get(cluster.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn every_attempt_reports_what_it_used_and_the_job_sums_them() {
     let cluster = DevCluster::start(1, 1);
@@ -107,14 +92,14 @@ fn every_attempt_reports_what_it_used_and_the_job_sums_them() {
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.contains("usage: cpu "), "{printed}");
     assert!(printed.contains("input 5 B"), "{printed}");
-    assert_eq!(metric(&cluster, "flint_task_attempts_measured_total"), 2.0);
-    assert_eq!(metric(&cluster, "flint_task_input_bytes_total"), 5.0);
+    assert_eq!(cluster.metric("flint_task_attempts_measured_total"), 2.0);
+    assert_eq!(cluster.metric("flint_task_input_bytes_total"), 5.0);
     assert_eq!(
-        metric(&cluster, "flint_task_fetched_bytes_total"),
+        cluster.metric("flint_task_fetched_bytes_total"),
         module_size as f64
     );
     assert_eq!(
-        metric(&cluster, "flint_task_peak_memory_bytes_max"),
+        cluster.metric("flint_task_peak_memory_bytes_max"),
         peak.unwrap() as f64
     );
 }
@@ -146,7 +131,7 @@ fn exact_accounting_counts_fuel_and_runs_only_where_fuel_is_metered() {
         fuel[0] * 2
     );
     assert_eq!(
-        metric(&metered, "flint_task_fuel_total"),
+        metered.metric("flint_task_fuel_total"),
         (fuel[0] * 2) as f64
     );
 

@@ -101,15 +101,6 @@ impl Rig {
             .map(|e| e["tasks_completed"].as_u64().unwrap())
             .sum()
     }
-
-    /// A value of `/metrics`.
-    fn metric(&self, line_start: &str) -> f64 {
-        let text = String::from_utf8(self.api.get_bytes("/metrics").1).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(line_start))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{line_start} is not in /metrics:\n{text}"))
-    }
 }
 
 fn spec(module: &str, args: &[&str], inputs: &[String]) -> Value {
@@ -224,7 +215,7 @@ fn a_driver_killed_or_upgraded_mid_job_loses_no_running_work() {
         );
         // The attempts running (or queued) at the stop were adopted, not launched
         // again: four cores' worth at least.
-        let adopted = rig.metric("flint_attempts_adopted_total ");
+        let adopted = rig.api.metric("flint_attempts_adopted_total");
         assert!(adopted >= 4.0, "{stop:?}: {adopted} adopted");
         rig.wait_for_executors(2);
     }
@@ -266,7 +257,7 @@ fn an_end_the_driver_received_but_had_not_committed_is_applied_once_after_a_cras
         2,
         "the end was sent again, not the task run again"
     );
-    assert!(rig.metric("flint_attempts_adopted_total ") >= 1.0);
+    assert!(rig.api.metric("flint_attempts_adopted_total") >= 1.0);
 }
 
 #[test]
@@ -346,7 +337,8 @@ fn a_job_deleted_while_its_executor_was_away_is_not_resurrected_and_its_attempt_
         back.elapsed()
     );
     assert_eq!(
-        rig.metric("flint_attempts_dropped_total{reason=\"job_gone\"} "),
+        rig.api
+            .metric("flint_attempts_dropped_total{reason=\"job_gone\"}"),
         1.0
     );
     assert_eq!(rig.api.get(&format!("/v1/jobs/{id}")).0, 404);

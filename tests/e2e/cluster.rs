@@ -176,19 +176,7 @@ fn a_hung_executor_is_declared_lost_and_its_task_runs_elsewhere() {
     // generation, listing the attempt it kept: adopted if its task was still pending
     // (nothing ran it twice), dropped if a core came free first and ran it again
     // elsewhere (its late result never taken). Exactly one of the two.
-    let metrics = cluster
-        .client
-        .get(cluster.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    let adopted: usize = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("flint_attempts_adopted_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let adopted = cluster.metric("flint_attempts_adopted_total") as usize;
     assert_eq!(
         moved.len() + adopted,
         1,

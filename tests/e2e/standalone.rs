@@ -19,18 +19,14 @@ use crate::common::{
 const TOKEN: &str = "standalone-token";
 const SECRET: &str = "standalone-secret";
 
-fn start_driver(lan: &Lan, executors: u32) -> DevCluster {
-    let executors = executors.to_string();
-    start_driver_with(lan, &["--initial-executors", &executors])
-}
-
-fn start_driver_with(lan: &Lan, allocation: &[&str]) -> DevCluster {
-    let at = format!("{}:0", lan.gateway);
-    let mut args = vec![
+/// A standalone driver's flags for the LAN's tests: its addresses, token, secret, app
+/// id, and 1-core executors of 256 MiB.
+fn lan_driver_flags<'a>(listen: &'a str, executor_listen: &'a str) -> Vec<&'a str> {
+    vec![
         "--listen",
-        &at,
+        listen,
         "--executor-listen",
-        &at,
+        executor_listen,
         "--token",
         TOKEN,
         "--cluster-secret",
@@ -43,7 +39,17 @@ fn start_driver_with(lan: &Lan, allocation: &[&str]) -> DevCluster {
         "256",
         "--app-id",
         "lan-test",
-    ];
+    ]
+}
+
+fn start_driver(lan: &Lan, executors: u32) -> DevCluster {
+    let executors = executors.to_string();
+    start_driver_with(lan, &["--initial-executors", &executors])
+}
+
+fn start_driver_with(lan: &Lan, allocation: &[&str]) -> DevCluster {
+    let at = format!("{}:0", lan.gateway);
+    let mut args = lan_driver_flags(&at, &at);
     args.extend_from_slice(allocation);
     DevCluster::spawn("driver", &args, &[])
 }

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use flint_protocol::api::{
-    CodedError, ErrorBody, ErrorCode, GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView,
-    JobState, JobView, TaskCounts,
+    ErrorBody, ErrorCode, GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView, JobState,
+    JobView, TaskCounts,
 };
 use flint_protocol::records::{GraphRecord, JobRecord};
 use flint_protocol::{Digest, JobId, TaskInput, Upstream};
@@ -28,6 +28,9 @@ use crate::store::durable;
 use crate::tenants::Caller;
 use crate::views;
 
+mod error;
+pub use error::GraphError;
+
 /// A graph to store and start, its jobs admitted.
 struct NewGraph {
     id: String,
@@ -39,50 +42,6 @@ struct NewGraph {
     recovered_from: Option<String>,
     /// The idempotency key and the digest of the spec it came with.
     key: Option<(String, Digest)>,
-}
-
-/// Why a graph could not be submitted, read, killed, recovered or deleted.
-#[derive(Debug, thiserror::Error)]
-pub enum GraphError {
-    #[error("no graph {0}")]
-    NotFound(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Deleting one of its jobs was refused (it runs, or a job outside the graph that
-    /// has not ended reads it).
-    #[error("graph {graph}: {error}")]
-    Delete { graph: String, error: DeleteError },
-    #[error(
-        "graph {0} has jobs that have not ended; kill it first (POST /v1/graphs/{0}/kill), or wait"
-    )]
-    Running(String),
-    #[error("graph {0} succeeded: there is nothing to recover")]
-    Succeeded(String),
-    #[error("graph {graph}: its job {job} was deleted, so it cannot be recovered")]
-    Gone { graph: String, job: JobId },
-    /// The recovered graph was refused as a new one would be.
-    #[error(transparent)]
-    Submit(#[from] SubmitError),
-}
-
-impl From<Rejection> for GraphError {
-    fn from(r: Rejection) -> Self {
-        GraphError::Submit(SubmitError::Rejected(r))
-    }
-}
-
-impl CodedError for GraphError {
-    fn code(&self) -> ErrorCode {
-        match self {
-            GraphError::NotFound(_) => ErrorCode::GraphNotFound,
-            GraphError::Store(e) => e.code(),
-            GraphError::Delete { error, .. } => error.code(),
-            GraphError::Running(_) => ErrorCode::JobRunning,
-            GraphError::Succeeded(_) => ErrorCode::InvalidSpec,
-            GraphError::Gone { .. } => ErrorCode::JobNotFound,
-            GraphError::Submit(e) => e.code(),
-        }
-    }
 }
 
 /// A graph spec from its JSON, as [`admission::parse_job_spec`] reads a job's: a

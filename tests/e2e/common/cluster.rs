@@ -198,6 +198,17 @@ impl Api {
         bytes
     }
 
+    /// The value of one series of `/metrics`: its name, with its labels if it has any
+    /// (`flint_attempts_dropped_total{reason="job_gone"}`).
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = String::from_utf8(self.get_bytes("/metrics").1).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
     pub fn executors(&self) -> Vec<Value> {
         self.get("/v1/executors").1["items"]
             .as_array()

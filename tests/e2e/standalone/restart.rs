@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{SECRET, TOKEN, start_worker_with, workers};
+use super::{lan_driver_flags, start_worker_with, workers};
 use crate::common::netns::Lan;
 use crate::common::{DevCluster, Process, free_port, guests, process_exists, wait_until};
 use crate::kubernetes::restart::warm_up;
@@ -38,26 +38,8 @@ fn a_driver_killed_mid_job_adopts_its_workers_executors_and_runs_each_task_once(
         format!("{}:{http}", lan.gateway),
         format!("{}:{executor_port}", lan.gateway),
     );
-    let args = [
-        "--listen",
-        &listen,
-        "--executor-listen",
-        &executor_listen,
-        "--token",
-        TOKEN,
-        "--cluster-secret",
-        SECRET,
-        "--cluster-manager",
-        "standalone",
-        "--executor-cores",
-        "1",
-        "--executor-memory-mb",
-        "256",
-        "--app-id",
-        "lan-test",
-        "--initial-executors",
-        "4",
-    ];
+    let mut args = lan_driver_flags(&listen, &executor_listen);
+    args.extend(["--initial-executors", "4"]);
     let mut cluster = DevCluster::spawn("driver", &args, &[]);
     let workers_running: Vec<Process> = (lan.hosts.iter())
         .zip(["host-a", "host-b"])

@@ -92,12 +92,7 @@ fn start_attempt(
     now: Instant,
     wall: SystemTime,
 ) {
-    if executor.free_cores >= job.def.resources.cores {
-        executor.free_cores -= job.def.resources.cores;
-    } else {
-        executor.queued_ahead += 1;
-    }
-    executor.remember_module(job.locality);
+    executor.take_slot(job.def.resources.cores, job.locality);
     if job.state == JobState::Queued {
         job.state = JobState::Running;
     }

@@ -221,14 +221,7 @@ impl ClusterState {
         }
         let executor = executors.get_mut(id).expect("registered just now");
         let cores = job.def.resources.cores;
-        if executor.free_cores >= cores {
-            executor.free_cores -= cores;
-        } else {
-            // It ran more than its cores (a queued attempt): the next end gives it back.
-            executor.queued_ahead += 1;
-        }
-        // It runs the module: warm for the job's other tasks (locality).
-        executor.remember_module(job.locality);
+        executor.take_slot(cores, job.locality);
         if job.state == JobState::Queued {
             job.state = JobState::Running;
         }
