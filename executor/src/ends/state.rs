@@ -162,11 +162,15 @@ impl Default for State {
 impl State {
     /// Where an end of `bytes` may go now, if anywhere. Memory only while nothing is on
     /// disk (the order invariant); an end that no budget holds goes to disk once the
-    /// buffer is empty, alone, rather than wait for ever.
+    /// buffer is empty, alone, rather than wait for ever. Nothing goes to disk while
+    /// memory is past its budget: a spill that failed (a full or broken disk) keeps its
+    /// end in memory, and the next ones wait for room rather than fail the same way and
+    /// pile up in memory too.
     pub(super) fn admit(&self, bytes: u64, budgets: Budgets) -> Option<Admission> {
         if self.on_disk == 0 && self.memory_bytes + bytes <= budgets.memory_bytes {
             Some(Admission::Memory)
-        } else if self.disk_bytes + bytes <= budgets.disk_bytes
+        } else if (self.disk_bytes + bytes <= budgets.disk_bytes
+            && self.memory_bytes <= budgets.memory_bytes)
             || (self.memory_bytes == 0 && self.disk_bytes == 0)
         {
             Some(Admission::Disk)

@@ -254,6 +254,42 @@ fn a_full_buffer_makes_its_reporter_wait_until_an_ack_makes_room() {
 }
 
 #[test]
+fn a_disk_that_refuses_spills_makes_reporters_wait_instead_of_filling_memory() {
+    let (buffer, dir) = buffer(2 * unit(), 10 * unit());
+    let mut rx = connect(&buffer);
+    take(&buffer, 0);
+    take(&buffer, 1);
+    // The spill directory is gone, a file in its place: every spill fails.
+    let ends = dir.path().join("ends");
+    std::fs::remove_dir_all(&ends).unwrap();
+    std::fs::write(&ends, b"not a directory").unwrap();
+    take(&buffer, 2);
+    assert_eq!(
+        buffer.figures().memory_bytes,
+        3 * unit(),
+        "kept, over its budget"
+    );
+    let (done_tx, done) = std_mpsc::channel();
+    let reporter = {
+        let buffer = buffer.clone();
+        std::thread::spawn(move || {
+            take(&buffer, 3);
+            done_tx.send(()).unwrap();
+        })
+    };
+    assert!(
+        done.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the next end waits rather than pile up in memory"
+    );
+    assert_eq!(buffer.figures().memory_bytes, 3 * unit());
+    buffer.acknowledge(3);
+    done.recv_timeout(Duration::from_secs(5))
+        .expect("the ack made room");
+    reporter.join().unwrap();
+    assert_eq!(sent(&mut rx), [(1, 0), (2, 1), (3, 2), (4, 3)]);
+}
+
+#[test]
 fn a_new_connection_gets_every_unacknowledged_end_again_in_order_then_the_new_ones() {
     let (buffer, _dir) = buffer(3 * unit(), 100 * unit());
     let mut first = connect(&buffer);
