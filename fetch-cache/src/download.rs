@@ -14,6 +14,7 @@ use tempfile::NamedTempFile;
 use tokio::io::AsyncReadExt;
 
 use crate::FetchError;
+use crate::cap::ByteCap;
 use crate::policy::{FileProblem, Refusal, Target};
 
 /// Bytes on disk, not yet in place, with their digest and size.
@@ -27,18 +28,25 @@ struct Sink<'a> {
     url: &'a str,
     file: NamedTempFile,
     hasher: Sha256,
-    size: u64,
-    max_bytes: u64,
+    cap: ByteCap,
 }
 
 impl Sink<'_> {
+    fn too_large(&self) -> FetchError {
+        FetchError::TooLarge {
+            url: self.url.to_owned(),
+            max_bytes: self.cap.max(),
+        }
+    }
+
+    /// Refuses a source whose declared size is already past the cap.
+    fn expect(&self, length: Option<u64>) -> Result<(), FetchError> {
+        self.cap.declared(length).map_err(|_| self.too_large())
+    }
+
     fn write(&mut self, chunk: &[u8]) -> Result<(), FetchError> {
-        self.size += chunk.len() as u64;
-        if self.size > self.max_bytes {
-            return Err(FetchError::TooLarge {
-                url: self.url.to_owned(),
-                max_bytes: self.max_bytes,
-            });
+        if self.cap.count(chunk.len()).is_err() {
+            return Err(self.too_large());
         }
         self.hasher.update(chunk);
         self.file
@@ -55,7 +63,7 @@ impl Sink<'_> {
         Ok(Downloaded {
             file: self.file,
             digest: Digest(self.hasher.finalize().into()),
-            size: self.size,
+            size: self.cap.seen(),
         })
     }
 }
@@ -72,8 +80,7 @@ pub(crate) async fn download(
         url,
         file,
         hasher: Sha256::new(),
-        size: 0,
-        max_bytes,
+        cap: ByteCap::new(max_bytes),
     };
     match target {
         Target::File(path) => read_file(&path, &mut sink).await?,
@@ -114,12 +121,7 @@ async fn read_object(url: &str, parsed: &url::Url, sink: &mut Sink<'_>) -> Resul
     };
     let (store, path) = crate::stores::object_store_for(parsed).map_err(failed)?;
     let got = store.get(&path).await.map_err(failed)?;
-    if got.meta.size > sink.max_bytes {
-        return Err(FetchError::TooLarge {
-            url: url.to_owned(),
-            max_bytes: sink.max_bytes,
-        });
-    }
+    sink.expect(Some(got.meta.size))?;
     let mut body = got.into_stream();
     while let Some(chunk) = body.next().await {
         sink.write(&chunk.map_err(failed)?)?;
@@ -174,15 +176,7 @@ async fn get(
             status: status.as_u16(),
         });
     }
-    if response
-        .content_length()
-        .is_some_and(|len| len > sink.max_bytes)
-    {
-        return Err(FetchError::TooLarge {
-            url: url.to_owned(),
-            max_bytes: sink.max_bytes,
-        });
-    }
+    sink.expect(response.content_length())?;
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
         sink.write(&chunk.map_err(request_error)?)?;

@@ -42,12 +42,19 @@
 //!   found at the next open, not before: hashing on every hit would make a hit cost a
 //!   read of the whole blob.
 //!
-//! Invariants: this crate knows nothing of jobs or tasks; one `FetchCache` owns a
-//! directory; a path it returns holds bytes whose digest it checked, and stays in place
-//! while the `Fetched` that names it is alive.
+//! - **Egress** ([`egress`]): the outbound HTTP a task makes itself, under the operator's,
+//!   the tenant's and the job's allow lists, on one pooled client per executor. Stricter
+//!   than fetches: a special-purpose address is reached only when the operator lists it
+//!   as an IP literal, whatever name stands for it.
+//!
+//! Invariants: this crate knows nothing of jobs or tasks (egress names their lists in its
+//! messages, no more); one `FetchCache` owns a directory; a path it returns holds bytes
+//! whose digest it checked, and stays in place while the `Fetched` that names it is alive.
 
 pub mod addresses;
+mod cap;
 mod download;
+pub mod egress;
 mod error;
 mod index;
 mod keys;

@@ -57,6 +57,12 @@ pub enum PolicyError {
     NotAnOrigin(String),
     #[error("allow-list entry `{0}` must use http, https or file")]
     Scheme(String),
+    #[error("allow-list entry `{0}` must use http or https")]
+    HttpOnly(String),
+    #[error("allow-list entry `{0}` must not carry a user name or password")]
+    Userinfo(String),
+    #[error("allow-list entry `{0}` may use `*` only as the whole first label of its host")]
+    Wildcard(String),
     #[error("allow-list entry `{entry}` is not a usable directory: {source}")]
     Dir {
         entry: String,
@@ -86,20 +92,25 @@ pub(crate) struct Origin {
     port: Option<u16>,
 }
 
+/// An http(s) origin alone (`scheme://host[:port]`): fetch's and egress's shared checks.
+pub(crate) fn origin_url(entry: &str) -> Result<Url, PolicyError> {
+    let url = Url::parse(entry).map_err(|source| PolicyError::Malformed {
+        entry: entry.to_owned(),
+        source,
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(PolicyError::Scheme(entry.to_owned()));
+    }
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err(PolicyError::NotAnOrigin(entry.to_owned()));
+    }
+    Ok(url)
+}
+
 impl Origin {
     /// An http(s) origin written alone: `scheme://host[:port]`, no path.
     pub(crate) fn parse(entry: &str) -> Result<Origin, PolicyError> {
-        let url = Url::parse(entry).map_err(|source| PolicyError::Malformed {
-            entry: entry.to_owned(),
-            source,
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(PolicyError::Scheme(entry.to_owned()));
-        }
-        if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
-            return Err(PolicyError::NotAnOrigin(entry.to_owned()));
-        }
-        Origin::of(&url).ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))
+        Origin::of(&origin_url(entry)?).ok_or_else(|| PolicyError::NotAnOrigin(entry.to_owned()))
     }
 
     pub(crate) fn of(url: &Url) -> Option<Origin> {

@@ -9,6 +9,8 @@
 //! `driver`, `engine`), so that a fuzz build of the cheap targets never links the
 //! driver or wasmtime; the root workspace's tests turn all of them on.
 
+#[cfg(feature = "fetch-cache")]
+pub mod egress_policy;
 pub mod frame_decoder;
 pub mod job_record;
 pub mod job_spec;

@@ -54,6 +54,13 @@ const TARGETS: &[Target] = &[
         features: "fetch-cache",
     },
     Target {
+        name: "egress_policy",
+        corpus: "egress_policy",
+        check: flint_fuzz_checks::egress_policy::check_input,
+        mutants_per_seed: 1_000,
+        features: "fetch-cache",
+    },
+    Target {
         name: "module_rules",
         corpus: "module_rules",
         check: flint_fuzz_checks::module_rules::check_input,

@@ -1,0 +1,161 @@
+//! The executor's one egress client: a pooled reqwest client on a runtime of its own.
+//!
+//! Why a runtime of its own: a pooled hyper connection is driven by a task on the
+//! runtime that opened it. Opened from a task thread's current_thread runtime, it would
+//! run only while that thread sat in `block_on`, and another task's request reusing it
+//! would stall; opened on the executor's backend runtime, heartbeats would queue behind
+//! guests' downloads. So every request is spawned here, and the caller only awaits its
+//! handle, from whatever runtime it is on.
+
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::task::JoinHandle;
+
+use super::budget::ByteBudget;
+use super::exchange::{EgressError, EgressRequest, EgressResponse, exchange, prepare};
+use super::policy::EgressPolicy;
+use super::resolver::{GuardedResolver, Lookup, SystemLookup};
+
+/// Idle connections kept per host: enough for a burst of tasks calling one service,
+/// bounded so that a guest cannot make the executor hold sockets open without end.
+const IDLE_PER_HOST: usize = 32;
+
+/// One per executor process: a pooled reqwest client on its own small multi-thread runtime
+/// (threads `flint-egress`), no proxy from the environment, redirects never followed (a 3xx goes
+/// back to the guest), DNS answers checked by a resolver that refuses special-purpose addresses
+/// the operator did not list exactly (so the check is at connect time, after resolution).
+pub struct EgressClient {
+    /// `None` only while dropping: a runtime dropped inside another runtime panics, so
+    /// it is shut down in the background instead.
+    runtime: Option<tokio::runtime::Runtime>,
+    lookup: Arc<dyn Lookup>,
+    pool: Mutex<Option<Pool>>,
+}
+
+/// The reqwest client for one set of operator-listed addresses. A connection is only
+/// reused under the address check it was opened with: an operator's list is the
+/// executor's, so in practice there is one, built on first use (it reads the system's
+/// TLS roots once).
+struct Pool {
+    exact: Arc<[IpAddr]>,
+    client: reqwest::Client,
+}
+
+impl EgressClient {
+    pub fn new() -> io::Result<Arc<EgressClient>> {
+        EgressClient::with_lookup(Arc::new(SystemLookup))
+    }
+
+    /// With the answers of `lookup` in place of the system's resolver (tests script
+    /// them to rebind a name).
+    pub(crate) fn with_lookup(lookup: Arc<dyn Lookup>) -> io::Result<Arc<EgressClient>> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("flint-egress")
+            .enable_all()
+            .build()?;
+        Ok(Arc::new(EgressClient {
+            runtime: Some(runtime),
+            lookup,
+            pool: Mutex::new(None),
+        }))
+    }
+
+    /// Judges the request with `policy`, then sends it on the client's runtime. Callable from any
+    /// runtime (a task thread's current_thread runtime included); dropping the future aborts the
+    /// request (the spawned work is aborted, the connection closed).
+    pub async fn send(
+        &self,
+        policy: &EgressPolicy,
+        request: EgressRequest,
+        max_bytes: u64,
+    ) -> Result<EgressResponse, EgressError> {
+        let budget = Arc::new(ByteBudget::new(max_bytes));
+        self.send_within(policy, request, budget).await
+    }
+
+    /// [`EgressClient::send`] within a budget that other requests may be taking from
+    /// at the same time (a task's requests in flight at once).
+    pub async fn send_within(
+        &self,
+        policy: &EgressPolicy,
+        request: EgressRequest,
+        budget: Arc<ByteBudget>,
+    ) -> Result<EgressResponse, EgressError> {
+        let prepared = prepare(policy, request, budget)?;
+        let client = self.client_for(policy.operator_addresses())?;
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime is only taken when the client is dropped");
+        let request = AbortOnDrop(runtime.spawn(exchange(client, prepared)));
+        match request.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(EgressError::Io(
+                "the egress runtime shut down with the request in flight".to_owned(),
+                Default::default(),
+            )),
+        }
+    }
+
+    fn client_for(&self, exact: Vec<IpAddr>) -> Result<reqwest::Client, EgressError> {
+        let mut pool = self.pool.lock().expect("egress pool lock poisoned");
+        if let Some(pool) = pool.as_ref().filter(|pool| *pool.exact == *exact) {
+            return Ok(pool.client.clone());
+        }
+        let exact: Arc<[IpAddr]> = exact.into();
+        let resolver = GuardedResolver::new(self.lookup.clone(), exact.clone());
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(resolver))
+            .pool_max_idle_per_host(IDLE_PER_HOST)
+            .build()
+            .map_err(|e| {
+                EgressError::Io(
+                    format!("building the egress client: {e}"),
+                    Default::default(),
+                )
+            })?;
+        // Replaced, not kept beside: requests in flight hold their own handle on the old
+        // one, and its idle connections close with it.
+        *pool = Some(Pool {
+            exact,
+            client: client.clone(),
+        });
+        Ok(client)
+    }
+}
+
+impl Drop for EgressClient {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A spawned request that is aborted when its caller stops waiting for it: dropping
+/// `send`'s future drops the request on the egress runtime, and hyper closes a
+/// connection whose response nobody will read.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
