@@ -1,22 +1,27 @@
 //! `flint replay JOB TASK [--attempt N]`: one attempt of a task run again here, with no
 //! cluster, in the executor's own sandbox: the driver's bundle says what the attempt ran
-//! with (module, files and input by digest, args, env, seed, budget) and what it did; the
-//! bytes are fetched and checked against their digests, the guest runs, and its result
-//! and log are printed with whether it did the same thing again.
+//! with (module, files and input by digest, args, env, seed, budget, its network grant
+//! and recorded responses) and what it did; the bytes are fetched and checked against
+//! their digests, the guest runs, and its result and log are printed with whether it did
+//! the same thing again. `--from FILE` runs a bundle from a file (as `--bundle` prints
+//! it) instead of the driver's. A replay never calls the network ([`egress`]).
 //!
 //! Exit codes: 0 the replay did what the attempt did (the same result digest, or the same
 //! failure and log); 3 it did something else, or the attempt left nothing to compare with
 //! (it never reported); 1 it could not be replayed (a source gone or changed, a driver
 //! unreachable).
 
+mod egress;
+
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use flint_executor::sandbox::{
-    EngineKind, Kill, RunReport, Sandbox, SandboxConfig, TASK_THREAD_STACK, TaskEnv, TaskRun,
-    fixed_times,
+    Egress, EngineKind, Kill, RunReport, Sandbox, SandboxConfig, TASK_THREAD_STACK, TaskEnv,
+    TaskRun, fixed_times,
 };
 use flint_protocol::api::{ReplayBundle, ReplayInputPart, ReplaySource};
 use flint_protocol::{Determinism, Digest, TaskResult, defaults};
@@ -26,14 +31,20 @@ use crate::jobs::DriverUrl;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReplayArgs {
-    job: String,
-    task: u32,
+    #[arg(required_unless_present = "from")]
+    job: Option<String>,
+    #[arg(required_unless_present = "from")]
+    task: Option<u32>,
     /// The attempt to replay (1 is the first); the task's latest when left out.
     #[arg(long)]
     attempt: Option<u32>,
     /// Print what the attempt ran with (the driver's bundle) as JSON, and run nothing.
     #[arg(long)]
     bundle: bool,
+    /// Run the bundle in FILE (JSON, as --bundle prints it) instead of asking the driver
+    /// for one; what it names on the driver is still fetched from the driver.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["job", "task", "attempt"])]
+    from: Option<PathBuf>,
     #[command(flatten)]
     url: DriverUrl,
 }
@@ -43,11 +54,22 @@ const DIFFERENT: i32 = 3;
 
 pub async fn run(args: ReplayArgs) -> anyhow::Result<i32> {
     let client = args.url.client();
-    let mut path = format!("/v1/jobs/{}/tasks/{}/replay", args.job, args.task);
-    if let Some(n) = args.attempt {
-        path.push_str(&format!("?attempt={n}"));
-    }
-    let bundle: ReplayBundle = client.get_json(&path).await?;
+    let bundle: ReplayBundle = match (&args.from, &args.job, args.task) {
+        (Some(file), _, _) => {
+            let text = std::fs::read(file)
+                .with_context(|| format!("reading the bundle {}", file.display()))?;
+            serde_json::from_slice(&text)
+                .with_context(|| format!("the bundle {} is not one", file.display()))?
+        }
+        (None, Some(job), Some(task)) => {
+            let mut path = format!("/v1/jobs/{job}/tasks/{task}/replay");
+            if let Some(n) = args.attempt {
+                path.push_str(&format!("?attempt={n}"));
+            }
+            client.get_json(&path).await?
+        }
+        (None, _, _) => bail!("name the job and the task, or a bundle (--from FILE)"),
+    };
     if args.bundle {
         println!("{}", serde_json::to_string_pretty(&bundle)?);
         return Ok(0);
@@ -84,25 +106,29 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<i32> {
     if let Some(expected) = &bundle.input_sha256 {
         check(&input, expected, "the input")?;
     }
+    let (egress, divergence) = egress::egress(&client, &bundle).await?;
     let has_files = !bundle.files.is_empty();
     let dir = files.path().to_owned();
     let bundle_for_run = bundle.clone();
     let report = std::thread::Builder::new()
         .name("flint-replay".into())
         .stack_size(TASK_THREAD_STACK)
-        .spawn(move || run_here(&bundle_for_run, &module, input, has_files.then_some(&*dir)))
+        .spawn(move || {
+            let files = has_files.then_some(&*dir);
+            run_here(&bundle_for_run, &module, (input, files), egress)
+        })
         .context("starting the replay's thread")?
         .join()
         .map_err(|_| anyhow::anyhow!("the replay's thread panicked"))??;
-    Ok(compare(&bundle, report))
+    Ok(compare(&bundle, report, divergence.get()))
 }
 
 /// Runs the attempt in this process, in the sandbox executors use.
 fn run_here(
     bundle: &ReplayBundle,
     module: &[u8],
-    stdin: Vec<u8>,
-    files: Option<&std::path::Path>,
+    (stdin, files): (Vec<u8>, Option<&std::path::Path>),
+    egress: Egress,
 ) -> anyhow::Result<RunReport> {
     let memory_bytes = (bundle.memory_mb as usize) << 20;
     let sandbox = Sandbox::new(SandboxConfig {
@@ -126,6 +152,8 @@ fn run_here(
                 log_truncated: false,
                 usage: Default::default(),
                 pins: None,
+                egress_denied: Default::default(),
+                egress_tape: None,
             });
         }
     };
@@ -156,13 +184,15 @@ fn run_here(
             seed,
             files_dir: files,
             result_target: None,
+            egress,
         },
     ))
 }
 
 /// Prints the replay's result (stdout) and log (stderr), then says on stderr whether it
-/// did what the attempt did; returns the exit code.
-fn compare(bundle: &ReplayBundle, report: RunReport) -> i32 {
+/// did what the attempt did (`diverged`: where its guest left the recorded requests, which
+/// stopped it); returns the exit code.
+fn compare(bundle: &ReplayBundle, report: RunReport, diverged: Option<&str>) -> i32 {
     let (outcome, result) = match &report.outcome {
         Ok(TaskResult::Inline(bytes)) => ("succeeded".to_owned(), Some(bytes.as_slice())),
         Ok(TaskResult::Block(_)) => ("succeeded".to_owned(), None),
@@ -186,7 +216,10 @@ fn compare(bundle: &ReplayBundle, report: RunReport) -> i32 {
         eprintln!("flint replay: the attempt never reported how it ended: nothing to compare");
         return DIFFERENT;
     };
-    let mut differences = Vec::new();
+    // Its message is the failure printed above: here, only that it stopped the replay.
+    let mut differences: Vec<String> = (diverged.into_iter())
+        .map(|_| "its guest asked for a request the attempt did not make there".to_owned())
+        .collect();
     if *recorded != outcome {
         differences.push(format!("it ended {recorded}, the replay {outcome}"));
     }

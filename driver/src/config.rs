@@ -30,6 +30,12 @@ pub struct DriverConfig {
     pub executor_timeout: Duration,
     /// Origins executors may fetch from besides the driver (`--fetch-allow`).
     pub fetch_allow: Vec<String>,
+    /// Origins tasks may call (`--egress-allow`): the ceiling over every tenant's and
+    /// job's `network.allow`; empty, egress is off.
+    pub egress_allow: Vec<String>,
+    /// Bytes of recorded responses (deterministic attempts' tapes) one job may keep in
+    /// the driver's block store (`--egress-record-max-bytes`).
+    pub egress_record_max_bytes: u64,
     /// `driver` or an object store URL (`--block-store`).
     pub block_store: String,
     /// Results larger than this go to the block store.
@@ -222,6 +228,8 @@ impl DriverConfig {
             revive_interval: Duration::from_secs(1),
             executor_timeout: Duration::from_millis(defaults::EXECUTOR_TIMEOUT_MS),
             fetch_allow: Vec::new(),
+            egress_allow: Vec::new(),
+            egress_record_max_bytes: defaults::EGRESS_RECORD_MAX_BYTES_PER_JOB,
             block_store: DRIVER_BLOCK_STORE.into(),
             inline_result_bytes: defaults::INLINE_RESULT_BYTES,
             scheduling: SchedulingConfig::default(),

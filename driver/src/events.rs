@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flint_protocol::JobId;
-use flint_protocol::api::{AttemptNote, JobView, TaskEvent};
+use flint_protocol::api::{AttemptNote, EgressDenial, JobView, TaskEvent};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 
 use crate::scheduler::Task;
@@ -30,6 +30,8 @@ pub enum JobEvent {
     Adopted(AttemptNote),
     /// ... or killed (or its end ignored), `reason` saying why.
     Dropped(AttemptNote),
+    /// Outbound requests of an attempt that its executor refused.
+    EgressDenied(EgressDenial),
     /// The job reached a final state: the stream's last event.
     End(Box<JobView>),
 }

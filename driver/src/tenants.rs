@@ -10,6 +10,7 @@
 //! tokens = ["sha256:9f86d08188..."]
 //! weight = 2.0          # its share of the cores against other tenants' (default 1)
 //! max_priority = 10     # the highest priority its jobs may ask for (default 0)
+//! egress_allow = ["https://api.example.com"]  # origins its jobs may call (default none)
 //! [tenant.limits]
 //! max_cores = 16
 //! max_pending_tasks = 100000
@@ -17,11 +18,15 @@
 //! max_storage_bytes = 10_000_000_000
 //! max_task_memory_mb = 1024
 //! max_task_timeout_ms = 600000
+//! max_egress_requests = 1000      # per attempt, at most (resources.egress)
+//! max_egress_bytes = 104857600
+//! max_egress_concurrent = 8
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use flint_fetch_cache::egress::AllowList;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
@@ -45,6 +50,11 @@ pub struct Limits {
     pub max_storage_bytes: Option<u64>,
     pub max_task_memory_mb: Option<u32>,
     pub max_task_timeout_ms: Option<u64>,
+    /// The most a job's `resources.egress` may ask for (and what its defaults are brought
+    /// down to).
+    pub max_egress_requests: Option<u32>,
+    pub max_egress_bytes: Option<u64>,
+    pub max_egress_concurrent: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,6 +66,8 @@ struct TenantEntry {
     weight: Option<f64>,
     #[serde(default)]
     max_priority: Option<i32>,
+    #[serde(default)]
+    egress_allow: Vec<String>,
     #[serde(default)]
     limits: Limits,
 }
@@ -74,7 +86,25 @@ pub struct Tenant {
     hashes: Vec<[u8; 32]>,
     pub weight: f64,
     pub max_priority: i32,
+    /// The origins its jobs may call (`egress_allow`), within the operator's
+    /// `--egress-allow`. Empty (the default), none.
+    pub egress_allow: EgressAllow,
     pub limits: Limits,
+}
+
+/// A tenant's `egress_allow`: as written (what a job's grant carries to executors,
+/// which judge it again) and parsed (what admission checks a job's list against).
+#[derive(Clone, Debug, Default)]
+pub struct EgressAllow {
+    pub entries: Vec<String>,
+    pub list: Arc<AllowList>,
+}
+
+/// The list is parsed from the entries: they say all there is to compare.
+impl PartialEq for EgressAllow {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
 }
 
 /// Every tenant of the file, as last read.
@@ -175,11 +205,17 @@ impl Tenants {
                     "tenant {name:?}: max_priority {max_priority} (at least 0)"
                 ));
             }
+            let egress = AllowList::parse(&entry.egress_allow)
+                .map_err(|e| format!("tenant {name:?}: egress_allow: {e}"))?;
             list.push(Arc::new(Tenant {
                 name: name.into(),
                 hashes,
                 weight,
                 max_priority,
+                egress_allow: EgressAllow {
+                    entries: entry.egress_allow,
+                    list: Arc::new(egress),
+                },
                 limits: entry.limits,
             }));
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flint_protocol::Usage;
 use flint_protocol::api::{
-    AttemptView, ErrorBody, ExecutorView, JobView, MemoSource, PinsView, ResultInfo,
+    AttemptView, EgressPinView, ErrorBody, ExecutorView, JobView, MemoSource, PinsView, ResultInfo,
     TaskAttemptView, TaskState, TaskView, TimelineView,
 };
 use flint_protocol::exit::ProcessExit;
@@ -137,6 +137,15 @@ pub fn task_views(job: &Job, range: std::ops::Range<usize>) -> Vec<TaskView> {
                     .map(|(f, d)| (f.name.clone(), d.to_string()))
                     .collect(),
                 input: p.input.to_string(),
+                egress: (p.egress.iter())
+                    .map(|pin| EgressPinView {
+                        method: pin.method.clone(),
+                        url: pin.url.clone(),
+                        request_sha256: pin.request_sha256.to_string(),
+                        status: pin.status,
+                        response: pin.response.to_string(),
+                    })
+                    .collect(),
             }),
         });
     }

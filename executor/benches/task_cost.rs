@@ -177,6 +177,7 @@ fn sandbox_run_seeded(
                 seed,
                 files_dir: None,
                 result_target: None,
+                egress: sandbox::Egress::default(),
             },
         );
         assert!(report.outcome.is_ok());

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flint_fetch_cache::egress::AllowList;
 use flint_fetch_cache::{FetchCache, FetchOptions};
 use flint_protocol::codec::{FrameCodec, write_batched};
 use flint_protocol::messages::ExecutorConfig;
@@ -140,6 +141,7 @@ pub async fn run(
         Err(reason) => return Ok(reason),
     };
     configure_fetches(&fetcher, &config, &options)?;
+    let egress_allow = egress_ceiling(&config)?;
     let blocks = BlockClient::new(
         &config.block_store,
         &config.driver_http_url,
@@ -161,6 +163,7 @@ pub async fn run(
             blocks: Some(blocks.clone()),
             inline_result_bytes: usize::try_from(config.inline_result_bytes).unwrap_or(usize::MAX),
             driver_link: Some(link.subscribe()),
+            egress_allow,
         },
         ends.clone(),
     );
@@ -221,6 +224,15 @@ fn configure_fetches(
         anyhow::bail!("the driver's block store {:?}: {e}", config.block_store);
     }
     Ok(())
+}
+
+/// The operator's ceiling over tasks' outbound HTTP. The driver checked its own flag
+/// before handing it out, so a list this executor cannot read is a mismatch between the
+/// two builds: refused at start rather than found by the first networked task.
+fn egress_ceiling(config: &ExecutorConfig) -> anyhow::Result<Arc<AllowList>> {
+    AllowList::parse(&config.egress_allow)
+        .map(Arc::new)
+        .map_err(|e| anyhow::anyhow!("the driver's egress allow-list (--egress-allow): {e}"))
 }
 
 /// After losing the driver: with a grace, tasks keep running while the driver is sought

@@ -27,12 +27,25 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use flint_protocol::{ExecutorMessage, HeldAttempt, TaskStatus};
+use flint_protocol::{ExecutorMessage, HeldAttempt, TaskResult, TaskStatus};
 use tokio::sync::mpsc::UnboundedSender;
 
 use self::spill::Spill;
 use self::state::{Admission, State};
 pub use self::state::{Figures, Step};
+
+/// The blocks of an end that may wait on this executor's disk for the driver: its
+/// result's, and a deterministic attempt's tape of recorded responses.
+pub fn held_blocks(status: &TaskStatus) -> impl Iterator<Item = &str> {
+    let result = match &status.end.outcome {
+        Ok(TaskResult::Block(block)) => Some(block.id.as_str()),
+        _ => None,
+    };
+    let tape = (status.end.pins.as_ref())
+        .and_then(|pins| pins.egress_tape.as_ref())
+        .map(|tape| tape.id.as_str());
+    result.into_iter().chain(tape)
+}
 
 /// Ends held back while task threads have more work queued, so that a burst of short
 /// tasks wakes the connection's writer once per batch instead of once per task (that

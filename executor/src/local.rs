@@ -70,6 +70,7 @@ impl LocalRunner {
                 blocks: None,
                 inline_result_bytes: usize::MAX,
                 driver_link: None,
+                egress_allow: Arc::default(),
             },
             ends.clone(),
         );
@@ -106,6 +107,7 @@ impl LocalRunner {
             env: vec![],
             resources: Resources::default(),
             determinism: None,
+            network: None,
         });
         (0..tasks)
             .rev()

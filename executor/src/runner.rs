@@ -9,9 +9,11 @@
 //! [`reporting`] the one way an attempt's end is reported (into the [`EndBuffer`]).
 
 mod counters;
+mod egress;
 mod modules;
 mod prepare;
 mod reporting;
+mod tape;
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -21,11 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flint_fetch_cache::FetchCache;
+use flint_fetch_cache::egress::AllowList;
 use flint_protocol::{FailureKind, JobId, Pins, TaskDescription, TaskFailure, TaskId, TaskInput};
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
 use self::counters::{AttemptCpu, thread_schedstat};
+use self::egress::Networks;
 use self::modules::ModuleCache;
 pub use self::prepare::DriverLink;
 use self::prepare::{JobFiles, trust};
@@ -85,6 +89,7 @@ pub struct TaskRunner {
     /// The connection to the driver as the backend sees it, for fetches from the driver
     /// to wait out its restart (see `prepare::DriverLink`); none outside an executor.
     driver_link: Option<tokio::sync::watch::Receiver<DriverLink>>,
+    networks: Networks,
 }
 
 /// How a runner is set up.
@@ -100,6 +105,8 @@ pub struct RunnerSettings {
     pub inline_result_bytes: usize,
     /// The executor's connection to its driver, as the backend publishes it.
     pub driver_link: Option<tokio::sync::watch::Receiver<DriverLink>>,
+    /// The operator's ceiling over tasks' outbound HTTP (`--egress-allow`).
+    pub egress_allow: Arc<AllowList>,
 }
 
 struct Work {
@@ -144,6 +151,7 @@ impl TaskRunner {
             blocks,
             inline_result_bytes,
             driver_link,
+            egress_allow,
         } = settings;
         // Unbounded is safe here: the driver never launches more than our cores' worth.
         let (queue, work) = crossbeam_channel::unbounded::<Work>();
@@ -172,6 +180,7 @@ impl TaskRunner {
             blocks,
             inline_result_bytes,
             driver_link,
+            networks: Networks::new(egress_allow),
         });
         for i in 0..threads {
             let work = work.clone();
@@ -361,6 +370,10 @@ impl TaskRunner {
             let failure = TaskFailure::new(FailureKind::Killed, "killed before it started");
             return self.report_unrun(desc, failure, fetched, more_queued);
         }
+        let egress = match self.networks.egress(desc.job.network.as_ref()) {
+            Ok(egress) => egress,
+            Err(failure) => return self.report_unrun(desc, failure, fetched, more_queued),
+        };
         let started_at_us = now_us();
         live.started_at_us.store(started_at_us, Ordering::Relaxed);
         let cpu = AttemptCpu::start();
@@ -427,34 +440,17 @@ impl TaskRunner {
                         generation: desc.generation,
                         inline_max: self.inline_result_bytes,
                     }),
+                    egress,
                 },
             )
         };
-        // A bug of ours must cost one attempt (retried elsewhere), never the task thread
-        // and with it every status this thread would have sent.
-        let report =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                crate::sandbox::RunReport {
-                    outcome: Err(TaskFailure::new(
-                        FailureKind::HostError,
-                        format!("the executor failed running the task: {what}"),
-                    )),
-                    log: Vec::new(),
-                    log_truncated: false,
-                    usage: flint_protocol::Usage::default(),
-                    pins: None,
-                }
-            });
+        let report = reporting::caught(run);
         let mut report = report;
         report.usage.cpu_us = cpu.spent_us();
         report.usage.input_bytes = input_bytes;
         report.usage.fetched_bytes = fetched;
         report.pins = pins;
+        self.keep_tape(&desc, &mut report, &|| live.kill.is_killed());
         self.report(desc, started_at_us, report, more_queued);
     }
 

@@ -14,11 +14,14 @@
 //! `flint_module_rules`, the same rules the driver checks uploads with.
 //!
 //! [`config`] holds the engine's configuration (shared with the compiler
-//! subprocess), [`stop`] how an attempt is killed or cut off at its deadline.
+//! subprocess), [`stop`] how an attempt is killed or cut off at its deadline, [`egress`]
+//! a task's outbound HTTP (a core module's `flint` import module, a component's
+//! `wasi:http/outgoing-handler`), judged, metered and stopped with its attempt.
 
 mod attempt;
 mod config;
 mod determinism;
+mod egress;
 mod engines;
 mod files;
 mod link;
@@ -38,6 +41,7 @@ use wasmtime::{Engine, InstancePre, Linker, Module, Precompiled};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 pub use self::config::{
     EPOCH_TICK, EngineKind, MAX_WASM_STACK, SandboxConfig, TASK_THREAD_STACK, engine, engine_for,
@@ -45,6 +49,11 @@ pub use self::config::{
 };
 use self::determinism::VirtualClock;
 pub use self::determinism::fixed_times;
+pub use self::egress::{
+    DENIALS_KEPT, Denials, Divergence, Egress, EgressLimits, FRAMING_PER_REQUEST, Grant, NoNetwork,
+    Replayer, Tape, TapeError,
+};
+use self::egress::{EgressCtx, EgressHooks, EgressSpent};
 use self::engines::Linked;
 use self::files::FixedFiles;
 use self::link::{link_component, link_module};
@@ -66,6 +75,7 @@ pub struct ModuleCtx {
     /// A deterministic task's clock, which its `poll_oneoff` moves.
     clock: Option<VirtualClock>,
     files: FixedFiles,
+    egress: EgressCtx,
 }
 
 /// Store state of a preview-2 component task.
@@ -74,6 +84,9 @@ pub struct ComponentCtx {
     table: ResourceTable,
     limits: TaskLimiter,
     files: FixedFiles,
+    http: WasiHttpCtx,
+    /// The task's egress, through which every `wasi:http` request is sent.
+    hooks: EgressHooks,
 }
 
 impl WasiView for ComponentCtx {
@@ -85,14 +98,31 @@ impl WasiView for ComponentCtx {
     }
 }
 
-/// Anything a task's store holds limits in.
+impl WasiHttpView for ComponentCtx {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// Anything a task's store holds limits and requests in.
 trait Limited: 'static {
     fn limits(&mut self) -> &mut TaskLimiter;
+
+    /// What the requests used, and the refusals, taken out as the attempt ends.
+    fn egress_spent(&mut self) -> EgressSpent;
 }
 
 impl Limited for ModuleCtx {
     fn limits(&mut self) -> &mut TaskLimiter {
         &mut self.limits
+    }
+
+    fn egress_spent(&mut self) -> EgressSpent {
+        self.egress.spent()
     }
 }
 
@@ -100,14 +130,19 @@ impl Limited for ComponentCtx {
     fn limits(&mut self) -> &mut TaskLimiter {
         &mut self.limits
     }
+
+    fn egress_spent(&mut self) -> EgressSpent {
+        self.hooks.spent()
+    }
 }
 
 /// A compiled and linked task, ready to instantiate cheaply for every attempt.
 pub enum Compiled {
     /// A core module that cannot block in a host call: it imports no `poll_oneoff`, and
     /// every other p1 call it can make returns in bounded time (stdin is in memory, its
-    /// files are regular, results give up at the deadline, random bytes are capped). It
-    /// runs on the plain synchronous path, a third cheaper per task than the async one.
+    /// files are regular, results and outbound requests give up at the deadline or kill,
+    /// random bytes are capped). It runs on the plain synchronous path, a third cheaper
+    /// per task than the async one.
     Module(InstancePre<ModuleCtx>),
     /// A core module that can wait (in `poll_oneoff`): it runs on the async path, raced
     /// against its deadline and kill.
@@ -156,6 +191,8 @@ pub struct TaskRun<'a> {
     /// Where the result goes once it outgrows the inline limit; without one, the whole
     /// result (up to `max_output_bytes`) stays in memory.
     pub result_target: Option<ResultTarget>,
+    /// Its outbound HTTP.
+    pub egress: Egress,
 }
 
 /// Who the attempt is, as the guest sees it in its `FLINT_*` variables.
@@ -178,6 +215,11 @@ pub struct RunReport {
     /// For a deterministic task, the digests of what it ran (set by the runner, which
     /// knows where its module and files came from).
     pub pins: Option<Box<flint_protocol::Pins>>,
+    /// The outbound requests refused (what they used is in `usage`).
+    pub egress_denied: Denials,
+    /// A deterministic attempt's recorded requests and answers (for the runner to store
+    /// and pin); none when it sent none.
+    pub egress_tape: Option<Tape>,
 }
 
 /// Lets a p1 guest exit with any code: wasmtime-wasi traps on an exit status of 126 or

@@ -60,6 +60,7 @@ fn run_with_seed(
             seed,
             files_dir: None,
             result_target: None,
+            egress: Egress::default(),
         },
     )
 }

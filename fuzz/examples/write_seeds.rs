@@ -26,6 +26,7 @@ fn main() {
     records(&mut seeds);
     job_specs(&mut seeds);
     urls(&mut seeds);
+    egress(&mut seeds);
     modules(&mut seeds);
 }
 
@@ -265,6 +266,10 @@ fn records(seeds: &mut Seeds<'_>) {
         max_failures: 4,
         max_result_bytes: 16 << 30,
         created_at_ms: 1_700_000_000_000,
+        // Not in a `JobDef`'s encoding (side tables hold them): no seed bytes to give.
+        options: Default::default(),
+        owner: Default::default(),
+        network: None,
     };
     let input = |input| TaskInputRecord {
         input,
@@ -309,15 +314,22 @@ fn records(seeds: &mut Seeds<'_>) {
         finished_at_ms: 1_700_000_000_001,
         error: Some(("exit".into(), "task 1 exited with 3".into())),
     };
-    fn bytes<T: Serialize>(record: &T) -> Vec<u8> {
-        postcard::to_stdvec(record).expect("record encodes")
-    }
     seeds.write("job_record", "job", 0, &bytes(&job));
     seeds.write("job_record", "task-ends", 1, &bytes(&batch));
     seeds.write("job_record", "job-end", 2, &bytes(&job_end));
     seeds.write("job_record", "job-def", 3, &bytes(&def));
     seeds.write("job_record", "task-input", 4, &bytes(&job.tasks[2]));
     seeds.write("job_record", "task-end", 5, &bytes(&ok));
+    attempts(seeds);
+}
+
+fn bytes<T: Serialize>(record: &T) -> Vec<u8> {
+    postcard::to_stdvec(record).expect("record encodes")
+}
+
+/// job_record's selector 6: a finished job's attempts (`job_attempts.v3`), one with its
+/// outbound requests counted and its responses pinned.
+fn attempts(seeds: &mut Seeds<'_>) {
     let attempt = |task, attempt, outcome: Option<AttemptOutcome>, speculative| AttemptRecord {
         task,
         attempt,
@@ -326,6 +338,39 @@ fn records(seeds: &mut Seeds<'_>) {
         end_us: outcome.map(|_| 1_764_547_200_250_000),
         outcome,
         speculative,
+        memory_mb: 128 * attempt,
+        timeout_ms: 30_000,
+        usage: outcome.map(|_| Usage {
+            fuel: Some(1_000),
+            cpu_us: 2_000,
+            wall_us: 2_500,
+            peak_memory_bytes: 1 << 20,
+            input_bytes: 3,
+            output_bytes: 2,
+            fetched_bytes: 6,
+            egress_requests: 2,
+            egress_bytes_sent: 180,
+            egress_bytes_received: 4_096,
+        }),
+        pins: (task == 0).then(|| Pins {
+            module: Digest::of(b"module"),
+            files: vec![Digest::of(b"stopwords")],
+            input: Digest::of(b"a b"),
+            egress: vec![EgressPin {
+                method: "POST".into(),
+                url: "https://api.example.com/v1/embed".into(),
+                request_sha256: Digest::of(b"request"),
+                status: 200,
+                response: Digest::of(b"response"),
+                offset: 0,
+                len: 4_096,
+            }],
+            egress_tape: Some(BlockRef {
+                id: "job-1/0-1-7.egress".into(),
+                size: 4_096,
+                digest: Digest::of(b"tape"),
+            }),
+        }),
     };
     let attempts = vec![
         attempt(0, 1, Some(AttemptOutcome::Succeeded), false),
@@ -427,6 +472,45 @@ fn urls(seeds: &mut Seeds<'_>) {
         ),
     ] {
         seeds.write("url_policy", name, 3, text.as_bytes());
+    }
+}
+
+/// egress_policy: selector 0 text (method, URL, Host header, operator, tenant or `-`, job:
+/// one a line), 1 (+ 3k) an IP literal in spelling k % 5, listed by the operator when
+/// k / 5 is even, 2 a URL and a Host header (a line each).
+fn egress(seeds: &mut Seeds<'_>) {
+    for (name, text) in [
+        (
+            "three-layers",
+            "GET\nhttps://a.example.org:8443/v1?q=1\n\nhttps://*.example.org:8443,http://127.0.0.1:8080\nhttps://*.example.org:8443\nhttps://a.example.org:8443",
+        ),
+        (
+            "no-tenant",
+            "POST\nhttp://127.0.0.1:8080/hook\n127.0.0.1:8080\nhttp://127.0.0.1:8080\n-\nhttp://127.0.0.1:8080",
+        ),
+        (
+            "egress-off",
+            "GET\nhttp://0x7f.1:9/\n\n\n-\nhttp://127.0.0.1:9",
+        ),
+        (
+            "host-mismatch",
+            "GET\nhttp://api.test/\nevil.test\nhttp://api.test\nhttp://api.test\nhttp://api.test",
+        ),
+        (
+            "narrower-wildcard",
+            "GET\nhttps://x.b.example.org/\n\nhttps://*.example.org\nhttps://*.b.example.org,https://example.org\nhttps://*.b.example.org",
+        ),
+    ] {
+        seeds.write("egress_policy", name, 0, text.as_bytes());
+    }
+    for (name, selector, body) in [
+        ("v4-loopback-listed", 1, &[127, 0, 0, 1][..]),
+        ("hex-loopback-unlisted", 1 + 3 * 7, &[127, 0, 0, 1]),
+        ("mapped-metadata", 1 + 3 * 3, &[169, 254, 169, 254]),
+        ("host-default-port", 2, b"http://api.test/\napi.test:80"),
+        ("host-v6", 2, b"http://[::1]:8080/\n[::1]:8080"),
+    ] {
+        seeds.write("egress_policy", name, selector, body);
     }
 }
 

@@ -26,13 +26,14 @@ pub use cluster::{
 pub use error::{CodedError, ErrorCode, ErrorResponse, RequestError};
 pub use graphs::{GraphCreated, GraphEdge, GraphJobView, GraphSpec, GraphView};
 pub use jobs::{
-    AttemptNote, AttemptView, JobState, JobView, LaggedEvent, MemoSource, PinsView, ResultInfo,
-    TaskAttemptView, TaskCounts, TaskEvent, TaskState, TaskView, TimelineView,
+    AttemptNote, AttemptView, EgressDenial, EgressPinView, JobState, JobView, LaggedEvent,
+    MemoSource, PinsView, ResultInfo, TaskAttemptView, TaskCounts, TaskEvent, TaskState, TaskView,
+    TimelineView,
 };
-pub use replay::{ReplayBundle, ReplayInputPart, ReplaySource};
+pub use replay::{ReplayBundle, ReplayEgress, ReplayInputPart, ReplayNetwork, ReplaySource};
 pub use spec::{
-    Accounting, EscalateSpec, Factor, FileSpec, InputSpec, JobSpec, ResourcesSpec, ResultRef,
-    ResultsRef, RetrySpec, TaskSpec, UrlFileSpec,
+    Accounting, EgressSpec, EscalateSpec, Factor, FileSpec, InputSpec, JobSpec, NetworkSpec,
+    ResourcesSpec, ResultRef, ResultsRef, RetrySpec, TaskSpec, UrlFileSpec,
 };
 
 /// Why a job or a task failed: a kind callers can branch on (a task's failure kind,
@@ -80,4 +81,11 @@ pub struct TenantUsage {
     pub cpu_seconds: f64,
     pub wall_seconds: f64,
     pub output_bytes: u64,
+    /// Their outbound HTTP requests, and the bytes those sent and received.
+    #[serde(default)]
+    pub egress_requests: u64,
+    #[serde(default)]
+    pub egress_bytes_sent: u64,
+    #[serde(default)]
+    pub egress_bytes_received: u64,
 }

@@ -196,6 +196,13 @@ mod tests {
             env: vec![("LANG".into(), "C".into())],
             resources: Resources::default(),
             determinism: None,
+            network: Some(crate::NetworkGrant {
+                allow: vec!["https://api.example.com".into()],
+                tenant_allow: Some(vec!["https://*.example.com".into()]),
+                max_requests: 100,
+                max_bytes: 1 << 24,
+                max_concurrent: 4,
+            }),
         }
     }
 
@@ -222,6 +229,7 @@ mod tests {
                 max_log_bytes: 1 << 20,
                 driver_http_url: "http://127.0.0.1:7070".into(),
                 fetch_allow: vec!["s3://bucket".into()],
+                egress_allow: vec!["https://*.example.com".into()],
                 block_store: "driver".into(),
                 inline_result_bytes: 1 << 20,
                 credentials_pushed: true,
@@ -277,9 +285,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_executor_message_round_trips() {
-        let ok = TaskEnd {
+    fn task_end() -> TaskEnd {
+        TaskEnd {
             started_at_us: 1,
             finished_at_us: 2,
             outcome: Ok(TaskResult::Inline(b"{\"a\":1}".to_vec())),
@@ -293,10 +300,19 @@ mod tests {
                 input_bytes: 5,
                 output_bytes: 7,
                 fetched_bytes: 9,
+                egress_requests: 2,
+                egress_bytes_sent: 120,
+                egress_bytes_received: 4_000,
             },
             pins: None,
             memory_mb: None,
-        };
+            egress_denied: vec!["GET http://10.0.0.1/: refused".into()],
+        }
+    }
+
+    #[test]
+    fn every_executor_message_round_trips() {
+        let ok = task_end();
         let failed = TaskEnd {
             outcome: Err(TaskFailure {
                 kind: FailureKind::Exit,

@@ -130,3 +130,16 @@ pub const SCHEDULER_BACKLOG_TIMEOUT_MS: u64 = 1_000;
 /// Executors idle this long above `--min-executors` are decommissioned
 /// (`--executor-idle-timeout-ms`).
 pub const EXECUTOR_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Outbound HTTP requests a task may make (`resources.egress.max_requests`); a redirect
+/// hop the guest follows is a request of its own.
+pub const EGRESS_MAX_REQUESTS: u32 = 100;
+/// Bytes a task's requests may send and receive together (`resources.egress.max_bytes`):
+/// method, URL, headers and bodies both ways.
+pub const EGRESS_MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// Requests of one task in flight (or answered and not yet read) at once
+/// (`resources.egress.max_concurrent`).
+pub const EGRESS_MAX_CONCURRENT: u32 = 4;
+/// Bytes of recorded responses (the tapes of its deterministic attempts) one job may keep
+/// in the driver's block store (`--egress-record-max-bytes`); past it an attempt's tape is
+/// refused and the attempt fails as `host_error` naming the flag.
+pub const EGRESS_RECORD_MAX_BYTES_PER_JOB: u64 = 1 << 30;

@@ -33,8 +33,8 @@ pub use messages::{
     DriverMessage, ExecutorMessage, HeldAttempt, Hello, HelloReply, PROTOCOL_VERSION,
 };
 pub use task::{
-    BlockRef, Determinism, FailureKind, FetchRef, FileRef, InputPart, JobTemplate, ModuleRef, Pins,
-    Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput, TaskLaunch, TaskResult,
-    TaskStatus, Upstream,
+    BlockRef, Determinism, EgressPin, FailureKind, FetchRef, FileRef, InputPart, JobTemplate,
+    ModuleRef, NetworkGrant, Pins, Resources, TaskDescription, TaskEnd, TaskFailure, TaskInput,
+    TaskLaunch, TaskResult, TaskStatus, Upstream,
 };
 pub use usage::Usage;

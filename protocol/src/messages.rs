@@ -40,8 +40,10 @@ use crate::task::{JobTemplate, TaskLaunch, TaskStatus};
 /// template, a launch's own budget (escalated retries). 12: a later attempt's pins in
 /// its launch, and the memory an attempt was held to in its end. 13: attempts kept through a
 /// driver's absence and listed at registration ([`HeldAttempt`]), numbered task ends and
-/// their acknowledgement after commit (`EndsDurable`), the end buffer in heartbeats.
-pub const PROTOCOL_VERSION: u32 = 13;
+/// their acknowledgement after commit (`EndsDurable`), the end buffer in heartbeats. 14:
+/// outbound HTTP (a job's `NetworkGrant`, the operator's `egress_allow`, egress usage,
+/// pins and refusals in a task's end).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// First frame on a connection, executor to driver. Layout frozen across versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +262,9 @@ pub struct ExecutorConfig {
     pub driver_http_url: String,
     /// Origins the operator allows fetching from besides the driver (`--fetch-allow`).
     pub fetch_allow: Vec<String>,
+    /// Origins the operator lets tasks call (`--egress-allow`): the ceiling over every
+    /// tenant's and job's list; empty, no task may make a request.
+    pub egress_allow: Vec<String>,
     /// Where results larger than `inline_result_bytes` go: `driver` (uploaded to the
     /// driver, which keeps them in its data dir) or an object store URL such as
     /// `s3://bucket/prefix` that executors write to directly.

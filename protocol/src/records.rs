@@ -5,10 +5,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::{JobState, TaskState};
-use crate::ids::{ExecutorId, JobId};
+use crate::ids::{Digest, ExecutorId, JobId};
 use crate::task::{
-    Determinism, FailureKind, FileRef, ModuleRef, Pins, Resources, TaskFailure, TaskInput,
-    TaskResult, Usage,
+    Determinism, FailureKind, FileRef, ModuleRef, NetworkGrant, Pins, Resources, TaskFailure,
+    TaskInput, TaskResult, Usage,
 };
 
 /// What a job is, as accepted; fixed for the job's life. The driver's scheduler holds it
@@ -39,6 +39,12 @@ pub struct JobDef {
     /// the journal record as `options` is.
     #[serde(skip)]
     pub owner: Owner,
+    /// The outbound HTTP its tasks may make (`"network"`), as admitted: the job's and its
+    /// tenant's allow-lists and the limits per attempt. Not in this record's encoding:
+    /// stored beside it in `job_network.v1` (a job without a row there has no network)
+    /// and carried by the journal record after its owner.
+    #[serde(skip)]
+    pub network: Option<NetworkGrant>,
 }
 
 /// A job's tenant (`None`: the admin, `--token`) and priority (higher goes first among
@@ -207,7 +213,7 @@ impl From<StoredCounts> for crate::api::TaskCounts {
 }
 
 /// One attempt of a task, for a finished job's timeline: written once the job's last
-/// attempt has ended (the table `job_attempts.v1`, one value per job).
+/// attempt has ended (the table `job_attempts.v3`, one value per job).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRecord {
     pub task: u32,
@@ -227,8 +233,95 @@ pub struct AttemptRecord {
     pub pins: Option<Pins>,
 }
 
+/// [`AttemptRecord`] as the table `job_attempts.v2` holds it (before outbound HTTP was
+/// counted and recorded): read where a data dir has no `job_attempts.v3` value for a
+/// job. Frozen: its usage and pins are the layouts of then, [`UsageV1`] and [`PinsV1`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecordV2 {
+    pub task: u32,
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    pub start_us: u64,
+    pub end_us: Option<u64>,
+    pub outcome: Option<AttemptOutcome>,
+    pub speculative: bool,
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    pub usage: Option<UsageV1>,
+    pub pins: Option<PinsV1>,
+}
+
+impl From<AttemptRecordV2> for AttemptRecord {
+    fn from(a: AttemptRecordV2) -> Self {
+        AttemptRecord {
+            task: a.task,
+            attempt: a.attempt,
+            executor: a.executor,
+            start_us: a.start_us,
+            end_us: a.end_us,
+            outcome: a.outcome,
+            speculative: a.speculative,
+            memory_mb: a.memory_mb,
+            timeout_ms: a.timeout_ms,
+            usage: a.usage.map(Usage::from),
+            pins: a.pins.map(Pins::from),
+        }
+    }
+}
+
+/// [`Usage`] as `job_attempts.v2` encodes it: without the egress counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageV1 {
+    pub fuel: Option<u64>,
+    pub cpu_us: u64,
+    pub wall_us: u64,
+    pub peak_memory_bytes: u64,
+    pub input_bytes: u64,
+    pub output_bytes: u64,
+    pub fetched_bytes: u64,
+}
+
+impl From<UsageV1> for Usage {
+    fn from(u: UsageV1) -> Self {
+        Usage {
+            fuel: u.fuel,
+            cpu_us: u.cpu_us,
+            wall_us: u.wall_us,
+            peak_memory_bytes: u.peak_memory_bytes,
+            input_bytes: u.input_bytes,
+            output_bytes: u.output_bytes,
+            fetched_bytes: u.fetched_bytes,
+            // No request could be made then.
+            egress_requests: 0,
+            egress_bytes_sent: 0,
+            egress_bytes_received: 0,
+        }
+    }
+}
+
+/// [`Pins`] as `job_attempts.v2` encodes them: without recorded responses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinsV1 {
+    pub module: Digest,
+    pub files: Vec<Digest>,
+    pub input: Digest,
+}
+
+impl From<PinsV1> for Pins {
+    fn from(p: PinsV1) -> Self {
+        Pins {
+            module: p.module,
+            files: p.files,
+            input: p.input,
+            egress: Vec::new(),
+            egress_tape: None,
+        }
+    }
+}
+
 /// [`AttemptRecord`] as the table `job_attempts.v1` holds it (before usage and budgets
-/// were kept): read where a data dir has no `job_attempts.v2` value for a job.
+/// were kept): read where a data dir has neither a `job_attempts.v3` nor a `v2` value
+/// for a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRecordV1 {
     pub task: u32,

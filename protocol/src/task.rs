@@ -37,6 +37,23 @@ pub struct JobTemplate {
     /// Set for a job submitted with `"deterministic": true`: its guests get a virtual
     /// clock, a random source seeded from this, and no ambient environment.
     pub determinism: Option<Determinism>,
+    /// The outbound HTTP the job's tasks may make; `None`: none (every request is
+    /// refused, naming `network.allow`).
+    pub network: Option<NetworkGrant>,
+}
+
+/// A job's outbound HTTP as admitted: its own allow-list and its tenant's (the executor
+/// holds the operator's, `--egress-allow`; a request must pass all three) and each
+/// attempt's limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkGrant {
+    /// The job's `network.allow`.
+    pub allow: Vec<String>,
+    /// The tenant's `egress_allow`; `None` for the admin's jobs (no tenant layer).
+    pub tenant_allow: Option<Vec<String>>,
+    pub max_requests: u32,
+    pub max_bytes: u64,
+    pub max_concurrent: u32,
 }
 
 /// A deterministic job's one source of variety: its seed (the job's `"seed"`, or one the
@@ -279,6 +296,10 @@ pub struct TaskEnd {
     /// than its budget asked (`flint executor --max-memory-mb`, or `--memory-mb` shared
     /// by `--cores`); `None` when it got what it asked for.
     pub memory_mb: Option<u32>,
+    /// Outbound requests the executor refused (the first few messages, each naming the
+    /// URL and the rule): a refusal is an error returned to the guest, never a failure
+    /// of the attempt by itself.
+    pub egress_denied: Vec<String>,
 }
 
 /// The digests of what a deterministic attempt ran: URLs resolved to the bytes the
@@ -290,6 +311,26 @@ pub struct Pins {
     pub files: Vec<Digest>,
     /// The task's whole stdin.
     pub input: Digest,
+    /// The responses its outbound requests received, in the order the guest made them.
+    pub egress: Vec<EgressPin>,
+    /// The recorded responses' bytes (status, headers and body of each, one after the
+    /// other at each pin's `offset`), in the block store; `None` when it made no request.
+    pub egress_tape: Option<BlockRef>,
+}
+
+/// One outbound request of a deterministic attempt and the response it got: what a
+/// replay serves instead of the network, and checks the guest asks for again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressPin {
+    pub method: String,
+    pub url: String,
+    /// SHA-256 of the request's body.
+    pub request_sha256: Digest,
+    pub status: u16,
+    /// SHA-256 of the response's record on the tape (status, headers and body).
+    pub response: Digest,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// A successful task's stdout: inline up to the inline limit, else a block in the block

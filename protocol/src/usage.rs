@@ -26,6 +26,16 @@ pub struct Usage {
     /// Bytes the executor downloaded for the attempt (module, files and input not
     /// already in its cache).
     pub fetched_bytes: u64,
+    /// Outbound HTTP requests the guest made (each redirect hop is one; a request the
+    /// policy refused is not counted).
+    #[serde(default)]
+    pub egress_requests: u64,
+    /// Bytes of those requests: method, URL, header names and values, and body.
+    #[serde(default)]
+    pub egress_bytes_sent: u64,
+    /// Bytes of their responses: header names and values, and body.
+    #[serde(default)]
+    pub egress_bytes_received: u64,
 }
 
 impl Usage {
@@ -43,5 +53,12 @@ impl Usage {
         self.input_bytes = self.input_bytes.saturating_add(other.input_bytes);
         self.output_bytes = self.output_bytes.saturating_add(other.output_bytes);
         self.fetched_bytes = self.fetched_bytes.saturating_add(other.fetched_bytes);
+        self.egress_requests = self.egress_requests.saturating_add(other.egress_requests);
+        self.egress_bytes_sent = self
+            .egress_bytes_sent
+            .saturating_add(other.egress_bytes_sent);
+        self.egress_bytes_received = self
+            .egress_bytes_received
+            .saturating_add(other.egress_bytes_received);
     }
 }

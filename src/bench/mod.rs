@@ -12,8 +12,10 @@
 //! `pipelines` measures graphs of jobs (`--graph`): `timed` submits and times them,
 //! `waiting` reads the driver's memory per waiting task, `wordcount` runs the wordcount
 //! graph on text from `wordcount_text` against the guests in-process (`wordcount_native`).
+//! `egress` measures tasks' outbound HTTP against a native client (`--egress`).
 
 mod args;
+mod egress;
 mod floor;
 mod measure;
 mod pipelines;
@@ -75,6 +77,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             bail!("--scale-up needs --module testkit.wasm (its `sleep` is the job's task)");
         }
         return scale_up::run(&args, wasm).await;
+    }
+    if args.egress {
+        if args.module.is_none() {
+            bail!("--egress needs --module testkit.wasm (its `http-get` is the job's task)");
+        }
+        return egress::run(&args, wasm).await;
     }
     if let Some(restarts) = args.restarts {
         if args.module.is_none() {

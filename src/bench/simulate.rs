@@ -180,6 +180,7 @@ async fn simulated_executor(args: &SimulateArgs, id: ExecutorId) -> anyhow::Resu
                             usage: Default::default(),
                             pins: None,
                             memory_mb: None,
+                            egress_denied: Vec::new(),
                         },
                     };
                     if task_time.is_zero() {

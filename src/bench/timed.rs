@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use flint_protocol::api::{GraphView, InputSpec, JobSpec, JobState};
+use flint_protocol::api::{GraphView, InputSpec, JobSpec, JobState, JobView};
 
 use super::measure::ensure_succeeded;
 use crate::client::Client;
@@ -73,6 +73,14 @@ pub async fn run_graph(
 
 /// Submits a job, then waits for it to end, as [`run_graph`] does; it must succeed.
 pub async fn run_flat(client: &Client, spec: &JobSpec) -> anyhow::Result<Timing> {
+    let (timing, view) = run_job(client, spec).await?;
+    ensure_succeeded(view.state, "the flat job")?;
+    Ok(timing)
+}
+
+/// [`run_flat`] with the ended job's view, whatever its state: the caller can say why
+/// it failed.
+pub async fn run_job(client: &Client, spec: &JobSpec) -> anyhow::Result<(Timing, JobView)> {
     let t0 = Instant::now();
     let view = client.submit(spec, None).await?;
     let admitted = t0.elapsed();
@@ -83,8 +91,7 @@ pub async fn run_flat(client: &Client, spec: &JobSpec) -> anyhow::Result<Timing>
         }
     };
     let ended = t0.elapsed();
-    ensure_succeeded(view.state, "the flat job")?;
-    Ok(Timing { admitted, ended })
+    Ok((Timing { admitted, ended }, view))
 }
 
 /// Where a graph's time went: for each job, when its first task's guest started and its

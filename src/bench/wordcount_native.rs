@@ -151,6 +151,7 @@ impl Native {
                 seed: None,
                 files_dir: None,
                 result_target: None,
+                egress: Default::default(),
             },
         );
         match report.outcome {

@@ -82,6 +82,20 @@ pub struct DriverArgs {
     /// ones are refused).
     #[arg(long, env = "FLINT_FETCH_ALLOW", value_delimiter = ',')]
     pub fetch_allow: Vec<String>,
+    /// Origins tasks may call over HTTP, comma-separated: `https://api.example.com`,
+    /// `https://*.example.org:8443`, `http://127.0.0.1:8080`. The ceiling over every
+    /// tenant's `egress_allow` and job's `network.allow`; without it no task may make a
+    /// request. A loopback, link-local or private address is reached only where it is
+    /// listed itself (by IP), never through a name that resolves to it.
+    #[arg(long, env = "FLINT_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<String>,
+    /// Bytes of recorded responses one job may keep: each deterministic attempt's tape
+    /// of what its requests were answered, stored beside its results for `flint
+    /// replay`. A tape past it is refused and its attempt fails as host_error naming
+    /// this flag. Counted over the tapes uploaded to the driver (with an s3 block store
+    /// executors write tapes themselves, each bounded by its attempt's max_bytes).
+    #[arg(long, env = "FLINT_EGRESS_RECORD_MAX_BYTES", default_value_t = flint_protocol::defaults::EGRESS_RECORD_MAX_BYTES_PER_JOB)]
+    pub egress_record_max_bytes: u64,
     /// Where results larger than --inline-result-bytes are kept: `driver` (the data
     /// dir; executors upload to the driver) or `s3://bucket/prefix` (executors write
     /// there directly; endpoint and credentials from the AWS_* environment of the
@@ -247,6 +261,8 @@ impl DriverArgs {
         // Checked here so that a typo stops the driver, not every executor.
         flint_fetch_cache::UrlPolicy::parse_allow_list(&self.fetch_allow.join(","))
             .map_err(|e| anyhow::anyhow!("--fetch-allow: {e}"))?;
+        flint_fetch_cache::egress::AllowList::parse(&self.egress_allow)
+            .map_err(|e| anyhow::anyhow!("--egress-allow: {e}"))?;
         self.check_auth()?;
         let mut config = DriverConfig::new(self.data_dir.clone());
         config.app_id = self.app_id.clone();
@@ -263,6 +279,8 @@ impl DriverArgs {
         config.max_event_streams = self.max_event_streams as usize;
         config.executor_timeout = Duration::from_millis(self.executor_timeout_ms);
         config.fetch_allow = self.fetch_allow.clone();
+        config.egress_allow = self.egress_allow.clone();
+        config.egress_record_max_bytes = self.egress_record_max_bytes;
         config.block_store = self.block_store.clone();
         config.inline_result_bytes = self.inline_result_bytes;
         config.scheduling.locality_wait = Duration::from_millis(self.locality_wait_ms);

@@ -20,11 +20,13 @@ use crate::store::blobs::ModuleInfo;
 pub mod graph;
 pub mod guest_env;
 pub mod inputs;
+mod network;
 mod options;
 mod sources;
 mod tasks;
 
 use guest_env::GuestStringError;
+pub use network::{EgressCeiling, TenantEgress};
 pub use sources::parse_module_id;
 use sources::{file_ref, module_ref};
 #[cfg(test)]
@@ -40,6 +42,8 @@ pub struct Ceiling {
     pub tenant: Option<String>,
     pub memory_mb: Option<u32>,
     pub timeout_ms: Option<u64>,
+    /// The origins and outbound limits its jobs may have.
+    pub egress: EgressCeiling,
 }
 
 /// Why a spec was not accepted: a code callers can branch on (`invalid_json` for a body
@@ -228,6 +232,19 @@ pub(crate) fn accept_as(
         .collect::<Result<Vec<FileRef>, Rejection>>()?;
     let tasks = tasks::of(catalog, spec.inputs.take(), spec.tasks.take())?;
     let resources = resources(spec.resources)?;
+    if spec.memoize && spec.network.is_some() {
+        return Err(Rejection::new(
+            ErrorCode::InvalidSpec,
+            "memoize is for tasks that are a pure function of their inputs, and a task with \
+             \"network\" is not (what it is answered can change): leave one out",
+        ));
+    }
+    let network = network::grant(
+        spec.network.take(),
+        spec.resources.egress,
+        &ceiling.egress,
+        ceiling.tenant.as_deref(),
+    )?;
     let max_failures = spec.max_failures.unwrap_or(defaults::MAX_FAILURES);
     if max_failures == 0 {
         return Err(Rejection::new(
@@ -262,6 +279,7 @@ pub(crate) fn accept_as(
             tenant: None,
             priority: spec.priority.unwrap_or(0),
         },
+        network,
     };
     Ok(NewJob { def, tasks })
 }

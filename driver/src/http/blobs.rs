@@ -14,6 +14,7 @@ use flint_protocol::{JobId, defaults};
 use super::edge;
 use super::error::{ApiError, ApiResult};
 use crate::service::Driver;
+use crate::store::blocks::TAPE_SUFFIX;
 use crate::tenants::Caller;
 
 /// Uploads a wasm module: validated, stored by SHA-256; uploading it again is a no-op.
@@ -186,8 +187,10 @@ async fn get_blob(
         .into_response())
 }
 
-/// An executor's upload of a large result, streamed into the block store. Answers with
-/// the size and digest the driver saw, for the executor to compare with its own.
+/// An executor's upload of a large result, or of a deterministic attempt's tape of
+/// recorded responses (`*.egress`, within the job's `--egress-record-max-bytes`),
+/// streamed into the block store. Answers with the size and digest the driver saw, for
+/// the executor to compare with its own.
 pub(super) async fn put_block(
     State(driver): State<Arc<Driver>>,
     Path((job, name)): Path<(String, String)>,
@@ -198,11 +201,16 @@ pub(super) async fn put_block(
     // with it); a deleted one does not.
     let max = driver.existing_job(&job_id, |j| j.def.resources.max_output_bytes)?;
     let id = format!("{job}/{name}");
-    let (size, digest) = driver
-        .uploads
-        .blocks
-        .put_stream(&id, body.into_data_stream(), max)
-        .await?;
+    let blocks = &driver.uploads.blocks;
+    let body = body.into_data_stream();
+    let (size, digest) = match name.ends_with(TAPE_SUFFIX) {
+        // A deterministic attempt's recorded responses: within the job's cap.
+        true => {
+            let cap = driver.config.egress_record_max_bytes;
+            blocks.put_tape(&id, body, cap).await?
+        }
+        false => blocks.put_stream(&id, body, max).await?,
+    };
     Ok((
         StatusCode::CREATED,
         axum::Json(ResultInfo {

@@ -25,7 +25,7 @@ use crate::tenants::Caller;
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
     params(("id" = String, Path, description = "the job's id")),
     responses(
-        (status = 200, description = "`text/event-stream`: events `job` and `end` carry a JobView, `task` a TaskEvent, `lagged` a LaggedEvent", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "`text/event-stream`: events `job` and `end` carry a JobView, `task` a TaskEvent, `lagged` a LaggedEvent, `adopted` and `dropped` an AttemptNote, `egress_denied` an EgressDenial", body = String, content_type = "text/event-stream"),
         (status = 404, description = "no such job", body = ErrorResponse),
         (status = 503, description = "`overloaded`: the caller holds its share of the driver's event streams (on a driver with tenants, each tenant and the admin may hold `--max-event-streams` divided by the number of tenants plus one; the message names the share), or the driver serves its limit of them; retry after `Retry-After` seconds", body = ErrorResponse),
     ))]
@@ -74,6 +74,10 @@ pub async fn job_events(
                 JobEvent::Task(task) => (Ok(sse("task", task)), (subscription, None, false)),
                 JobEvent::Adopted(note) => (Ok(sse("adopted", note)), (subscription, None, false)),
                 JobEvent::Dropped(note) => (Ok(sse("dropped", note)), (subscription, None, false)),
+                JobEvent::EgressDenied(denial) => (
+                    Ok(sse("egress_denied", denial)),
+                    (subscription, None, false),
+                ),
                 JobEvent::End(view) => (Ok(sse("end", &**view)), (subscription, None, true)),
             })
         },

@@ -25,6 +25,8 @@ use crate::http::auth::OPEN_PATHS;
         flint_protocol::api::JobView,
         flint_protocol::api::TaskEvent,
         flint_protocol::api::LaggedEvent,
+        flint_protocol::api::AttemptNote,
+        flint_protocol::api::EgressDenial,
         // Named by InputSpec's hand-made schema (RawInput), so not found by the derive.
         flint_protocol::api::ResultRef,
         flint_protocol::api::ResultsRef

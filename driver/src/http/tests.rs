@@ -269,6 +269,7 @@ fn an_escalation_stops_at_the_tenants_task_limits_and_caps_past_them_are_refused
         tenant: Some("b".into()),
         memory_mb: Some(64),
         timeout_ms: Some(60_000),
+        ..Ceiling::default()
     };
     let spec = |escalate: serde_json::Value| {
         json!({"module": digest.to_string(), "inputs": [{"text": ""}],

@@ -35,7 +35,7 @@ pub(super) fn render(out: &mut String, state: &ClusterState) {
     }
     let seconds = |us: u64| (us as f64 / 1e6).to_string();
     type Column = fn(&Holding, &Spent, &dyn Fn(u64) -> String) -> String;
-    let families: [(&str, &str, &str, Column); 8] = [
+    let families: [(&str, &str, &str, Column); 11] = [
         (
             "flint_tenant_live_jobs",
             "gauge",
@@ -83,6 +83,24 @@ pub(super) fn render(out: &mut String, state: &ClusterState) {
             "counter",
             "Bytes the tenant's guests wrote as results.",
             |_, s, _| s.output_bytes.to_string(),
+        ),
+        (
+            "flint_tenant_task_egress_requests_total",
+            "counter",
+            "Outbound HTTP requests the tenant's guests made.",
+            |_, s, _| s.egress_requests.to_string(),
+        ),
+        (
+            "flint_tenant_task_egress_bytes_sent_total",
+            "counter",
+            "Bytes the tenant's guests sent in outbound requests.",
+            |_, s, _| s.egress_bytes_sent.to_string(),
+        ),
+        (
+            "flint_tenant_task_egress_bytes_received_total",
+            "counter",
+            "Bytes the tenant's guests received in answer to outbound requests.",
+            |_, s, _| s.egress_bytes_received.to_string(),
         ),
     ];
     for (metric, kind, help, column) in families {

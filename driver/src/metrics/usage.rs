@@ -11,7 +11,7 @@ use crate::scheduler::ClusterState;
 pub(super) fn render(out: &mut String, state: &ClusterState) {
     let u = &state.usage;
     let seconds = |us: u64| (us as f64 / 1e6).to_string();
-    let families: [(&str, &str, String); 7] = [
+    let families: [(&str, &str, String); 10] = [
         (
             "flint_task_attempts_measured_total",
             "Task attempts whose end reported their usage.",
@@ -46,6 +46,21 @@ pub(super) fn render(out: &mut String, state: &ClusterState) {
             "flint_task_fetched_bytes_total",
             "Bytes executors downloaded to prepare attempts (modules, files, inputs not cached).",
             u.fetched_bytes.to_string(),
+        ),
+        (
+            "flint_task_egress_requests_total",
+            "Outbound HTTP requests guests made (each redirect hop is one), summed over attempts.",
+            u.egress_requests.to_string(),
+        ),
+        (
+            "flint_task_egress_bytes_sent_total",
+            "Bytes of guests' outbound requests (method, URL, headers, body), summed over attempts.",
+            u.egress_bytes_sent.to_string(),
+        ),
+        (
+            "flint_task_egress_bytes_received_total",
+            "Bytes of the responses to guests' outbound requests (headers, body), summed over attempts.",
+            u.egress_bytes_received.to_string(),
         ),
     ];
     for (name, help, value) in families {

@@ -100,6 +100,9 @@ pub struct Spent {
     pub cpu_us: u64,
     pub wall_us: u64,
     pub output_bytes: u64,
+    pub egress_requests: u64,
+    pub egress_bytes_sent: u64,
+    pub egress_bytes_received: u64,
 }
 
 impl ClusterState {

@@ -84,6 +84,7 @@ impl Driver {
             max_log_bytes: defaults::TASK_MAX_LOG_BYTES,
             driver_http_url: self.http_base.clone(),
             fetch_allow: self.config.fetch_allow.clone(),
+            egress_allow: self.config.egress_allow.clone(),
             block_store: self.uploads.blocks.spec().to_owned(),
             inline_result_bytes: self.config.inline_result_bytes,
             credentials_pushed: self.config.executor_credentials.is_some(),
@@ -340,6 +341,18 @@ impl Driver {
     ) {
         if statuses.is_empty() {
             return;
+        }
+        for status in &statuses {
+            if !status.end.egress_denied.is_empty() && self.events.is_watched(&status.task.job) {
+                let denial = flint_protocol::api::EgressDenial {
+                    index: status.task.index,
+                    attempt: status.attempt,
+                    executor: id.clone(),
+                    denied: status.end.egress_denied.clone(),
+                };
+                let event = crate::events::JobEvent::EgressDenied(denial);
+                self.events.publish(&status.task.job, event);
+            }
         }
         self.apply(|s| {
             // Any frame shows the executor is alive, not only heartbeats.

@@ -126,7 +126,7 @@ impl Driver {
             driver: self,
             caller,
         };
-        let graph = accept_graph(&catalog, spec, &ceiling(caller))?;
+        let graph = accept_graph(&catalog, spec, &ceiling(caller, &self.egress_allow))?;
         let mut jobs = Vec::with_capacity(graph.jobs.len());
         let mut names = Vec::with_capacity(graph.jobs.len());
         for (name, mut job) in graph.jobs {

@@ -110,6 +110,8 @@ pub struct Driver {
     pub cluster: ClusterParts,
     /// The tenants in force (`--tenants`); none on a driver without them.
     pub tenants: Arc<crate::tenants::Registry>,
+    /// `--egress-allow`, parsed: the ceiling of every job's `network`.
+    egress_allow: Arc<flint_fetch_cache::egress::AllowList>,
     pub metrics: crate::metrics::Metrics,
     /// Jobs' event streams.
     pub events: Arc<JobEvents>,
@@ -122,6 +124,9 @@ impl Driver {
     /// Opens the data dir and rebuilds every stored job: tasks that had ended keep their
     /// results, the rest run again once executors register.
     pub fn new(config: DriverConfig, http_addr: SocketAddr) -> anyhow::Result<Arc<Self>> {
+        let egress_allow = flint_fetch_cache::egress::AllowList::parse(&config.egress_allow)
+            .map_err(|e| anyhow::anyhow!("--egress-allow: {e}"))?;
+        let egress_allow = Arc::new(egress_allow);
         let job_store = config.data_dir.join("jobs.redb");
         let usage = Arc::new(DataDirUsage::new(
             config.data_dir_max_bytes,
@@ -178,6 +183,7 @@ impl Driver {
             jobs: JobRecords::new(store, IdempotencyKeys::restore(keys)),
             cluster: ClusterParts::default(),
             tenants: Default::default(),
+            egress_allow,
             metrics: crate::metrics::Metrics::default(),
             events,
             resolver,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use flint_protocol::api::{
-    CodedError, ErrorBody, ErrorCode, ReplayBundle, ReplayInputPart, ReplaySource, TaskState,
+    CodedError, ErrorBody, ErrorCode, ReplayBundle, ReplayEgress, ReplayInputPart, ReplayNetwork,
+    ReplaySource, TaskState,
 };
 use flint_protocol::records::{JobRecord, TaskInputRecord};
 use flint_protocol::{Digest, FetchRef, FileRef, InputPart, JobId, Pins, TaskInput};
@@ -113,6 +114,7 @@ impl Driver {
             let pinned = pins.and_then(|p| p.files.get(at)).copied();
             files.insert(file.name.clone(), self.file_source(file, pinned)?);
         }
+        let (egress, egress_tape) = recorded(pins);
         let env = (def.env.iter().chain(&task.env))
             .filter(|(k, _)| !k.starts_with("FLINT_"))
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -139,6 +141,15 @@ impl Driver {
             error: seen.error,
             log_sha256: seen.log.map(|d| d.to_string()),
             result_sha256: seen.result.map(|d| d.to_string()),
+            network: def.network.map(|grant| ReplayNetwork {
+                allow: grant.allow,
+                tenant_allow: grant.tenant_allow,
+                max_requests: grant.max_requests,
+                max_bytes: grant.max_bytes,
+                max_concurrent: grant.max_concurrent,
+            }),
+            egress,
+            egress_tape,
         })
     }
 
@@ -204,6 +215,30 @@ impl Driver {
             TaskInput::Upstream(_) => Vec::new(),
         }
     }
+}
+
+/// An attempt's recorded requests, and where its tape is: the driver serves every block
+/// at `/v1/blocks/{id}`, whichever store holds it.
+fn recorded(pins: Option<&Pins>) -> (Vec<ReplayEgress>, Option<ReplaySource>) {
+    let Some(pins) = pins else {
+        return (Vec::new(), None);
+    };
+    let egress = (pins.egress.iter())
+        .map(|pin| ReplayEgress {
+            method: pin.method.clone(),
+            url: pin.url.clone(),
+            request_sha256: pin.request_sha256.to_string(),
+            status: pin.status,
+            response_sha256: pin.response.to_string(),
+            offset: pin.offset,
+            len: pin.len,
+        })
+        .collect();
+    let tape = (pins.egress_tape.as_ref()).map(|tape| ReplaySource {
+        url: format!("/v1/blocks/{}", tape.id),
+        sha256: Some(tape.digest.to_string()),
+    });
+    (egress, tape)
 }
 
 /// What the driver saw of attempt `asked` of task `index` (its latest when `None`).

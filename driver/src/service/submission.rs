@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
+use flint_fetch_cache::egress::AllowList;
 use flint_protocol::api::{CodedError, ErrorCode, TaskState};
 use flint_protocol::{Digest, JobId, TaskInput, TaskResult};
 
@@ -68,15 +69,34 @@ impl From<Rejection> for SubmitError {
     }
 }
 
-/// The most a task of `caller` may be given (see [`admission::Ceiling`]).
-pub(super) fn ceiling(caller: &Caller) -> admission::Ceiling {
-    caller
-        .tenant()
-        .map_or_else(Default::default, |t| admission::Ceiling {
+/// The most a task of `caller` may be given (see [`admission::Ceiling`]), under the
+/// operator's `--egress-allow`.
+pub(super) fn ceiling(caller: &Caller, egress_allow: &Arc<AllowList>) -> admission::Ceiling {
+    let operator = egress_allow.clone();
+    caller.tenant().map_or_else(
+        || admission::Ceiling {
+            egress: admission::EgressCeiling {
+                operator: operator.clone(),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        |t| admission::Ceiling {
             tenant: Some(t.name.to_string()),
             memory_mb: t.limits.max_task_memory_mb,
             timeout_ms: t.limits.max_task_timeout_ms,
-        })
+            egress: admission::EgressCeiling {
+                operator: operator.clone(),
+                tenant: Some(admission::TenantEgress {
+                    entries: t.egress_allow.entries.clone(),
+                    list: t.egress_allow.list.clone(),
+                }),
+                max_requests: t.limits.max_egress_requests,
+                max_bytes: t.limits.max_egress_bytes,
+                max_concurrent: t.limits.max_egress_concurrent,
+            },
+        },
+    )
 }
 
 impl Driver {
@@ -235,7 +255,7 @@ impl Driver {
             caller,
         };
         let spec = admission::parse_job_spec(body)?;
-        let mut job = admission::accept(&catalog, spec, &ceiling(caller))?;
+        let mut job = admission::accept(&catalog, spec, &ceiling(caller, &self.egress_allow))?;
         self.admit_accepted(&mut job, caller)?;
         Ok(job)
     }

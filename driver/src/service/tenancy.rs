@@ -342,6 +342,9 @@ impl Driver {
         usage.attempts = spent.attempts;
         usage.tasks_succeeded = spent.succeeded;
         usage.output_bytes = spent.output_bytes;
+        usage.egress_requests = spent.egress_requests;
+        usage.egress_bytes_sent = spent.egress_bytes_sent;
+        usage.egress_bytes_received = spent.egress_bytes_received;
         usage
     }
 }

@@ -21,7 +21,11 @@ use object_store::{GetResult, GetResultPayload, ObjectStore};
 use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt;
 
+pub use self::tapes::TAPE_SUFFIX;
+use self::tapes::Tapes;
 use super::usage::{DataDirUsage, bytes_under, is_disk_full};
+
+mod tapes;
 
 /// The default `--block-store`: the driver's data dir, uploads through the driver.
 pub const DRIVER_BLOCK_STORE: &str = "driver";
@@ -32,6 +36,11 @@ pub enum BlockError {
     BadId(String),
     #[error("block {id} is larger than the {max}-byte limit")]
     TooLarge { id: String, max: u64 },
+    #[error(
+        "job {job}'s recorded responses would pass --egress-record-max-bytes {cap}: the \
+         attempt's tape is refused"
+    )]
+    RecordCap { job: String, cap: u64 },
     #[error("block {id}: reading the upload: {message}")]
     Upload { id: String, message: String },
     #[error("block store: {0}")]
@@ -58,7 +67,7 @@ impl CodedError for BlockError {
         match self {
             e if e.is_disk_full() => ErrorCode::StorageFull,
             BlockError::BadId(_) => ErrorCode::InvalidBlockId,
-            BlockError::TooLarge { .. } => ErrorCode::OutputLimit,
+            BlockError::TooLarge { .. } | BlockError::RecordCap { .. } => ErrorCode::OutputLimit,
             BlockError::Upload { .. } => ErrorCode::BadBody,
             BlockError::Store(object_store::Error::NotFound { .. }) => ErrorCode::BlockNotFound,
             BlockError::Store(_) | BlockError::Io(_) => ErrorCode::Storage,
@@ -77,6 +86,7 @@ pub struct BlockStore {
     fetch_base: String,
     /// The data dir's figure, when the blocks are kept in it.
     usage: Option<Arc<DataDirUsage>>,
+    tapes: Tapes,
 }
 
 impl BlockStore {
@@ -100,6 +110,7 @@ impl BlockStore {
                 local_dir: Some(dir),
                 fetch_base: format!("{http_base}/v1/blocks"),
                 usage: Some(usage.clone()),
+                tapes: Tapes::default(),
             });
         }
         let url = url::Url::parse(spec).map_err(|e| {
@@ -113,6 +124,7 @@ impl BlockStore {
             local_dir: None,
             fetch_base: spec.trim_end_matches('/').to_owned(),
             usage: None,
+            tapes: Tapes::default(),
         })
     }
 
@@ -150,6 +162,7 @@ impl BlockStore {
     pub async fn delete_job(&self, job: &flint_protocol::JobId) -> Result<u64, BlockError> {
         let dir = self.path(&format!("{}/x", job.0))?;
         let dir = Path::from_iter(dir.parts().take(dir.parts().count() - 1));
+        self.tapes.forget(&job.0);
         let mut listed = self.store.list(Some(&dir));
         let mut deleted = 0;
         while let Some(meta) = listed.next().await.transpose()? {

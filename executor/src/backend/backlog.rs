@@ -23,17 +23,17 @@ pub(super) async fn resend(ends: &Arc<EndBuffer>, blocks: &BlockClient) -> Infal
                 let ends = ends.clone();
                 let _ = tokio::task::spawn_blocking(move || ends.load(seq)).await;
             }
-            Step::Upload { seq, id } => match blocks.upload_held(&id).await {
+            Step::Upload { seq, ids } => match upload(blocks, &ids).await {
                 Ok(()) => ends.block_uploaded(seq),
-                Err(UploadError::Refused(why)) => {
+                Err((id, UploadError::Refused(why))) => {
                     tracing::warn!(
                         block = id,
                         why,
                         "the driver refused a block kept while it was away; its task's end goes as a failure"
                     );
-                    ends.block_refused(seq, why);
+                    ends.block_refused(seq, format!("{id}: {why}"));
                 }
-                Err(e @ UploadError::Unreachable(_)) => {
+                Err((id, e @ UploadError::Unreachable(_))) => {
                     tracing::debug!(block = id, error = %e, "uploading a kept block; trying again");
                     tokio::time::sleep(UPLOAD_RETRY).await;
                 }
@@ -41,4 +41,13 @@ pub(super) async fn resend(ends: &Arc<EndBuffer>, blocks: &BlockClient) -> Infal
             Step::Idle => ends.backlog_changed().await,
         }
     }
+}
+
+/// Uploads an end's held blocks in order (one not held is there already); the first
+/// that failed, and how.
+async fn upload(blocks: &BlockClient, ids: &[String]) -> Result<(), (String, UploadError)> {
+    for id in ids {
+        blocks.upload_held(id).await.map_err(|e| (id.clone(), e))?;
+    }
+    Ok(())
 }

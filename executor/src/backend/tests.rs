@@ -76,6 +76,7 @@ impl Fixture {
             max_log_bytes: 1 << 20,
             driver_http_url: "http://127.0.0.1:9".into(),
             fetch_allow: vec![allow.to_string()],
+            egress_allow: Vec::new(),
             block_store: "driver".into(),
             inline_result_bytes: 1 << 20,
             credentials_pushed: false,
@@ -116,6 +117,7 @@ impl Fixture {
             args: vec![],
             env: vec![],
             resources: Resources::default(),
+            network: None,
             determinism: None,
         };
         let launch = TaskLaunch {
@@ -304,4 +306,26 @@ async fn a_driver_not_back_within_the_grace_ends_the_executor() {
     );
     assert!(waited < Duration::from_secs(3), "not past it: {waited:?}");
     drop((stop, dir));
+}
+
+#[test]
+fn an_egress_allow_list_the_executor_cannot_read_stops_it_at_start_naming_the_flag() {
+    let config = |egress_allow: &[&str]| ExecutorConfig {
+        app_id: "app".into(),
+        heartbeat_interval_ms: 50,
+        max_log_bytes: 1 << 20,
+        driver_http_url: "http://127.0.0.1:9".into(),
+        fetch_allow: Vec::new(),
+        egress_allow: egress_allow.iter().map(|s| s.to_string()).collect(),
+        block_store: "driver".into(),
+        inline_result_bytes: 1 << 20,
+        credentials_pushed: false,
+    };
+    let why = egress_ceiling(&config(&["ftp://files.example.com"])).unwrap_err();
+    let why = format!("{why:#}");
+    assert!(why.contains("--egress-allow"), "{why}");
+    assert!(why.contains("ftp://files.example.com"), "{why}");
+    assert!(egress_ceiling(&config(&[])).unwrap().is_empty());
+    let ceiling = egress_ceiling(&config(&["https://api.example.com"])).unwrap();
+    assert!(ceiling.admits(&url::Url::parse("https://api.example.com/v1").unwrap()));
 }

@@ -29,11 +29,33 @@ pub(super) fn weight(status: &TaskStatus) -> u64 {
         Ok(TaskResult::Block(block)) => block.id.len() as u64 + 32 + 10,
         Err(failure) => failure.message.len() as u64 + 6,
     };
-    let pins = end
-        .pins
-        .as_ref()
-        .map_or(0, |p| 32 * (2 + p.files.len() as u64) + 5);
-    FIXED + status.task.job.0.len() as u64 + end.log.len() as u64 + outcome + pins
+    let pins = end.pins.as_ref().map_or(0, |p| {
+        // Egress pins and refusals are the guest's to multiply: counted from their parts.
+        let egress: u64 = (p.egress.iter())
+            .map(|pin| {
+                let numbers = varint(pin.status.into()) + varint(pin.offset) + varint(pin.len);
+                string(&pin.method) + string(&pin.url) + 64 + numbers
+            })
+            .sum();
+        let tape = (p.egress_tape.as_ref()).map_or(0, |tape| string(&tape.id) + 32 + 10);
+        32 * (2 + p.files.len() as u64) + 5 + egress + 5 + tape + 1
+    });
+    let denied: u64 = end
+        .egress_denied
+        .iter()
+        .map(|message| string(message))
+        .sum();
+    FIXED + status.task.job.0.len() as u64 + end.log.len() as u64 + outcome + pins + denied
+}
+
+/// A string's encoded size: its bytes and their count.
+fn string(s: &str) -> u64 {
+    s.len() as u64 + varint(s.len() as u64)
+}
+
+/// The bytes of `n` as a varint (postcard's unsigned integers).
+fn varint(n: u64) -> u64 {
+    u64::from((64 - n.leading_zeros()).max(1).div_ceil(7))
 }
 
 /// Where an admitted end goes.
@@ -48,8 +70,9 @@ pub(super) enum Admission {
 pub enum Step {
     /// Read spilled end `seq` back ([`super::EndBuffer::load`]); memory is reserved.
     Load(u64),
-    /// Upload the held block `id` of end `seq`, then report how it went.
-    Upload { seq: u64, id: String },
+    /// Upload the held blocks of end `seq` (those of `ids` that are held), then report
+    /// how it went.
+    Upload { seq: u64, ids: Vec<String> },
     /// Nothing to do until the buffer changes (not connected, all sent, or waiting for
     /// an ack to make room, or for a spill to be written).
     Idle,
@@ -85,6 +108,11 @@ impl Key {
     }
 }
 
+#[expect(
+    clippy::large_enum_variant,
+    reason = "almost every held end is in memory: boxing it would cost an allocation per \
+              task to save bytes on the few that spill"
+)]
 enum Place {
     Memory(TaskStatus),
     Disk(Key, Stage),
@@ -104,7 +132,8 @@ pub(super) struct Held {
     seq: u64,
     bytes: u64,
     place: Place,
-    /// Bytes of its result's block, on this executor's disk until the driver has it.
+    /// Bytes of its blocks (its result's, its tape), on this executor's disk until the
+    /// driver has them.
     block: Option<u64>,
 }
 
@@ -279,9 +308,7 @@ impl State {
         if let (Some(why), Place::Memory(status)) = (refused, &mut end.place) {
             status.end.outcome = Err(TaskFailure::new(
                 FailureKind::HostError,
-                format!(
-                    "storing the result: the driver refused the block kept while it was away: {why}"
-                ),
+                format!("the driver refused a block kept while it was away: {why}"),
             ));
         }
         self.disk_bytes -= block;
@@ -389,6 +416,7 @@ fn lost_end(key: &Key) -> TaskStatus {
             usage: Usage::default(),
             pins: None,
             memory_mb: None,
+            egress_denied: Vec::new(),
         },
     }
 }

@@ -14,6 +14,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use super::state::weight;
 use super::*;
 
+mod held;
+
 fn status(index: u32, result_bytes: usize) -> TaskStatus {
     TaskStatus {
         task: TaskId {
@@ -31,6 +33,7 @@ fn status(index: u32, result_bytes: usize) -> TaskStatus {
             usage: Usage::default(),
             pins: None,
             memory_mb: None,
+            egress_denied: Vec::new(),
         },
     }
 }
@@ -412,7 +415,7 @@ fn a_held_block_keeps_its_end_back_until_uploaded_or_refused() {
         step,
         Step::Upload {
             seq: 1,
-            id: "job/0-1-1".into()
+            ids: vec!["job/0-1-1".into()]
         }
     );
     buffer.block_uploaded(1);
@@ -421,7 +424,7 @@ fn a_held_block_keeps_its_end_back_until_uploaded_or_refused() {
         buffer.next_step(),
         Step::Upload {
             seq: 2,
-            id: "job/1-1-1".into()
+            ids: vec!["job/1-1-1".into()]
         }
     );
     buffer.block_refused(2, "404 job_not_found".into());
@@ -454,7 +457,18 @@ fn an_ends_weight_bounds_its_encoded_size_closely() {
         module: Digest::of(b"m"),
         files: vec![Digest::of(b"a"), Digest::of(b"b")],
         input: Digest::of(b"i"),
+        egress: vec![flint_protocol::EgressPin {
+            method: "POST".into(),
+            url: "https://api.example.com/v1".into(),
+            request_sha256: Digest::of(b"q"),
+            status: 200,
+            response: Digest::of(b"r"),
+            offset: 0,
+            len: 120,
+        }],
+        egress_tape: None,
     }));
+    failed.end.egress_denied = vec!["GET http://10.0.0.1/: refused".into(); 8];
     let mut big = status(7, 10_000);
     big.attempt = u32::MAX;
     big.generation = u64::MAX;
@@ -466,6 +480,9 @@ fn an_ends_weight_bounds_its_encoded_size_closely() {
         input_bytes: u64::MAX,
         output_bytes: u64::MAX,
         fetched_bytes: u64::MAX,
+        egress_requests: u64::MAX,
+        egress_bytes_sent: u64::MAX,
+        egress_bytes_received: u64::MAX,
     };
     big.end.memory_mb = Some(u32::MAX);
     for status in [status(0, 0), failed, big] {

@@ -37,6 +37,8 @@ pub(super) fn pins(
         module,
         files: files.map(JobFiles::digests).unwrap_or_default(),
         input,
+        egress: Vec::new(),
+        egress_tape: None,
     });
     if let Some(pinned) = &desc.pins {
         check_pinned(pinned, &pins, desc)?;

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use flint_protocol::{
-    HeldAttempt, TaskDescription, TaskEnd, TaskFailure, TaskResult, TaskStatus, Usage,
+    FailureKind, HeldAttempt, TaskDescription, TaskEnd, TaskFailure, TaskStatus, Usage,
 };
 
 use super::TaskRunner;
@@ -34,6 +34,8 @@ impl TaskRunner {
                 ..Usage::default()
             },
             pins: None,
+            egress_denied: Default::default(),
+            egress_tape: None,
         };
         self.report(desc, 0, report, more_queued)
     }
@@ -51,6 +53,9 @@ impl TaskRunner {
             log_truncated,
             usage,
             pins,
+            egress_denied,
+            // Stored and pinned by `keep_tape` already.
+            egress_tape: _,
         } = report;
         let finished_at_us = now_us();
         // The sandbox holds a task to the executor's largest memory (see `Sandbox::run`).
@@ -77,13 +82,16 @@ impl TaskRunner {
                 usage,
                 pins,
                 memory_mb,
+                // The rest are counted only: an end's size stays bounded however many
+                // requests a guest had refused.
+                egress_denied: egress_denied.first,
             },
         };
-        // A result block that waits on this disk for the driver holds its end back.
-        let held_block = match &status.end.outcome {
-            Ok(TaskResult::Block(block)) => self.blocks.as_ref().and_then(|b| b.held(&block.id)),
-            _ => None,
-        };
+        // A result block or an egress tape that waits on this disk for the driver holds
+        // its end back.
+        let held_block = crate::ends::held_blocks(&status)
+            .filter_map(|id| self.blocks.as_ref().and_then(|b| b.held(id)))
+            .reduce(|a, b| a + b);
         // The runner forgets the attempt only once its end is held: a registration
         // lists every attempt as running or ended, never neither.
         self.ends.take(status, held_block, more_queued, |status| {
@@ -133,6 +141,30 @@ impl TaskRunner {
             }
         }
     }
+}
+
+/// Runs an attempt so that a bug of ours costs that attempt (retried elsewhere), never
+/// the task thread and with it every status this thread would have sent.
+pub(super) fn caught(run: impl FnOnce() -> RunReport) -> RunReport {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        RunReport {
+            outcome: Err(TaskFailure::new(
+                FailureKind::HostError,
+                format!("the executor failed running the task: {what}"),
+            )),
+            log: Vec::new(),
+            log_truncated: false,
+            usage: Usage::default(),
+            pins: None,
+            egress_denied: Default::default(),
+            egress_tape: None,
+        }
+    })
 }
 
 pub(super) fn now_us() -> u64 {

@@ -7,17 +7,21 @@ use std::time::{Duration, Instant};
 
 use flint_protocol::{FailureKind, TaskFailure, Usage};
 use wasmtime::component::ResourceTable;
-use wasmtime::{Engine, StoreLimitsBuilder};
+use wasmtime::{Engine, Store, StoreLimitsBuilder};
+use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::config::{INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
 use super::determinism::{self, VirtualClock};
+use super::egress::{self, EgressCtx, EgressHooks};
 use super::files::FixedFiles;
 use super::spent::Spent;
-use super::stop::{Ended, bounded, on_task_runtime};
+use super::stop::{Ended, Stop, bounded, on_task_runtime};
 use super::{
-    Compiled, ComponentCtx, EngineKind, MAX_RANDOM_BYTES, ModuleCtx, RunReport, Sandbox, TaskRun,
+    Compiled, ComponentCtx, EngineKind, Kill, MAX_RANDOM_BYTES, ModuleCtx, RunReport, Sandbox,
+    TaskRun,
 };
 use crate::outcome::{RunLimitsText, TaskLimiter, classify, run_limits_text};
 use crate::pipes::{CappedPipe, Overflow};
@@ -29,6 +33,7 @@ struct World {
     limits: TaskLimiter,
     clock: Option<VirtualClock>,
     deadline: Instant,
+    egress: EgressCtx,
 }
 
 /// Where the guest's output goes.
@@ -51,7 +56,17 @@ impl Sandbox {
         let target = run.result_target.take();
         let pipes = Pipes::for_attempt(&run, target, deadline);
         let memory_bytes = run.memory_bytes.min(self.config.max_memory_bytes);
-        let world = match world(compiled, &run, stdin, &pipes, memory_bytes, deadline) {
+        let egress = EgressCtx::new(std::mem::take(&mut run.egress), deadline, &run.kill)
+            .recorded(run.seed.is_some());
+        let world = match world(
+            compiled,
+            &run,
+            stdin,
+            &pipes,
+            memory_bytes,
+            deadline,
+            egress,
+        ) {
             Ok(world) => world,
             Err(failure) => return RunReport::refused(failure),
         };
@@ -62,7 +77,7 @@ impl Sandbox {
         let limits_text =
             || run_limits_text(memory_bytes, run.timeout, run.max_output_bytes, run.fuel);
         let outcome = outcome(ended, &spent, &pipes.stdout, &run, limits_text);
-        report(outcome, &spent, wall, pipes, &run)
+        report(outcome, spent, wall, pipes, &run)
     }
 
     /// The engine `compiled` belongs to, if this attempt may run on it here.
@@ -102,6 +117,7 @@ impl Sandbox {
             limits,
             clock,
             deadline,
+            egress,
         } = world;
         let (kill, metered) = (&run.kill, self.config.fuel);
         match compiled {
@@ -112,6 +128,7 @@ impl Sandbox {
                     limits,
                     clock,
                     files: FixedFiles::default(),
+                    egress,
                 };
                 self.run_module(pre, ctx, deadline, kill, run.fuel)
             }
@@ -121,6 +138,7 @@ impl Sandbox {
                     limits,
                     clock,
                     files: FixedFiles::default(),
+                    egress,
                 };
                 let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
                 let call = async {
@@ -137,21 +155,56 @@ impl Sandbox {
                     table: ResourceTable::new(),
                     limits,
                     files: FixedFiles::default(),
+                    http: WasiHttpCtx::new(),
+                    hooks: EgressHooks::new(egress),
                 };
-                let mut store = self.store(engine, ctx, deadline, kill, run.fuel);
-                let call = async {
-                    let command = pre.instantiate_async(&mut store).await?;
-                    // `run` returning its error variant is how a component's main fails.
-                    command
-                        .wasi_cli_run()
-                        .call_run(&mut store)
-                        .await?
-                        .map_err(|()| wasmtime_wasi::I32Exit(1).into())
-                };
-                let ended = on_task_runtime(bounded(call, deadline, kill));
-                (ended, Spent::of(&mut store, metered))
+                let store = self.store(engine, ctx, deadline, kill, run.fuel);
+                on_task_runtime(run_component(pre, store, deadline, kill, metered))
             }
         }
+    }
+}
+
+/// Runs a component to its end, bounded by its deadline and kill, and drops its store on
+/// the task runtime, which then runs what the drop aborted: a request in flight is a
+/// task of this runtime (wasi-http spawns it, the store's table owns it), and an aborted
+/// task is dropped, its connection closed, only when its runtime next runs it, which on
+/// an idle task thread is not before its next task.
+async fn run_component(
+    pre: &CommandPre<ComponentCtx>,
+    mut store: Store<ComponentCtx>,
+    deadline: Instant,
+    kill: &Kill,
+    metered: bool,
+) -> (Ended, Spent) {
+    let call = async {
+        let command = pre.instantiate_async(&mut store).await?;
+        // `run` returning its error variant is how a component's main fails.
+        command
+            .wasi_cli_run()
+            .call_run(&mut store)
+            .await?
+            .map_err(|()| wasmtime_wasi::I32Exit(1).into())
+    };
+    let ended = bounded(call, deadline, kill).await;
+    let spent = Spent::of(&mut store, metered);
+    drop(store);
+    run_aborted().await;
+    (ended, spent)
+}
+
+/// Lets this runtime run the tasks a store's drop aborted. A turn of the runtime runs a
+/// bounded number of tasks, so it takes turns until none is left, or a number of them
+/// enough for far more requests than a task may have in flight: a task that outlives
+/// its store would be a bug to find, not a reason to hold the thread.
+async fn run_aborted() {
+    const TURNS: usize = 64;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for _ in 0..TURNS {
+        if metrics.num_alive_tasks() == 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
     }
 }
 
@@ -168,7 +221,7 @@ impl Pipes {
     }
 }
 
-/// The guest's WASI context and store limits.
+/// The guest's WASI context, store limits and egress.
 fn world(
     compiled: &Compiled,
     run: &TaskRun<'_>,
@@ -176,6 +229,7 @@ fn world(
     pipes: &Pipes,
     memory_bytes: usize,
     deadline: Instant,
+    egress: EgressCtx,
 ) -> Result<World, TaskFailure> {
     let clock = run.seed.map(|_| VirtualClock::default());
     let mut wasi = WasiCtxBuilder::new();
@@ -212,6 +266,7 @@ fn world(
         limits: limiter(memory_bytes),
         clock,
         deadline,
+        egress,
     })
 }
 
@@ -240,14 +295,36 @@ fn outcome(
     run: &TaskRun<'_>,
     limits_text: impl Fn() -> RunLimitsText,
 ) -> Result<(), TaskFailure> {
+    // Decided by the host whatever the guest did after (it was stopped).
+    if let Some(failure) = &spent.egress.failure {
+        return Err(failure.clone());
+    }
+    // A synchronous call that waits stops the guest with an error of its own: the
+    // same stop as the async path's race, not a trap.
+    let ended = match ended {
+        Ended::Returned(Err(e)) => match egress::stopped(&e) {
+            Some(Stop::Killed) => Ended::Killed,
+            Some(Stop::Deadline) => Ended::Deadline,
+            None => Ended::Returned(Err(e)),
+        },
+        ended => ended,
+    };
+    let blocked_in = match spent.egress.blocked {
+        true => "an outbound request",
+        false => "a host call",
+    };
     let result = match ended {
         Ended::Returned(result) => result,
+        Ended::Killed if spent.egress.blocked => {
+            let message = format!("killed (blocked in {blocked_in})");
+            return Err(TaskFailure::new(FailureKind::Killed, message));
+        }
         Ended::Killed => return Err(TaskFailure::new(FailureKind::Killed, "killed")),
         Ended::Deadline => {
             return Err(TaskFailure::new(
                 FailureKind::Timeout,
                 format!(
-                    "ran past its {} time limit (blocked in a host call)",
+                    "ran past its {} time limit (blocked in {blocked_in})",
                     limits_text().timeout()
                 ),
             ));
@@ -282,7 +359,7 @@ fn outcome(
 
 fn report(
     outcome: Result<(), TaskFailure>,
-    spent: &Spent,
+    spent: Spent,
     wall: Duration,
     pipes: Pipes,
     run: &TaskRun<'_>,
@@ -313,8 +390,13 @@ fn report(
             wall_us: wall.as_micros() as u64,
             peak_memory_bytes: spent.memory_peak as u64,
             output_bytes,
+            egress_requests: spent.egress.requests,
+            egress_bytes_sent: spent.egress.bytes_sent,
+            egress_bytes_received: spent.egress.bytes_received,
             ..Usage::default()
         },
         pins: None,
+        egress_denied: spent.egress.denied,
+        egress_tape: spent.egress.tape,
     }
 }

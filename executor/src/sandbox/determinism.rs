@@ -193,8 +193,9 @@ pub fn environ(
 }
 
 /// The p1 linker of deterministic tasks: WASI as for any task, with `proc_exit` taking
-/// any code, a `poll_oneoff` that never waits (see [`poll_oneoff`]) and stats and
-/// listings of the job's files that read no host fact (see `files`).
+/// any code, a `poll_oneoff` that never waits (see [`poll_oneoff`]), stats and
+/// listings of the job's files that read no host fact (see `files`), and `flint`'s
+/// outbound HTTP.
 pub fn deterministic_linker(engine: &Engine) -> wasmtime::Result<Linker<ModuleCtx>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx: &mut ModuleCtx| &mut ctx.wasi)?;
@@ -202,17 +203,21 @@ pub fn deterministic_linker(engine: &Engine) -> wasmtime::Result<Linker<ModuleCt
     super::any_exit_code(&mut linker)?;
     linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
     super::p1_files::add_to_linker(engine, &mut linker, &real)?;
+    // Synchronous: every module runs so on this engine (see `egress::p1`).
+    super::egress::add_to_linker_sync(&mut linker)?;
     Ok(linker)
 }
 
 /// The component linker of deterministic tasks: preview 2 with stats and listings of
-/// the job's files that read no host fact (see `files`).
+/// the job's files that read no host fact (see `files`), and `wasi:http`'s outbound
+/// requests (recorded, or served from the record in a replay).
 pub fn deterministic_component_linker(
     engine: &Engine,
 ) -> wasmtime::Result<wasmtime::component::Linker<ComponentCtx>> {
     let mut linker = wasmtime::component::Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     super::p2_files::add_to_linker(&mut linker)?;
+    super::egress::add_to_component_linker(&mut linker)?;
     Ok(linker)
 }
 

@@ -51,6 +51,7 @@ fn run(
             seed,
             files_dir: files,
             result_target: None,
+            egress: Default::default(),
         },
     );
     match report.outcome {

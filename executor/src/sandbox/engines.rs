@@ -8,6 +8,7 @@ use wasmtime::{Engine, Linker};
 
 use super::config::{EngineKind, EpochTicker, SandboxConfig, engine_for};
 use super::determinism::{deterministic_component_linker, deterministic_linker};
+use super::egress;
 use super::{ComponentCtx, ModuleCtx};
 
 pub(super) struct Linked {
@@ -37,8 +38,11 @@ impl Linked {
                 for linker in [&mut modules, &mut waiting] {
                     super::any_exit_code(linker)?;
                 }
+                egress::add_to_linker_sync(&mut modules)?;
+                egress::add_to_linker_async(&mut waiting)?;
                 let mut components = wasmtime::component::Linker::new(&engine);
                 wasmtime_wasi::p2::add_to_linker_async(&mut components)?;
+                egress::add_to_component_linker(&mut components)?;
                 (modules, Some(waiting), components)
             }
             EngineKind::Deterministic => (

@@ -1,10 +1,12 @@
 //! What an attempt's store says of its guest once the guest has ended: whether the
-//! memory limit stopped it, the most memory it held, and the fuel left.
+//! memory limit stopped it, the most memory it held, the fuel left, and what its
+//! outbound requests used.
 
 use wasmtime::Store;
 
 use flint_protocol::{TaskFailure, Usage};
 
+use super::egress::EgressSpent;
 use super::{Limited, RunReport};
 
 /// What a store says of its guest once the guest has ended.
@@ -12,6 +14,7 @@ pub(super) struct Spent {
     pub(super) memory_limit_hit: bool,
     pub(super) memory_peak: usize,
     pub(super) fuel: Option<u64>,
+    pub(super) egress: EgressSpent,
 }
 
 impl Spent {
@@ -22,11 +25,13 @@ impl Spent {
             true => store.get_fuel().ok(),
             false => None,
         };
+        let egress = store.data_mut().egress_spent();
         let limits = store.data_mut().limits();
         Spent {
             memory_limit_hit: limits.memory_limit_hit,
             memory_peak: limits.memory_peak,
             fuel,
+            egress,
         }
     }
 }
@@ -40,6 +45,8 @@ impl RunReport {
             log_truncated: false,
             usage: Usage::default(),
             pins: None,
+            egress_denied: Default::default(),
+            egress_tape: None,
         }
     }
 }

@@ -149,6 +149,13 @@ pub(super) enum Ended {
     Killed,
 }
 
+/// What stopped a call from outside before it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stop {
+    Deadline,
+    Killed,
+}
+
 /// Runs `call` until it ends, the deadline passes or the attempt is killed. Only a guest
 /// waiting in a host call loses the race: one that computes is interrupted by the epoch
 /// and ends on its own. Dropping `call` drops the host call's future with it.
@@ -157,10 +164,24 @@ pub(super) async fn bounded(
     deadline: Instant,
     kill: &Kill,
 ) -> Ended {
+    match raced(call, deadline, kill).await {
+        Ok(result) => Ended::Returned(result),
+        Err(Stop::Killed) => Ended::Killed,
+        Err(Stop::Deadline) => Ended::Deadline,
+    }
+}
+
+/// [`bounded`] for any future: also what a synchronous host call that waits runs its
+/// wait in (see `egress::p1`), since no outer race reaches into a synchronous call.
+pub(super) async fn raced<T>(
+    call: impl Future<Output = T>,
+    deadline: Instant,
+    kill: &Kill,
+) -> Result<T, Stop> {
     tokio::select! {
         biased;
-        result = call => Ended::Returned(result),
-        () = kill.killed() => Ended::Killed,
-        () = tokio::time::sleep_until(deadline.into()) => Ended::Deadline,
+        result = call => Ok(result),
+        () = kill.killed() => Err(Stop::Killed),
+        () = tokio::time::sleep_until(deadline.into()) => Err(Stop::Deadline),
     }
 }

@@ -244,6 +244,26 @@ pub struct PinsView {
     pub files: std::collections::BTreeMap<String, String>,
     /// The task's whole stdin.
     pub input: String,
+    /// Its outbound requests and the responses they got, in the order the guest made
+    /// them (a deterministic attempt with `network`); what `flint replay` serves again.
+    #[serde(default)]
+    pub egress: Vec<EgressPinView>,
+}
+
+/// One recorded request of a deterministic attempt: what was asked and what came back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressPinView {
+    pub method: String,
+    pub url: String,
+    /// SHA-256 of the request's body.
+    pub request_sha256: String,
+    /// The response's status; 0 for a request that got no response (refused at
+    /// connect, cut, timed out, failed), whose error the guest was given and the record
+    /// keeps.
+    pub status: u16,
+    /// SHA-256 of the response's record (status, headers and body, or the error).
+    pub response: String,
 }
 
 /// `GET /v1/jobs/{id}/timeline`: every attempt of every task, for drawing the job over
@@ -300,6 +320,19 @@ pub struct AttemptNote {
     pub attempt: u32,
     pub executor: ExecutorId,
     pub reason: Option<String>,
+}
+
+/// The data of an `egress_denied` event on `GET /v1/jobs/{id}/events`: outbound requests
+/// of an attempt that its executor refused (each message names the URL and the rule).
+/// The guest was told (an error from its request); the attempt went on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressDenial {
+    pub index: u32,
+    pub attempt: u32,
+    pub executor: ExecutorId,
+    /// The first refusals of the attempt (at most 8), in order.
+    pub denied: Vec<String>,
 }
 
 /// The data of a `task` event on `GET /v1/jobs/{id}/events`: a task changed state

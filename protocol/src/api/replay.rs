@@ -46,6 +46,49 @@ pub struct ReplayBundle {
     pub log_sha256: Option<String>,
     /// The recorded result's SHA-256, for the attempt that succeeded.
     pub result_sha256: Option<String>,
+    /// The job's `network` as admitted, which a replay judges the guest's requests by
+    /// (the job's and its tenant's lists, the limits); `None`: it had no network.
+    #[serde(default)]
+    pub network: Option<ReplayNetwork>,
+    /// The attempt's outbound requests in the order its guest made them, each with
+    /// where its recorded response lies on `egress_tape` (a deterministic attempt).
+    #[serde(default)]
+    pub egress: Vec<ReplayEgress>,
+    /// The recorded responses, one after the other; `None` when the attempt made no
+    /// request, or ran where there was no block store to keep them (then it cannot be
+    /// replayed).
+    #[serde(default)]
+    pub egress_tape: Option<ReplaySource>,
+}
+
+/// A job's outbound HTTP as its attempts ran under it. The operator's `--egress-allow`
+/// is not here (it is the operator's): every entry of `allow` was inside it at submit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReplayNetwork {
+    /// The job's `network.allow`.
+    pub allow: Vec<String>,
+    /// Its tenant's `egress_allow`; `None` for the admin's jobs.
+    pub tenant_allow: Option<Vec<String>>,
+    pub max_requests: u32,
+    pub max_bytes: u64,
+    pub max_concurrent: u32,
+}
+
+/// One recorded request and where its response lies on the tape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReplayEgress {
+    pub method: String,
+    pub url: String,
+    /// SHA-256 of the request's body (`sha256:<hex>`).
+    pub request_sha256: String,
+    /// The response's status; 0 when the guest was given an error instead.
+    pub status: u16,
+    /// SHA-256 of the record's bytes on the tape, `offset` and `len` bytes.
+    pub response_sha256: String,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// Where to get a module or file, and what its bytes hash to (`sha256:<hex>`). A `url`

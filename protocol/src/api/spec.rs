@@ -84,6 +84,41 @@ pub struct JobSpec {
     /// shared by weight whatever the priorities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+    /// Outbound HTTP the tasks may make: none without it. Only within the tenant's
+    /// `egress_allow` and the operator's `--egress-allow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
+}
+
+/// `"network": {"allow": [...]}`: the origins a job's tasks may call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Origins, `scheme://host[:port]` (http or https; `*.` as the first label of a host
+    /// admits its subdomains): `["https://api.example.com", "https://*.example.org:8443"]`.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 64))]
+    pub allow: Vec<String>,
+}
+
+/// A task's outbound HTTP budget (`resources.egress`); each left out is the default,
+/// at most the tenant's maximum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EgressSpec {
+    /// Requests per attempt (100 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_requests: Option<u32>,
+    /// Bytes sent plus received per attempt (16 MiB by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_bytes: Option<u64>,
+    /// Requests in flight at once (4 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_concurrent: Option<u32>,
 }
 
 /// How much a job's attempts are counted.
@@ -350,4 +385,7 @@ pub struct ResourcesSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub fuel: Option<u64>,
+    /// Outbound HTTP limits per attempt; only with `network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
 }

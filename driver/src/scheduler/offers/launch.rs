@@ -131,6 +131,7 @@ fn template(job: &Job) -> JobTemplate {
         env: job.def.env.clone(),
         resources: job.def.resources,
         determinism: job.def.options.determinism,
+        network: job.def.network.clone(),
     }
 }
 
@@ -160,5 +161,15 @@ fn pinned(job: &Job, index: u32) -> Option<Box<Pins>> {
     (job.attempts.iter().enumerate())
         .filter(|(_, span)| span.task == index)
         .find_map(|(at, _)| job.pins.get(&(at as u32)))
-        .map(|pins| Box::new(pins.clone()))
+        .map(|pins| {
+            Box::new(Pins {
+                module: pins.module,
+                files: pins.files.clone(),
+                input: pins.input,
+                // A later attempt runs on the same bytes but calls the network anew (and
+                // records anew): its launch need not carry what the earlier one got.
+                egress: Vec::new(),
+                egress_tape: None,
+            })
+        })
 }

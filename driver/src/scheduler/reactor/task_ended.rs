@@ -217,6 +217,9 @@ fn add_spent(
     spent.cpu_us += usage.cpu_us;
     spent.wall_us += usage.wall_us;
     spent.output_bytes += usage.output_bytes;
+    spent.egress_requests += usage.egress_requests;
+    spent.egress_bytes_sent += usage.egress_bytes_sent;
+    spent.egress_bytes_received += usage.egress_bytes_received;
 }
 
 /// Records what the attempt was and did, whatever its outcome: its span (the executor's

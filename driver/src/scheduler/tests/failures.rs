@@ -353,3 +353,55 @@ fn an_escalated_retry_stops_at_its_tenants_task_limits_even_lowered_after_accept
     let second = end_with(&mut state, 1, failed(FailureKind::Timeout, 0));
     assert_eq!(budgets(&second), [(2, Some((128, 5_000)))], "not 16 s");
 }
+
+#[test]
+fn a_retry_runs_on_the_earlier_attempts_pins_without_its_recorded_requests() {
+    let (mut state, _) = cluster(1, 1);
+    let placed = launches(&state.submit_job(job("j", 1, 1)));
+    let generation = generation_of(&state, &placed[0].0);
+    let mut failed = status("j", 0, 1, host_error());
+    let tape = flint_protocol::BlockRef {
+        id: "j/0-1-1.egress".into(),
+        size: 10,
+        digest: Digest::of(b"tape"),
+    };
+    failed.end.pins = Some(Box::new(flint_protocol::Pins {
+        module: Digest::of(b"m"),
+        files: vec![Digest::of(b"f")],
+        input: Digest::of(b""),
+        egress: vec![flint_protocol::EgressPin {
+            method: "GET".into(),
+            url: "http://api.example/".into(),
+            request_sha256: Digest::of(b""),
+            status: 200,
+            response: Digest::of(b"r"),
+            offset: 0,
+            len: 10,
+        }],
+        egress_tape: Some(tape),
+    }));
+    let actions = report(
+        &mut state,
+        &exec(1),
+        generation,
+        failed,
+        SystemTime::UNIX_EPOCH,
+    );
+    let pins = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Launch { launch, .. } => Some(launch.pins.clone()),
+            _ => None,
+        })
+        .expect("the task is retried")
+        .expect("pinned to the first attempt's bytes");
+    assert_eq!(
+        (pins.module, pins.files.clone(), pins.input),
+        (Digest::of(b"m"), vec![Digest::of(b"f")], Digest::of(b""))
+    );
+    assert!(pins.egress.is_empty(), "{:?}", pins.egress);
+    assert_eq!(pins.egress_tape, None);
+    // The attempt's own pins keep what it was answered, for its view and replay.
+    let job = &state.jobs[&JobId("j".into())];
+    assert_eq!(job.pins.values().next().unwrap().egress.len(), 1);
+}

@@ -35,6 +35,7 @@ pub(crate) fn job(id: &str, tasks: usize, cores: u32) -> NewJob {
             max_result_bytes: u64::MAX,
             options: Default::default(),
             owner: Default::default(),
+            network: None,
             created_at_ms: 0,
         },
         tasks: (0..tasks)
@@ -82,6 +83,7 @@ pub(crate) fn status(
             usage: Default::default(),
             pins: None,
             memory_mb: None,
+            egress_denied: Vec::new(),
         },
     }
 }

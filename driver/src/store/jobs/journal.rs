@@ -12,7 +12,9 @@
 //! - records `[len u32][crc32 u32][payload]`, a zero length ending them; a payload
 //!   starts with its version (2: see [`record`]), then the job's `JobRecord` (as
 //!   `jobs.v3` stores it), the ends its tasks had at acceptance (memoized tasks), its
-//!   options and its owner: everything an accepted job is.
+//!   options, its owner and its network: everything an accepted job is. A record of the
+//!   Flint before ends at the owner (a job without network); the Flint before reads a
+//!   record of this one up to the owner and ignores the rest.
 //!
 //! Format 1 (`FLNTJRN1`, the Flint before): a 16-byte header (magic, epoch) and records
 //! whose payload is a postcard `JobRecord` alone. Such files are still folded at open,

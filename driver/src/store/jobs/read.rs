@@ -1,19 +1,21 @@
 //! Reading a stored job back from its tables: its record, the latest end of each task,
 //! its end, and a summary rebuilt from those (shared by the store's reads and the
-//! migration's write transaction, hence generic over the table type); and a finished
-//! job's attempts, from whichever table version holds them.
+//! migration's write transaction, hence generic over the table type), with what the
+//! side tables hold of it (options, owner, network); and a finished job's attempts,
+//! from whichever table version holds them.
 
 use std::collections::BTreeMap;
 
 use flint_protocol::JobId;
 use flint_protocol::records::{
-    AttemptRecord, AttemptRecordV1, JobRecord, JobSummaryRecord, TaskEndRecord,
+    AttemptRecord, AttemptRecordV1, AttemptRecordV2, JobRecord, JobSummaryRecord, TaskEndRecord,
 };
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::rows::queued_summary;
 use super::schema::{
-    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ENDS, JOB_OPTIONS, JOB_OWNERS, JOBS, TASK_ENDS,
+    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ATTEMPTS_V2, JOB_ENDS, JOB_NETWORK, JOB_OPTIONS, JOB_OWNERS,
+    JOBS, TASK_ENDS,
 };
 use super::{JobStore, StoreError, StoredJob, db_error};
 
@@ -31,24 +33,30 @@ pub(super) fn read_job(
     else {
         return Ok(None);
     };
-    // A data dir from before the table has no options for any job: the defaults.
-    let options = match txn.open_table(JOB_OPTIONS) {
-        Ok(table) => table.get(id).map_err(db_error)?.map(|v| v.value().to_vec()),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(db_error(e)),
-    };
-    if let Some(bytes) = options {
+    if let Some(bytes) = side_value(txn, JOB_OPTIONS, id)? {
         stored.job.def.options = postcard::from_bytes(&bytes)?;
     }
-    let owner = match txn.open_table(JOB_OWNERS) {
-        Ok(table) => table.get(id).map_err(db_error)?.map(|v| v.value().to_vec()),
-        Err(redb::TableError::TableDoesNotExist(_)) => None,
-        Err(e) => return Err(db_error(e)),
-    };
-    if let Some(bytes) = owner {
+    if let Some(bytes) = side_value(txn, JOB_OWNERS, id)? {
         stored.job.def.owner = postcard::from_bytes(&bytes)?;
     }
+    if let Some(bytes) = side_value(txn, JOB_NETWORK, id)? {
+        stored.job.def.network = Some(postcard::from_bytes(&bytes)?);
+    }
     Ok(Some(stored))
+}
+
+/// Job `id`'s value in `table`; none when the data dir is from before the table (a job
+/// without a value there has what every job had then).
+fn side_value(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    id: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    match txn.open_table(table) {
+        Ok(table) => Ok(table.get(id).map_err(db_error)?.map(|v| v.value().to_vec())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(db_error(e)),
+    }
 }
 
 /// [`read_job`] within a write transaction (the migration's).
@@ -124,21 +132,15 @@ impl JobStore {
     pub fn attempts(&self, id: &JobId) -> Result<Option<Vec<AttemptRecord>>, StoreError> {
         // Written after the job's end, so never before the job is folded.
         let txn = self.db.get()?.begin_read().map_err(db_error)?;
-        let value =
-            |table: redb::TableDefinition<&str, &[u8]>| -> Result<Option<Vec<u8>>, StoreError> {
-                match txn.open_table(table) {
-                    Ok(table) => Ok(table
-                        .get(id.0.as_str())
-                        .map_err(db_error)?
-                        .map(|v| v.value().to_vec())),
-                    Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-                    Err(e) => Err(db_error(e)),
-                }
-            };
-        if let Some(bytes) = value(JOB_ATTEMPTS)? {
+        let id = id.0.as_str();
+        if let Some(bytes) = side_value(&txn, JOB_ATTEMPTS, id)? {
             return Ok(Some(postcard::from_bytes(&bytes)?));
         }
-        let Some(bytes) = value(JOB_ATTEMPTS_V1)? else {
+        if let Some(bytes) = side_value(&txn, JOB_ATTEMPTS_V2, id)? {
+            let old: Vec<AttemptRecordV2> = postcard::from_bytes(&bytes)?;
+            return Ok(Some(old.into_iter().map(AttemptRecord::from).collect()));
+        }
+        let Some(bytes) = side_value(&txn, JOB_ATTEMPTS_V1, id)? else {
             return Ok(None);
         };
         let old: Vec<AttemptRecordV1> = postcard::from_bytes(&bytes)?;

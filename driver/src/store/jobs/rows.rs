@@ -12,8 +12,8 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::schema::{
     ACCEPTED_SEQUENCE, BLOB_REFS, BY_CREATED, BY_FINISHED, BY_NAME, BY_STATE, IDEMPOTENCY_KEYS,
-    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ENDS, JOB_KEYS, JOB_OPTIONS, JOB_OWNERS, JOBS, MEMO,
-    MEMO_BY_JOB, SUMMARIES, TASK_ENDS, blob_key, state_code,
+    JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_ATTEMPTS_V2, JOB_ENDS, JOB_KEYS, JOB_NETWORK, JOB_OPTIONS,
+    JOB_OWNERS, JOBS, MEMO, MEMO_BY_JOB, SUMMARIES, TASK_ENDS, blob_key, state_code,
 };
 use super::{Deleted, StoreError, db_error};
 
@@ -49,7 +49,8 @@ pub(super) fn queued_summary(job: &JobRecord) -> JobSummaryRecord {
 }
 
 /// Stores an accepted job: its record, the ends its tasks had at acceptance (memoized
-/// tasks), its options, owner and idempotency key, its summary and index entries.
+/// tasks), its options, owner, network and idempotency key, its summary and index
+/// entries.
 pub(super) fn insert_job(
     txn: &WriteTransaction,
     job: &JobRecord,
@@ -97,6 +98,13 @@ pub(super) fn insert_encoded(
         txn.open_table(JOB_OWNERS)
             .map_err(db_error)?
             .insert(id, owner.as_slice())
+            .map_err(db_error)?;
+    }
+    if let Some(network) = &job.def.network {
+        let network = postcard::to_stdvec(network)?;
+        txn.open_table(JOB_NETWORK)
+            .map_err(db_error)?
+            .insert(id, network.as_slice())
             .map_err(db_error)?;
     }
     if let Some((key, spec)) = key {
@@ -224,7 +232,14 @@ pub(super) fn delete_job(txn: &WriteTransaction, id: &str) -> Result<Option<Dele
         .map_err(db_error)?
         .remove(id)
         .map_err(db_error)?;
-    for table in [JOB_ATTEMPTS, JOB_ATTEMPTS_V1, JOB_OPTIONS, JOB_OWNERS] {
+    for table in [
+        JOB_ATTEMPTS,
+        JOB_ATTEMPTS_V2,
+        JOB_ATTEMPTS_V1,
+        JOB_OPTIONS,
+        JOB_OWNERS,
+        JOB_NETWORK,
+    ] {
         txn.open_table(table)
             .map_err(db_error)?
             .remove(id)

@@ -39,8 +39,12 @@ pub(super) const JOB_ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("
 /// data dir without it has no timelines, and its jobs' timelines are rebuilt from
 /// their task ends.
 /// v2 keeps each attempt's budget and usage; a job stored with only a v1 value is read
-/// from it, with neither.
+/// from it, with neither. v3: usage counts outbound HTTP and pins list the responses
+/// recorded; a job stored with only a v2 value is read from it (`AttemptRecordV2`), its
+/// egress counts zero and its pins without responses, which is what it had.
 pub(super) const JOB_ATTEMPTS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("job_attempts.v3");
+pub(super) const JOB_ATTEMPTS_V2: TableDefinition<&str, &[u8]> =
     TableDefinition::new("job_attempts.v2");
 pub(super) const JOB_ATTEMPTS_V1: TableDefinition<&str, &[u8]> =
     TableDefinition::new("job_attempts.v1");
@@ -54,6 +58,11 @@ pub(super) const JOB_OPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::ne
 /// is, deleted with it. Added in layout 5 without a new layout: a job without a value
 /// here is the admin's, at priority 0.
 pub(super) const JOB_OWNERS: TableDefinition<&str, &[u8]> = TableDefinition::new("job_owners.v1");
+/// Job -> its [`NetworkGrant`](flint_protocol::NetworkGrant) (the outbound HTTP its
+/// tasks may make), for a job that has one: written with the job, read whenever it is,
+/// deleted with it. Added in layout 5 without a new layout: a job without a row has no
+/// network, as no job had before.
+pub(super) const JOB_NETWORK: TableDefinition<&str, &[u8]> = TableDefinition::new("job_network.v1");
 /// (`m:<hex>` or `f:<hex>`, tenant) -> (): the tenants that uploaded a module or file
 /// (`*` for one the admin shared with every tenant). A tenant sees the uploads it has a
 /// row for and the shared ones; the admin sees all.
@@ -126,6 +135,7 @@ pub(super) fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     txn.open_table(JOB_ATTEMPTS).map_err(db_error)?;
     txn.open_table(JOB_OPTIONS).map_err(db_error)?;
     txn.open_table(JOB_OWNERS).map_err(db_error)?;
+    txn.open_table(JOB_NETWORK).map_err(db_error)?;
     txn.open_table(UPLOAD_OWNERS).map_err(db_error)?;
     txn.open_table(MEMO).map_err(db_error)?;
     txn.open_table(MEMO_BY_JOB).map_err(db_error)?;
@@ -152,6 +162,7 @@ fn has_every_table(tables: &HashSet<String>) -> bool {
         && has(JOB_ATTEMPTS.name())
         && has(JOB_OPTIONS.name())
         && has(JOB_OWNERS.name())
+        && has(JOB_NETWORK.name())
         && has(UPLOAD_OWNERS.name())
         && has(MEMO.name())
         && has(MEMO_BY_JOB.name())

@@ -10,6 +10,8 @@ use super::rows::queued_summary;
 use super::schema::*;
 use super::*;
 
+pub(super) mod egress;
+
 fn end(attempts: u32, result_bytes: usize) -> TaskEndRecord {
     TaskEndRecord {
         state: TaskState::Succeeded,
@@ -287,6 +289,7 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
         tenant: Some("team".into()),
         priority: 3,
     };
+    gone.def.network = Some(egress::grant());
     let spec = Digest::of(b"spec");
     store.put_job(&gone, &[], Some(("key-1", &spec))).unwrap();
     store
@@ -306,6 +309,18 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
     store.flush();
     assert!(store.attempts(&id).unwrap().is_some());
     assert!(store.memo(&Digest::of(b"a task's key")).unwrap().is_some());
+    {
+        // Each side table had a row of it, or finding none after would prove nothing.
+        let txn = store.db.get().unwrap().begin_read().unwrap();
+        for side in [
+            "job_options.v1",
+            "job_owners.v1",
+            "job_network.v1",
+            "job_attempts.v3",
+        ] {
+            assert!(names_gone(&txn, side), "{side} had no row of the job");
+        }
+    }
     let deleted = store.delete_job(&id).unwrap().expect("it was there");
     assert_eq!(deleted.key.as_deref(), Some("key-1"));
     assert!(store.delete_job(&id).unwrap().is_none(), "once");
@@ -327,7 +342,7 @@ fn deleting_a_job_leaves_nothing_of_it_in_any_table() {
 fn names_gone(txn: &redb::ReadTransaction, name: &str) -> bool {
     match name {
         "jobs.v3" | "job_ends.v3" | "job_summaries.v1" | "job_attempts.v1" | "job_attempts.v2"
-        | "job_options.v1" | "job_owners.v1" => txn
+        | "job_attempts.v3" | "job_options.v1" | "job_owners.v1" | "job_network.v1" => txn
             .open_table(TableDefinition::<&str, &[u8]>::new(name))
             .unwrap()
             .get("gone")
@@ -703,6 +718,8 @@ fn attempt(task: u32, attempt: u32) -> AttemptRecord {
             module: Digest::of(b"m"),
             files: vec![Digest::of(b"f")],
             input: Digest::of(b"i"),
+            egress: Vec::new(),
+            egress_tape: None,
         }),
     }
 }

@@ -2,7 +2,7 @@
 //! long as each is ready (in memory, its block uploaded); what stops them is the backlog
 //! work's next step.
 
-use flint_protocol::{ExecutorMessage, TaskResult};
+use flint_protocol::ExecutorMessage;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Link, Place, Stage, State, Step};
@@ -89,16 +89,17 @@ impl State {
                 return Step::Idle;
             };
             match (&mut end.place, end.block) {
-                (Place::Memory(status), Some(_)) => match &status.end.outcome {
-                    Ok(TaskResult::Block(block)) => {
-                        return Step::Upload {
-                            seq,
-                            id: block.id.clone(),
-                        };
+                (Place::Memory(status), Some(_)) => {
+                    let ids: Vec<String> = crate::ends::held_blocks(status)
+                        .map(str::to_owned)
+                        .collect();
+                    if !ids.is_empty() {
+                        return Step::Upload { seq, ids };
                     }
-                    // Only a block result has a held block: nothing to wait for.
-                    _ => self.block_done(seq, None),
-                },
+                    // Only a result's block or a tape is ever held: with neither, nothing
+                    // to wait for.
+                    self.block_done(seq, None);
+                }
                 (Place::Memory(_), None) => {
                     // Stopped by nothing (all sent) or a closed outbox: nothing to do.
                     if !self.pump() {

@@ -7,10 +7,18 @@
 //! - 2, the first byte of a record in `FLNTJRN2` files: the `JobRecord`'s bytes as the
 //!   table `jobs.v3` stores them (encoded once: the fold stores that slice), then the
 //!   ends its tasks had at acceptance (a `task_ends.v5` value, as stored), then its
-//!   options and its owner.
+//!   options, its owner and its network (an `Option<NetworkGrant>`).
+//!
+//! The network was added to version 2 rather than making a version 3, in both
+//! directions: a record of the Flint before ends at its owner, and is read as a job
+//! without network (which no job had then); the Flint before reads the owner of a record
+//! made now and ignores what follows, so that it can still fold the journal of a Flint
+//! rolled back to it (its jobs then without network). Anything appended later goes after
+//! the network, for the same reasons.
 
 use std::ops::Range;
 
+use flint_protocol::NetworkGrant;
 use flint_protocol::records::{JobOptions, JobRecord, Owner, TaskEndRecord};
 
 use super::super::StoreError;
@@ -22,7 +30,7 @@ const RECORD_AT: usize = 5;
 
 /// An accepted job as a journal record: decoded, and the bytes the journal holds.
 pub(in crate::store::jobs) struct Journaled {
-    /// The record, with its options and owner joined in.
+    /// The record, with its options, owner and network joined in.
     pub job: JobRecord,
     payload: Vec<u8>,
     /// The `JobRecord`'s encoding within `payload`.
@@ -32,8 +40,8 @@ pub(in crate::store::jobs) struct Journaled {
 }
 
 impl Journaled {
-    /// A version-2 record of `job` (its options and owner included) and the ends its
-    /// tasks have as it is accepted (memoized tasks).
+    /// A version-2 record of `job` (its options, owner and network included) and the
+    /// ends its tasks have as it is accepted (memoized tasks).
     pub fn encode(job: JobRecord, ends: &[(u32, TaskEndRecord)]) -> Result<Self, StoreError> {
         let payload = postcard::to_extend(&job, vec![VERSION, 0, 0, 0, 0])?;
         let record = RECORD_AT..payload.len();
@@ -46,6 +54,7 @@ impl Journaled {
         let ends = (!ends.is_empty()).then_some(at..payload.len());
         payload = postcard::to_extend(&job.def.options, payload)?;
         payload = postcard::to_extend(&job.def.owner, payload)?;
+        payload = postcard::to_extend(&job.def.network, payload)?;
         Ok(Journaled {
             job,
             payload,
@@ -86,9 +95,15 @@ impl Journaled {
         let (ends, rest) = postcard::take_from_bytes::<Vec<(u32, TaskEndRecord)>>(tail)?;
         let ends_at = record.end..payload.len() - rest.len();
         let (options, rest) = postcard::take_from_bytes::<JobOptions>(rest)?;
-        let (owner, _) = postcard::take_from_bytes::<Owner>(rest)?;
+        let (owner, rest) = postcard::take_from_bytes::<Owner>(rest)?;
+        // Written by the Flint before, which ended the record at its owner.
+        let network = match rest.is_empty() {
+            true => None,
+            false => postcard::take_from_bytes::<Option<NetworkGrant>>(rest)?.0,
+        };
         job.def.options = options;
         job.def.owner = owner;
+        job.def.network = network;
         Ok(Journaled {
             job,
             record,

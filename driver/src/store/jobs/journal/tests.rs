@@ -318,13 +318,14 @@ fn owned_record(id: &str, tenant: &str) -> JobRecord {
         memoize: true,
         memoized: Vec::new(),
     };
+    job.def.network = Some(super::super::tests::egress::grant());
     job
 }
 
-/// A job folded at open after a crash is the job that was accepted: its tenant and
-/// every option, not the admin's job with the defaults.
+/// A job folded at open after a crash is the job that was accepted: its tenant, every
+/// option and its network, not the admin's job with the defaults and no network.
 #[test]
-fn a_job_folded_from_the_journal_keeps_its_tenant_and_its_options() {
+fn a_job_folded_from_the_journal_keeps_its_tenant_its_options_and_its_network() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.redb");
     let store = open(&path);
@@ -335,6 +336,8 @@ fn a_job_folded_from_the_journal_keeps_its_tenant_and_its_options() {
     let folded = store.job(&JobId("owned".into())).unwrap().expect("folded");
     assert_eq!(folded.job.def.owner, accepted.def.owner);
     assert_eq!(folded.job.def.options, accepted.def.options);
+    assert!(folded.job.def.network.is_some());
+    assert_eq!(folded.job.def.network, accepted.def.network);
     assert_eq!(folded.job, accepted);
     let loaded = store.load().unwrap().jobs;
     assert_eq!(loaded[0].job, accepted, "restored as accepted at start");
@@ -377,6 +380,7 @@ fn a_journal_of_the_previous_format_is_folded_at_open() {
     let folded = store.job(&JobId("v1-owned".into())).unwrap().unwrap();
     assert!(folded.job.def.owner.is_default());
     assert!(folded.job.def.options.is_default());
+    assert_eq!(folded.job.def.network, None);
     assert_eq!(folded.job.tasks, owned.tasks);
     // Folded, and the files with them; the fresh one is of the new format.
     let files = journal_files(dir.path());
@@ -386,6 +390,69 @@ fn a_journal_of_the_previous_format_is_folded_at_open() {
     drop(store);
     let store = open(&path);
     assert_eq!(stored_ids(&store).len(), 3, "folded once");
+}
+
+/// A version-2 record as the Flint before wrote it, byte for byte: the version, the
+/// `JobRecord`'s length and bytes, the ends, the options and the owner, and nothing
+/// after.
+fn record_of_the_release_before(job: &JobRecord) -> Vec<u8> {
+    let record = postcard::to_stdvec(job).unwrap();
+    let mut payload = vec![2];
+    payload.extend_from_slice(&(record.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&record);
+    let no_ends: Vec<(u32, flint_protocol::records::TaskEndRecord)> = Vec::new();
+    payload.extend_from_slice(&postcard::to_stdvec(&no_ends).unwrap());
+    payload.extend_from_slice(&postcard::to_stdvec(&job.def.options).unwrap());
+    payload.extend_from_slice(&postcard::to_stdvec(&job.def.owner).unwrap());
+    payload
+}
+
+#[test]
+fn a_record_of_the_release_before_ends_at_its_owner_and_is_a_job_without_network() {
+    let mut before = owned_record("before", "acme");
+    before.def.network = None;
+    let payload = record_of_the_release_before(&before);
+    let decoded = Journaled::decode(2, payload.clone()).unwrap();
+    assert_eq!(decoded.job, before);
+    // And folded at open after a crash of that Flint.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.redb");
+    let store = open(&path);
+    store.journal.append(payload, |_, _| ()).unwrap();
+    drop(store);
+    let store = open(&path);
+    let folded = store.job(&JobId("before".into())).unwrap().expect("folded");
+    assert_eq!(folded.job, before);
+}
+
+/// The Flint before reads a record made now as it read its own (the steps of its
+/// `Journaled::decode`): the same job, without the network it cannot hold.
+#[test]
+fn a_record_made_now_is_read_by_the_release_before_up_to_its_owner() {
+    let now = owned_record("now", "acme");
+    let payload = Journaled::encode(now.clone(), &[])
+        .unwrap()
+        .as_ref()
+        .to_vec();
+    assert_eq!(payload[0], 2, "a version it reads");
+    let len = u32::from_le_bytes(payload[1..5].try_into().unwrap()) as usize;
+    let mut job: JobRecord = postcard::from_bytes(&payload[5..5 + len]).unwrap();
+    let rest = &payload[5 + len..];
+    let (_, rest) =
+        postcard::take_from_bytes::<Vec<(u32, flint_protocol::records::TaskEndRecord)>>(rest)
+            .unwrap();
+    let (options, rest) =
+        postcard::take_from_bytes::<flint_protocol::records::JobOptions>(rest).unwrap();
+    let (owner, ignored) =
+        postcard::take_from_bytes::<flint_protocol::records::Owner>(rest).unwrap();
+    job.def.options = options;
+    job.def.owner = owner;
+    let mut expected = now.clone();
+    expected.def.network = None;
+    assert_eq!(job, expected);
+    // What it ignores is the network, and only that.
+    let network: Option<flint_protocol::NetworkGrant> = postcard::from_bytes(ignored).unwrap();
+    assert_eq!(network, now.def.network);
 }
 
 #[test]
