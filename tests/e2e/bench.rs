@@ -1,4 +1,4 @@
-//! End to end: `flint bench`'s modes (issues 16, 30, 31, 41) run and print their figures,
+//! End to end: `flint bench`'s modes (issues 16, 30, 31, 41, 42) run and print their figures,
 //! small, so that they keep working between the sessions that measure with them
 //! (BENCHMARKS.md). Their numbers are not checked here: a debug build on a shared
 //! machine says nothing. Only `--restarts` compares two of its own, work lost before
@@ -247,4 +247,34 @@ fn restarts_measure_the_work_lost_before_and_after_adoption() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--restarts needs --module"), "{stderr}");
+}
+
+/// The bench checks every answer itself (each task's result by digest, one request in
+/// its usage, the server's count per run) and fails otherwise; here, each run's row
+/// shows the requests the server counted.
+#[test]
+fn egress_compares_the_tasks_requests_with_a_native_clients() {
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let out = bench(&["--module", &testkit, "--egress", "--egress-tasks", "40"]);
+    for (run, requests) in [
+        ("testkit noop", "0"),
+        ("testkit http-get", "40"),
+        ("native reqwest, 2 in flight", "40"),
+    ] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(run))
+            .unwrap_or_else(|| panic!("no `{run}` row in:\n{out}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[cells.len() - 4..][..2], [requests, "/"], "{row}");
+    }
+    assert!(out.contains("http-get / native: "), "{out}");
+
+    let out = Command::new(FLINT)
+        .args(["bench", "--egress"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--egress needs --module"), "{stderr}");
 }

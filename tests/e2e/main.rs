@@ -37,6 +37,7 @@ mod components;
 mod determinism;
 mod disk_full;
 mod edge;
+mod egress;
 mod events;
 mod examples;
 mod faults;

@@ -13,6 +13,7 @@
 //! | env       | job env + task env + the `FLINT_*` variables             | [`Context::index`], [`Context::count`], [`Context::attempt`], [`Context::job_id`] ([`TaskInfo`]) |
 //! | `/files/<name>` | the job's named files, read-only                   | [`Context::file`], [`Context::read_file`] |
 //! | exit code | 0 = success; anything else = failed, with the code       | [`Error`] and its [`ErrorKind`] |
+//! | outbound HTTP | requests the executor judges against the job's `network.allow` and meters | [`http::get`], [`http::post`], [`http::request`], [`http::send`] |
 //!
 //! # Typed JSON in and out
 //!
@@ -81,6 +82,23 @@
 //! assert_eq!(out, br#""3 greets ann and bo""#);
 //! ```
 //!
+//! # Outbound HTTP
+//!
+//! [`http`] sends requests through the executor, which refuses any the operator, the
+//! tenant or the job (`"network": {"allow": ["https://api.example.com"]}`) does not
+//! allow, and counts them against the task's `resources.egress`. A refusal is an
+//! [`http::Error`] for the task to handle, not a failure by itself:
+//!
+//! ```no_run
+//! use flint_sdk::http;
+//!
+//! match http::get("https://api.example.com/v1/ping") {
+//!     Ok(response) => println!("{} {}", response.status, response.text().unwrap_or("")),
+//!     Err(http::Error::Denied(why)) => eprintln!("not allowed: {why}"),
+//!     Err(other) => eprintln!("{other}"),
+//! }
+//! ```
+//!
 //! # Building
 //!
 //! `cargo build --release --target wasm32-wasip1` (a core module) or `--target
@@ -90,11 +108,16 @@
 //!
 //! # Invariants
 //!
-//! The crate depends on serde only and does no I/O other than the process's own stdin,
-//! stdout, stderr, argv, environment and `/files`. Everything between reading stdin and
-//! writing stdout ([`call_json`], [`TaskInfo::from_vars`], [`Context::new`]) is pure, so
-//! tasks are testable on the host.
+//! The crate depends on serde only (and, for wasm32-wasip2 alone, on the `wasip2`
+//! bindings) and does no I/O other than the process's own stdin, stdout, stderr, argv,
+//! environment and `/files`, and the HTTP requests a task makes through [`http`]. Those
+//! go through the executor only: the `flint` import module from a core module, wasi:http
+//! from a component (never the `flint` module, which would make it unbuildable), and on
+//! any other target every call is [`http::Error::Unsupported`]. Everything between
+//! reading stdin and writing stdout ([`call_json`], [`TaskInfo::from_vars`],
+//! [`Context::new`]) is pure, so tasks are testable on the host.
 
+pub mod http;
 mod task;
 mod task_info;
 

@@ -4,6 +4,10 @@ example guests.
 ``FLINT_BIN`` names the flint binary (default ``target/debug/flint`` from the repository
 root) and ``FLINT_GUESTS`` the directory of the wasm32-wasip1 release guests
 (``testkit.wasm``, ``wordcount.wasm``, ``wordcount-reduce.wasm``).
+
+The open driver's ``--egress-allow`` lists one loopback origin, its ``service``, where
+nothing listens until a test (or the README's walkthrough, told it as
+``FLINT_SERVICE``) serves it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -43,14 +48,19 @@ class Driver:
     data_dir: Path
     process: "subprocess.Popen[bytes]"
     log: Path
+    #: The origin its ``--egress-allow`` lists (``http://127.0.0.1:PORT``), if any.
+    service: Optional[str] = None
 
     def env(self) -> Dict[str, str]:
-        """An environment that points a client at this driver."""
+        """An environment that points a client at this driver (and the README at its
+        service)."""
         env = dict(os.environ)
         env["FLINT_URL"] = self.url
         env.pop("FLINT_TOKEN", None)
         if self.token:
             env["FLINT_TOKEN"] = self.token
+        if self.service:
+            env["FLINT_SERVICE"] = self.service
         return env
 
     def stop(self) -> None:
@@ -64,10 +74,23 @@ class Driver:
                 self.process.wait()
 
 
-def start_driver(executors: int = 2, token: Optional[str] = None, extra_args: Sequence[str] = ()) -> Driver:
+def free_service() -> str:
+    """A loopback origin with a port free now (``http://127.0.0.1:PORT``), for a
+    driver's ``--egress-allow`` before anything serves it (the port must be known
+    first)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def start_driver(
+    executors: int = 2, token: Optional[str] = None, extra_args: Sequence[str] = (), service: Optional[str] = None
+) -> Driver:
     """Starts ``flint dev`` on free loopback ports and waits until its executors are
     alive. ``extra_args`` go on its command line after the ones every driver gets
-    (``["--tenants", path]``, say)."""
+    (``["--tenants", path]``, say); with ``service``, ``--egress-allow`` lists it."""
+    if service is not None:
+        extra_args = [*extra_args, "--egress-allow", service]
     flint = _flint_bin()
     if not flint.is_file():
         pytest.fail(f"no flint binary at {flint}: build it (cargo build --bin flint) or set FLINT_BIN", pytrace=False)
@@ -112,7 +135,7 @@ def start_driver(executors: int = 2, token: Optional[str] = None, extra_args: Se
     if url is None:
         process.kill()
         pytest.fail(f"flint dev did not print its address:\n{log.read_text()[-4000:]}", pytrace=False)
-    driver = Driver(url, token, data, process, log)
+    driver = Driver(url, token, data, process, log, service)
     headers = {"authorization": f"Bearer {token}"} if token else {}
     while time.monotonic() < deadline:
         try:
@@ -129,8 +152,9 @@ def start_driver(executors: int = 2, token: Optional[str] = None, extra_args: Se
 
 @pytest.fixture(scope="session")
 def driver() -> Iterator[Driver]:
-    """An open ``flint dev`` with 2 executors of 1 core."""
-    d = start_driver(executors=2)
+    """An open ``flint dev`` with 2 executors of 1 core, its tasks allowed to call its
+    ``service``."""
+    d = start_driver(executors=2, service=free_service())
     try:
         yield d
     finally:

@@ -1,7 +1,8 @@
 """The sans-I/O core without a driver: frame and event decoding, error mapping, spec
-building, model parsing (usage, attempt history, pins and seeds, memoized tasks, replay
-bundles, graphs and waiting tasks too), and, over mock transports, the request count of
-``map``, what ``submit`` and ``graph`` send and what ``replay`` asks for."""
+building (``network`` and egress limits too), model parsing (usage, attempt history,
+pins and seeds, memoized tasks, replay bundles, graphs and waiting tasks, egress counts
+and denials too), and, over mock transports, the request count of ``map``, what
+``submit`` and ``graph`` send and what ``replay`` asks for."""
 
 from __future__ import annotations
 
@@ -634,6 +635,135 @@ async def test_the_async_client_sends_memoize() -> None:
     assert bodies[1]["seed"] == 3 and "deterministic" not in bodies[3]
 
 
+ORIGINS = ["https://api.example.com", "https://*.example.org:8443"]
+
+
+def test_network_and_egress_limits_go_into_the_spec_only_when_given() -> None:
+    module = {"module": "sha256:00"}
+    plain = core.build_spec(module, inputs=[""], resources=flint_client.Resources(memory_mb=64))
+    assert "network" not in plain and plain["resources"] == {"memory_mb": 64}
+    spec = core.build_spec(
+        module,
+        inputs=[""],
+        network=tuple(ORIGINS),
+        resources=flint_client.Resources(egress=flint_client.EgressLimits(max_requests=10, max_concurrent=2)),
+    )
+    assert spec["network"] == {"allow": ORIGINS}
+    assert spec["resources"] == {"egress": {"max_requests": 10, "max_concurrent": 2}}
+    assert json.loads(json.dumps(spec)) == spec
+    # Limits left to their defaults are left out, whole if none is given.
+    empty = flint_client.Resources(memory_mb=64, egress=flint_client.EgressLimits())
+    assert core.build_spec(module, inputs=[""], resources=empty)["resources"] == {"memory_mb": 64}
+    # The dict form takes EgressLimits or the EgressSpec's JSON form.
+    limits = flint_client.EgressLimits(max_bytes=1 << 20)
+    assert core.build_spec(module, inputs=[""], resources={"egress": limits, "cores": None})["resources"] == {
+        "egress": {"max_bytes": 1 << 20}
+    }
+    raw = {"egress": {"max_requests": 3}}
+    assert core.build_spec(module, inputs=[""], resources=raw)["resources"] == raw
+    # What the driver alone can judge is sent as it is: an empty list, limits without
+    # network, memoize with network (each a 422 invalid_spec).
+    assert core.build_spec(module, inputs=[""], network=[])["network"] == {"allow": []}
+    alone = core.build_spec(module, inputs=[""], resources={"egress": limits})
+    assert "network" not in alone and alone["resources"] == {"egress": {"max_bytes": 1 << 20}}
+    memoized = core.build_spec(module, inputs=[""], deterministic=True, memoize=True, network=ORIGINS[:1])
+    assert memoized["memoize"] is True and memoized["network"] == {"allow": ORIGINS[:1]}
+    with pytest.raises(TypeError, match="not one string"):
+        core.build_spec(module, inputs=[""], network="https://api.example.com")
+    with pytest.raises(TypeError, match="not a dict"):
+        core.build_spec(module, inputs=[""], network={"allow": ORIGINS})  # type: ignore[arg-type]
+
+
+def test_egress_denied_events_parse() -> None:
+    # As the executor words them: the request, then the rule that refused it.
+    denied = [
+        "GET https://evil.example.net/: evil.example.net is not in the job's network.allow",
+        "GET http://169.254.169.254/latest/meta-data: 169.254.169.254 is a link-local address "
+        "(169.254.0.0/16) and the operator did not list it (--egress-allow)",
+    ]
+    text = (
+        b'event: job\ndata: {"id":"job-1","state":"running","tasks":1}\n\n'
+        + b"event: egress_denied\ndata: "
+        + json.dumps({"index": 0, "attempt": 2, "executor": "exec-1", "denied": denied}).encode()
+        + b'\n\nevent: task\ndata: {"index":0,"state":"succeeded","attempt":2,"executor":"exec-1"}\n\n'
+    )
+    events = [core.parse_event(n, d) for n, d in core.SSEParser().feed(text)]
+    assert [e.event for e in events] == ["job", "egress_denied", "task"]
+    assert events[1] == flint_client.EgressDeniedEvent(index=0, attempt=2, executor="exec-1", denied=denied)
+    # Fields this client does not know are ignored, and a denial without any reads empty.
+    assert core.parse_event("egress_denied", '{"index":3,"new":1}') == flint_client.EgressDeniedEvent(index=3)
+    with pytest.raises(flint_client.ProtocolError, match="event egress_denied"):
+        core.parse_event("egress_denied", "[1]")
+
+
+EGRESS = {"egress_requests": 3, "egress_bytes_sent": 412, "egress_bytes_received": 90210}
+
+
+def test_usage_and_tenant_usage_count_egress() -> None:
+    usage = from_json(flint_client.Usage, dict(USAGE, **EGRESS))
+    assert usage == flint_client.Usage(**USAGE, **EGRESS)
+    assert (usage.egress_requests, usage.egress_bytes_sent, usage.egress_bytes_received) == (3, 412, 90210)
+    # From a driver older than egress (or a job without network): 0 each.
+    assert from_json(flint_client.Usage, USAGE).egress_requests == 0
+    tenant = from_json(flint_client.TenantUsage, {"tenant": "a", "attempts": 4, **EGRESS})
+    assert tenant.egress_requests == 3 and tenant.egress_bytes_received == 90210
+    assert from_json(flint_client.TenantUsage, {"tenant": "a"}).egress_bytes_sent == 0
+
+
+def egress_driver(bodies: List[dict]) -> httpx.MockTransport:
+    """A mock driver that keeps each submitted spec in ``bodies`` and judges ``network``
+    as a driver started with ``--egress-allow https://api.example.com`` whose tenant may
+    make 10 requests an attempt at most."""
+    view = {"id": "job-1", "state": "queued", "tasks": 1, "counts": {"pending": 1}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        beyond = [o for o in body.get("network", {}).get("allow", []) if o != ORIGINS[0]]
+        if beyond:
+            message = f'network.allow: "{beyond[0]}" is outside what the operator allows (--egress-allow)'
+            return httpx.Response(422, json={"error": {"kind": "invalid_spec", "message": message}})
+        asked = body.get("resources", {}).get("egress", {}).get("max_requests", 0)
+        if asked > 10:
+            message = f'tenant "a": max_egress_requests is 10; resources.egress.max_requests asks for {asked}'
+            return httpx.Response(429, json={"error": {"kind": "quota_exceeded", "message": message}})
+        return httpx.Response(202, json=view)
+
+    return httpx.MockTransport(handler)
+
+
+def test_submit_sends_network_and_maps_its_refusals() -> None:
+    bodies: List[dict] = []
+    with flint_client.Client("http://flint.test", transport=egress_driver(bodies)) as client:
+        limits = flint_client.Resources(egress=flint_client.EgressLimits(max_requests=5))
+        client.submit("sha256:00", [""], args=["http-get", "https://api.example.com/v1"], network=ORIGINS[:1])
+        client.submit("sha256:00", [""], network=ORIGINS[:1], resources=limits)
+        with pytest.raises(flint_client.InvalidSpec, match="outside what the operator allows") as refused:
+            client.submit("sha256:00", [""], network=ORIGINS)
+        assert (refused.value.kind, refused.value.status) == ("invalid_spec", 422)
+        with pytest.raises(flint_client.QuotaExceeded, match="max_egress_requests") as over:
+            client.submit("sha256:00", [""], network=ORIGINS[:1], resources={"egress": {"max_requests": 11}})
+        assert over.value.status == 429
+    assert bodies[0] == {
+        "module": "sha256:00",
+        "inputs": [{"text": ""}],
+        "args": ["http-get", "https://api.example.com/v1"],
+        "network": {"allow": ["https://api.example.com"]},
+    }
+    assert bodies[1]["resources"] == {"egress": {"max_requests": 5}}
+    assert bodies[2]["network"] == {"allow": ORIGINS}
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sends_network() -> None:
+    bodies: List[dict] = []
+    async with flint_client.AsyncClient("http://flint.test", transport=egress_driver(bodies)) as client:
+        await client.submit("sha256:00", [""], network=ORIGINS[:1])
+        with pytest.raises(flint_client.InvalidSpec):
+            await client.submit("sha256:00", [""], network=ORIGINS)
+    assert [b["network"] for b in bodies] == [{"allow": ORIGINS[:1]}, {"allow": ORIGINS}]
+
+
 def test_map_takes_a_constant_number_of_requests() -> None:
     """20,000 tasks: upload, submit (answered when the job ended), one bulk read."""
     n = 20_000
@@ -1182,7 +1312,7 @@ def test_a_graph_sends_every_job_uploading_each_module_once(tmp_path: Path) -> N
         outside = client.job("job-0")
         graph = client.graph(
             {
-                "side": dict(module="sha256:00", inputs=[outside.results_ref()], args=["echo"]),
+                "side": dict(module="sha256:00", inputs=[outside.results_ref()], args=["echo"], network=ORIGINS[:1]),
                 "map": dict(module=module, inputs=["a", b"b"], files={"f": b"file", "g": b"file"}, args=["echo"]),
                 "reduce": dict(
                     module=str(module),
@@ -1199,7 +1329,12 @@ def test_a_graph_sends_every_job_uploading_each_module_once(tmp_path: Path) -> N
     assert bodies == [
         {
             "jobs": {
-                "side": {"module": "sha256:00", "inputs": [{"results": {"job": "job-0"}}], "args": ["echo"]},
+                "side": {
+                    "module": "sha256:00",
+                    "inputs": [{"results": {"job": "job-0"}}],
+                    "args": ["echo"],
+                    "network": {"allow": ["https://api.example.com"]},
+                },
                 "map": {
                     "module": module_id,
                     "inputs": [{"text": "a"}, {"base64": "Yg=="}],

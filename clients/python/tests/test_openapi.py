@@ -5,6 +5,7 @@ untagged union are its models'."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any, Dict, Set
 
@@ -142,3 +143,21 @@ def test_every_error_kind_is_known(document: Dict[str, Any]) -> None:
     its exceptions: a kind the client lacks would be raised by its status alone."""
     kinds = set(document["components"]["schemas"]["ErrorCode"]["enum"])
     assert kinds == set(errors._BY_KIND), (kinds - set(errors._BY_KIND), set(errors._BY_KIND) - kinds)
+
+
+def test_network_is_an_allow_list_and_egress_a_resource(document: Dict[str, Any]) -> None:
+    # submit(network=[...]) sends {"allow": [...]}: the schema has nothing else to give.
+    schemas = document["components"]["schemas"]
+    assert properties(document, schemas["NetworkSpec"]) == {"allow"}
+    assert resolve(document, schemas["JobSpec"]["properties"]["network"]) == schemas["NetworkSpec"]
+    egress = schemas["ResourcesSpec"]["properties"]["egress"]
+    assert resolve(document, egress) == schemas["EgressSpec"]
+
+
+def test_every_event_of_a_job_stream_is_known(document: Dict[str, Any]) -> None:
+    """The events the driver's stream route names (its description: "events `job` and
+    `end` carry a JobView, ...") are the ones the client parses into models: one it
+    lacks would reach callers as an UnknownEvent."""
+    answer = document["paths"]["/v1/jobs/{id}/events"]["get"]["responses"]["200"]
+    named = set(re.findall(r"`([a-z_]+)`", answer["description"]))
+    assert named == set(core.EVENTS), (named - set(core.EVENTS), set(core.EVENTS) - named)

@@ -27,6 +27,8 @@ def test_the_readme_runs(driver: Driver, guests: Guests, tmp_path: Path, monkeyp
     monkeypatch.setenv("FLINT_URL", driver.url)
     monkeypatch.delenv("FLINT_TOKEN", raising=False)
     monkeypatch.setenv("FLINT_GUESTS", str(guests.root))
+    assert driver.service is not None
+    monkeypatch.setenv("FLINT_SERVICE", driver.service)
     monkeypatch.chdir(tmp_path)
     namespace = readme_blocks.run(str(README))
     assert namespace["top"] == {"it": 6, "of": 6, "the": 6}

@@ -4,7 +4,10 @@ QuotaExceeded, what is the admin's alone is Forbidden, and each reads its own us
 
 One driver for the module, 1 executor of 1 core: tenant ``a`` without limits, tenant
 ``b`` with ``max_jobs = 1``, ``max_task_memory_mb = 64`` and ``max_priority = 1``.
-``b``'s jobs ask for 64 MiB (the default, 256, is past its limit).
+``b``'s jobs ask for 64 MiB (the default, 256, is past its limit). The driver's
+``--egress-allow`` lists one origin (nothing serves it: only submissions are judged),
+which ``b``'s ``egress_allow`` lists too, with ``max_egress_requests = 5``; ``a`` lists
+none.
 """
 
 from __future__ import annotations
@@ -20,9 +23,19 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 
 import flint_client
-from flint_client import AsyncClient, Client, Forbidden, NotFound, QuotaExceeded, Resources, Unauthorized
+from flint_client import (
+    AsyncClient,
+    Client,
+    EgressLimits,
+    Forbidden,
+    InvalidSpec,
+    NotFound,
+    QuotaExceeded,
+    Resources,
+    Unauthorized,
+)
 
-from .conftest import Driver, Guests, _flint_bin, start_driver
+from .conftest import Driver, Guests, _flint_bin, free_service, start_driver
 
 #: What b's jobs ask for: its max_task_memory_mb.
 SMALL = Resources(memory_mb=64)
@@ -45,6 +58,7 @@ class Tenancy:
 @pytest.fixture(scope="module")
 def tenancy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenancy]:
     tokens = {"a": secrets.token_hex(16), "b": secrets.token_hex(16)}
+    service = free_service()
     path = tmp_path_factory.mktemp("tenants") / "tenants.toml"
     path.write_text(
         f"""
@@ -56,15 +70,17 @@ tokens = ["{token_hash(tokens["a"])}"]
 name = "b"
 tokens = ["{token_hash(tokens["b"])}"]
 max_priority = 1
+egress_allow = ["{service}"]
 [tenant.limits]
 max_jobs = 1
 max_task_memory_mb = 64
+max_egress_requests = 5
 """
     )
     admin = secrets.token_hex(16)
     # The admin's token as --token (start_driver gives it, with a cluster secret, by
     # their environment variables), the tenants' in the file.
-    d = start_driver(executors=1, token=admin, extra_args=["--tenants", str(path)])
+    d = start_driver(executors=1, token=admin, extra_args=["--tenants", str(path)], service=service)
     try:
         yield Tenancy(d, admin, tokens)
     finally:
@@ -188,6 +204,22 @@ def test_priority_is_capped_by_the_tenants_max_priority(as_a: Client, as_b: Clie
     assert view.succeeded and view.tenant == "b" and view.priority == 1
     # A priority under the cap, negative ones included, is the tenant's to give.
     assert as_a.submit(guests.testkit, ["x"], args=["echo"], priority=-1, wait=60).wait(60).priority == -1
+
+
+def test_network_is_judged_against_the_tenants_egress_allow_and_maxima(
+    tenancy: Tenancy, as_a: Client, as_b: Client, guests: Guests
+) -> None:
+    origin = tenancy.driver.service
+    assert origin is not None
+    over = Resources(memory_mb=64, egress=EgressLimits(max_requests=6))
+    with pytest.raises(QuotaExceeded) as caught:
+        as_b.submit(guests.testkit, [""], args=["noop"], network=[origin], resources=over)
+    assert (caught.value.status, caught.value.kind) == (429, "quota_exceeded")
+    assert "max_egress_requests is 5" in caught.value.message
+    # The operator allows the origin, but a lists no egress_allow: it may call nothing.
+    with pytest.raises(InvalidSpec) as refused:
+        as_a.submit(guests.testkit, [""], args=["noop"], network=[origin])
+    assert refused.value.status == 422 and 'tenant "a" may call no origin' in refused.value.message
 
 
 def test_a_live_job_is_listed_with_its_tenant_and_priority(as_a: Client, guests: Guests) -> None:

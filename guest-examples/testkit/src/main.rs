@@ -24,13 +24,25 @@
 //! | `write PATH` | creates or truncates the file at PATH and writes `flint` into it      |
 //! | `recurse`    | recurses without bound until the wasm stack overflows (a trap); never returns |
 //! | `facts`      | writes what it can learn of its host without reading a file's bytes: argv, environ in order, each preopen's fdstat and stats, its `fd_readdir` entries (`d_next`, `d_ino`) and each entry's stats (see `facts.rs`) |
+//! | `http-get URL` | GET through `flint_sdk::http::get` (follows up to 10 redirects); writes `status=<code> bytes=<n> sha256=<hex>` and a newline, then the body as is when it is UTF-8 and under 1 KiB |
+//! | `http-post URL` | POSTs stdin to URL (redirects not followed); writes as `http-get` |
+//! | `http-req METHOD URL [NAME:VALUE...]` | any method, the headers in order (split at the first `:`, the value trimmed), stdin as the body, redirects not followed; writes as `http-get` |
+//! | `http-n URL N` | N GETs one after another (redirects not followed), a `status=` line each (no body); stops at the first error |
+//! | `http-par URL N` | sends N GETs before taking any response (`flint_sdk::http::send`; on wasip1 the executor holds each until taken, so each counts against `max_concurrent`), then a `status=` line per response; when one fails, the lines of those sent before it, then its error |
+//!
+//! The `http-*` commands write a failed request as one line on stdout, `error: <kind>:
+//! <message>`, the kind being `Denied`, `Limit`, `Timeout`, `Io` or `Invalid` (or
+//! `Unsupported` off wasm). `http-get`, `http-post` and `http-req` then exit 0: a
+//! refusal alone must not fail the task, the test reads the line. `http-n` and
+//! `http-par` write it to stderr too (the log: a failed task keeps no result) and exit 3
+//! after it (a component exits 1: WASI 0.2 has success or failure only).
 //!
 //! Exit codes of its own: 2 for a missing or unknown command, a bad or missing number, a
-//! missing path or unexpected extra arguments (the message on stderr names the valid
-//! commands); 1 when writing output fails, when `read` or `write` cannot use PATH
-//! (`testkit: cannot read PATH: <error>`, or `cannot write`), or, for `info`, when the
-//! `FLINT_*` variables are missing. PATH is passed to the filesystem as given, so what
-//! it reaches is whatever the runtime preopened.
+//! missing path or URL, a header without `:`, or unexpected extra arguments (the message
+//! on stderr names the valid commands); 1 when writing output fails, when `read` or
+//! `write` cannot use PATH (`testkit: cannot read PATH: <error>`, or `cannot write`),
+//! or, for `info`, when the `FLINT_*` variables are missing. PATH is passed to the
+//! filesystem as given, so what it reaches is whatever the runtime preopened.
 //! An `alloc` the memory limit cannot hold aborts, as does one over wasm32's 2 GiB
 //! maximum `Vec`; both are traps. `exit` passes N through as given: WASI defines codes
 //! 0 to 125 only, and a runtime may turn a larger one into a trap.
@@ -52,12 +64,16 @@ use std::time::Duration;
 
 use flint_sdk::TaskInfo;
 
+use egress::{Ended, HttpCommand};
+
+mod egress;
 #[cfg(target_os = "wasi")]
 mod facts;
 
 const USAGE: &str = "valid commands: noop, echo, sleep MS, after MS COMMAND..., burn MS, slow-first MS, \
                      spin, alloc MB, exit N, panic, print N, eprint N, env, info, read PATH, write PATH, \
-                     recurse, facts";
+                     recurse, facts, http-get URL, http-post URL, http-req METHOD URL [NAME:VALUE...], \
+                     http-n URL N, http-par URL N";
 
 const MIB: usize = 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
@@ -105,6 +121,7 @@ enum Command {
     Facts,
     After(Duration, Box<Command>),
     Burn(Duration),
+    Http(HttpCommand),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +141,10 @@ enum UsageError {
     ExtraArguments {
         command: &'static str,
     },
+    MissingUrl {
+        command: &'static str,
+    },
+    BadHeader(String),
 }
 
 impl fmt::Display for UsageError {
@@ -139,6 +160,8 @@ impl fmt::Display for UsageError {
             UsageError::ExtraArguments { command } => {
                 write!(f, "{command} takes no further arguments")
             }
+            UsageError::MissingUrl { command } => write!(f, "{command} needs a URL"),
+            UsageError::BadHeader(arg) => write!(f, "{arg:?} is not a header NAME:VALUE"),
         }
     }
 }
@@ -178,7 +201,12 @@ impl Command {
             "write" => Command::Write(path("write", rest)?),
             "recurse" => Command::Recurse,
             "facts" => Command::Facts,
-            other => return Err(UsageError::UnknownCommand(other.to_owned())),
+            other => {
+                return match HttpCommand::parse(other, rest) {
+                    Some(parsed) => parsed.map(Command::Http),
+                    None => Err(UsageError::UnknownCommand(other.to_owned())),
+                };
+            }
         };
         let expected = usize::from(command.takes_argument());
         if rest.len() > expected {
@@ -224,6 +252,7 @@ impl Command {
             Command::Write(_) => "write",
             Command::Recurse => "recurse",
             Command::Facts => "facts",
+            Command::Http(command) => command.name(),
         }
     }
 
@@ -285,6 +314,12 @@ impl Command {
                 recurse();
             }
             Command::Facts => flint_sdk::write_result(facts_report()?.as_bytes())?,
+            Command::Http(command) => {
+                if command.run()? == Ended::Stopped {
+                    // Like `exit`: the output is flushed, and the code is the result.
+                    std::process::exit(egress::STOPPED.into());
+                }
+            }
         }
         Ok(())
     }

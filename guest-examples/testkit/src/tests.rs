@@ -45,6 +45,20 @@ fn parses_every_command() {
     );
     assert_eq!(parse(&["recurse"]), Ok(Command::Recurse));
     assert_eq!(parse(&["facts"]), Ok(Command::Facts));
+    assert_eq!(
+        parse(&["http-n", "http://h/", "2"]),
+        Ok(Command::Http(egress::HttpCommand::Sequential {
+            url: "http://h/".into(),
+            count: 2
+        }))
+    );
+    assert_eq!(
+        parse(&["after", "5", "http-get", "http://h/"]),
+        Ok(Command::After(
+            Duration::from_millis(5),
+            Box::new(Command::Http(egress::HttpCommand::Get("http://h/".into())))
+        ))
+    );
 }
 
 #[test]
@@ -171,6 +185,11 @@ fn usage_names_every_command() {
         "write",
         "recurse",
         "facts",
+        "http-get",
+        "http-post",
+        "http-req",
+        "http-n",
+        "http-par",
     ] {
         assert!(USAGE.contains(name), "{name} missing from USAGE");
     }

@@ -440,6 +440,13 @@ pub fn is_final(job: &Value) -> bool {
     )
 }
 
+/// How long a task's guest ran, on the executor's clock (`finished_at - started_at`);
+/// none until it has both.
+pub fn run_time(task: &Value) -> Option<Duration> {
+    let at = |field: &str| humantime::parse_rfc3339(task[field].as_str()?).ok();
+    at("finished_at")?.duration_since(at("started_at")?).ok()
+}
+
 /// A job spec running `module` once per input with the given args.
 pub fn spec(module: &str, args: &[&str], inputs: &[&str]) -> Value {
     json!({

@@ -1,6 +1,7 @@
 //! Test helpers, each defined once: the guest fixtures, a real `flint dev` cluster driven
-//! over HTTP, the processes a test starts itself, a loopback origin for fetches, test
-//! data, an event-stream reader and a simulated Kubernetes API server.
+//! over HTTP, the processes a test starts itself, a loopback origin for fetches and
+//! guests' requests, test data, an event-stream reader and a simulated Kubernetes API
+//! server.
 
 pub mod cluster;
 pub mod data;
@@ -14,10 +15,10 @@ pub mod sse;
 use std::time::{Duration, Instant};
 
 pub use self::{
-    cluster::{Api, DevCluster, is_final, spec},
+    cluster::{Api, DevCluster, is_final, run_time, spec},
     data::{sha256_hex, splitmix_stream, text},
     guests::{c_wc, guests, zig_sha256},
-    origin::{Origin, Reply},
+    origin::{Logged, Origin, Reply},
     process::{Process, free_port, peak_rss, process_exists, signal},
     sse::EventStream,
 };

@@ -1,6 +1,7 @@
 //! Hosts on a LAN, all on this machine: network namespaces whose veth pairs meet on a
 //! bridge in this one, which holds the LAN's first address. Nothing leaves the machine.
 
+use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -28,6 +29,8 @@ pub struct Lan {
 pub struct Host {
     /// The namespace, for `ip netns exec`.
     pub netns: String,
+    /// Its address on the LAN.
+    pub address: String,
 }
 
 impl Lan {
@@ -55,6 +58,7 @@ impl Lan {
             ip(&["netns", "add", &netns]);
             lan.hosts.push(Host {
                 netns: netns.clone(),
+                address: address.clone(),
             });
             ip(&[
                 "link", "add", &outside, "type", "veth", "peer", "name", &inside,
@@ -72,6 +76,19 @@ impl Lan {
             within(&["link", "set", "lo", "up"]);
         }
         lan
+    }
+
+    /// The driver's listen addresses and flags for executors that connect over the LAN.
+    pub fn driver_args(&self) -> Vec<String> {
+        vec![
+            "--listen".into(),
+            format!("{}:0", self.gateway),
+            "--executor-listen".into(),
+            format!("{}:0", self.gateway),
+            // Beyond loopback the driver wants secrets; the LAN's addresses exist only
+            // inside this machine's network namespaces.
+            "--insecure".into(),
+        ]
     }
 }
 
@@ -95,6 +112,50 @@ impl Host {
         self.iptables(&["-F"]);
     }
 
+    /// Adds `cidr` to the host's interface `dev` (`lo` for an address only the host
+    /// itself reaches, as a metadata service's is from inside a VM).
+    pub fn add_address(&self, cidr: &str, dev: &str) {
+        ip(&[
+            "netns",
+            "exec",
+            &self.netns,
+            "ip",
+            "addr",
+            "add",
+            cidr,
+            "dev",
+            dev,
+        ]);
+    }
+
+    /// Makes `text` the `/etc/hosts` of what runs through [`Host::command`] (and
+    /// `process::executor_in_netns`): `ip netns exec` bind-mounts the files of
+    /// `/etc/netns/<netns>/` over `/etc`'s. Removed with the LAN.
+    pub fn hosts_file(&self, text: &str) {
+        let dir = format!("/etc/netns/{}", self.netns);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(format!("{dir}/hosts"), text).unwrap();
+    }
+
+    /// Runs `f` on a thread of its own inside the host's namespace, and returns what it
+    /// returned. Sockets it makes stay in the namespace whichever thread uses them
+    /// later, so a test's server can listen on the host's own addresses.
+    pub fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let namespace = std::fs::File::open(format!("/run/netns/{}", self.netns)).unwrap();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: a plain syscall on a valid descriptor; a network namespace
+                    // is per thread, so only this thread, which ends with `f`, moves.
+                    let rc = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) };
+                    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                    f()
+                })
+                .join()
+                .unwrap()
+        })
+    }
+
     fn iptables(&self, args: &[&str]) {
         let mut all = vec!["netns", "exec", &self.netns, "iptables"];
         all.extend_from_slice(args);
@@ -109,6 +170,7 @@ impl Drop for Lan {
             let _ = Command::new("ip")
                 .args(["netns", "del", &host.netns])
                 .status();
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", host.netns));
         }
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])

@@ -42,6 +42,7 @@ from .models import (
     ClusterHistory,
     ClusterSample,
     DroppedEvent,
+    EgressDeniedEvent,
     EndEvent,
     ErrorBody,
     Event,
@@ -56,9 +57,12 @@ from .models import (
     JobView,
     LaggedEvent,
     MemoSource,
+    EgressPin,
     Pins,
     ReplayBundle,
+    ReplayEgress,
     ReplayInputPart,
+    ReplayNetwork,
     ReplaySource,
     ResultInfo,
     TaskAttempt,
@@ -73,7 +77,7 @@ from .models import (
     Usage,
     WorkerView,
 )
-from .specs import Escalate, Resources, ResultRef, ResultsRef, Task, Url, graph_result, graph_results
+from .specs import EgressLimits, Escalate, Resources, ResultRef, ResultsRef, Task, Url, graph_result, graph_results
 
 __version__ = "0.1.0"
 
@@ -89,6 +93,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Url",
     "Resources",
+    "EgressLimits",
     "Escalate",
     "Task",
     "ResultRef",
@@ -123,6 +128,7 @@ __all__ = [
     "TaskAttempt",
     "MemoSource",
     "Pins",
+    "EgressPin",
     "Usage",
     "ResultInfo",
     "Event",
@@ -131,6 +137,7 @@ __all__ = [
     "LaggedEvent",
     "AdoptedEvent",
     "DroppedEvent",
+    "EgressDeniedEvent",
     "EndEvent",
     "UnknownEvent",
     "ExecutorView",
@@ -145,6 +152,8 @@ __all__ = [
     "TenantUsage",
     "ReplayBundle",
     "ReplaySource",
+    "ReplayNetwork",
+    "ReplayEgress",
     "InlinePart",
     "ReplayInputPart",
     "GraphCreated",

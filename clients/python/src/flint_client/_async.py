@@ -173,6 +173,7 @@ class AsyncClient:
         seed: Optional[int] = None,
         memoize: bool = False,
         priority: Optional[int] = None,
+        network: Optional[Sequence[str]] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "AsyncJob":
@@ -196,6 +197,7 @@ class AsyncClient:
                 seed=seed,
                 memoize=memoize,
                 priority=priority,
+                network=network,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )

@@ -33,6 +33,7 @@ from .models import (
     AdoptedEvent,
     ClusterHistory,
     DroppedEvent,
+    EgressDeniedEvent,
     EndEvent,
     Event,
     ExecutorList,
@@ -62,6 +63,7 @@ from .specs import (
     Url,
     as_list,
     encode_input,
+    encode_network,
     encode_resources,
     encode_retry,
     encode_task,
@@ -97,6 +99,7 @@ JOB_SPEC_FIELDS = (
     "memoize",
     "retry",
     "priority",
+    "network",
 )
 #: The bulk results' media type.
 RESULTS_MEDIA_TYPE = "application/vnd.flint.results"
@@ -314,13 +317,16 @@ def build_spec(
     seed: Optional[int] = None,
     memoize: bool = False,
     priority: Optional[int] = None,
+    network: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """A ``JobSpec`` document (files already resolved to their spec values).
 
-    ``deterministic`` and ``memoize`` go in only when true, ``seed`` and ``priority``
-    only when given; a seed or ``memoize`` without ``deterministic`` is sent as it is,
-    for the driver to refuse, and so is a priority over the tenant's cap (the client
-    does not know it)."""
+    ``deterministic`` and ``memoize`` go in only when true, ``seed``, ``priority`` and
+    ``network`` (as ``{"allow": [...]}``) only when given; a seed or ``memoize`` without
+    ``deterministic`` is sent as it is, for the driver to refuse, and so are a priority
+    over the tenant's cap, origins beyond what the cluster allows, ``memoize`` with
+    ``network`` and ``resources.egress`` without it (the client knows none of the
+    ceilings, and leaves every rule to the driver)."""
     if (inputs is None) == (tasks is None):
         raise ValueError("give exactly one of inputs (one task per input) and tasks")
     spec: Dict[str, Any] = dict(module_fields)
@@ -360,6 +366,9 @@ def build_spec(
         spec["retry"] = encoded_retry
     if priority is not None:
         spec["priority"] = priority
+    encoded_network = encode_network(network)
+    if encoded_network is not None:
+        spec["network"] = encoded_network
     return spec
 
 
@@ -382,6 +391,7 @@ SPEC_OPTIONS = (
     "seed",
     "memoize",
     "priority",
+    "network",
 )
 #: Every field of a ``GraphSpec`` (checked against the live document by the test suite).
 GRAPH_SPEC_FIELDS = ("jobs",)
@@ -450,6 +460,7 @@ def submit(
     seed: Optional[int] = None,
     memoize: bool = False,
     priority: Optional[int] = None,
+    network: Optional[Sequence[str]] = None,
     idempotency_key: Optional[str] = None,
     wait: Optional[float] = None,
 ) -> Flow[JobView]:
@@ -471,6 +482,7 @@ def submit(
         seed=seed,
         memoize=memoize,
         priority=priority,
+        network=network,
     )
     request = Request("POST", "/v1/jobs", json=spec)
     if idempotency_key is not None:
@@ -1049,11 +1061,16 @@ class SSEParser:
                 self._data.append(value)
 
 
+#: The events of a job's stream that :func:`parse_event` knows (the test suite checks
+#: them against those the driver's document names); any other is an
+#: :class:`UnknownEvent`.
+EVENTS = ("job", "end", "task", "lagged", "adopted", "dropped", "egress_denied")
+
+
 def parse_event(name: str, data: str) -> Event:
     """One server-sent event of a job's stream as its typed :data:`Event`."""
     try:
-        known = ("job", "end", "task", "lagged", "adopted", "dropped")
-        body: Any = json.loads(data) if name in known else None
+        body: Any = json.loads(data) if name in EVENTS else None
         if name == "job":
             return JobEvent(from_json(JobView, body))
         if name == "end":
@@ -1066,6 +1083,8 @@ def parse_event(name: str, data: str) -> Event:
             return from_json(AdoptedEvent, body)
         if name == "dropped":
             return from_json(DroppedEvent, body)
+        if name == "egress_denied":
+            return from_json(EgressDeniedEvent, body)
     except (ValueError, TypeError) as e:
         raise ProtocolError("bad_response", f"event {name}: {e}: {data[:200]!r}") from None
     return UnknownEvent(name, data)

@@ -220,6 +220,7 @@ class Client:
         seed: Optional[int] = None,
         memoize: bool = False,
         priority: Optional[int] = None,
+        network: Optional[Sequence[str]] = None,
         idempotency_key: Optional[str] = None,
         wait: Optional[float] = None,
     ) -> "Job":
@@ -270,6 +271,21 @@ class Client:
         priorities, and one above the tenant's ``max_priority`` is refused
         (:class:`~flint_client.QuotaExceeded`), as is a job past any of the tenant's
         other limits.
+
+        ``network`` lists the origins the tasks may call over HTTP,
+        ``scheme://host[:port]`` (http or https; ``*.`` as a host's first label admits
+        its subdomains): ``["https://api.example.com", "https://*.example.org:8443"]``.
+        Without it a task may make no request. The list only narrows what the cluster's
+        operator allows (``--egress-allow``) and, on a driver with tenants, the
+        tenant's ``egress_allow``: an origin beyond either, or ``network`` on a cluster
+        that allows none, is refused (:class:`~flint_client.InvalidSpec`, naming it), as
+        is ``memoize=True`` with ``network`` (such a task is not a function of its
+        inputs alone). ``resources`` may then set each attempt's budget,
+        ``Resources(egress=EgressLimits(max_requests=, max_bytes=,
+        max_concurrent=))``. A request outside the list fails in the guest with an error
+        naming the URL and the rule, and the job's events carry an
+        :class:`~flint_client.EgressDeniedEvent`; the attempt goes on. Each attempt's
+        :attr:`~flint_client.TaskAttempt.usage` counts its requests and their bytes.
         """
         view = self._drive(
             core.submit(
@@ -289,6 +305,7 @@ class Client:
                 seed=seed,
                 memoize=memoize,
                 priority=priority,
+                network=network,
                 idempotency_key=idempotency_key,
                 wait=wait,
             )
@@ -311,7 +328,7 @@ class Client:
         ``decode`` is ``"bytes"`` (default), ``"text"`` (UTF-8) or ``"json"``.
         ``options`` are :meth:`submit`'s (``args``, ``env``, ``files``, ``resources``,
         ``max_failures``, ``accounting``, ``retry``, ``deterministic``, ``seed``,
-        ``memoize``, ``priority``, ...).
+        ``memoize``, ``priority``, ``network``, ...).
         A job that does not succeed raises :class:`~flint_client.JobFailed` naming the
         failed tasks (with ``raise_on_failure=False`` their results are ``None``
         instead). ``progress=True`` shows a bar following the job's events; ``timeout``
@@ -340,13 +357,13 @@ class Client:
         not starting with ``job-``) to a dict of :meth:`submit`'s arguments:
         ``module`` (a path or bytes are uploaded, once however many jobs use them),
         ``inputs`` or ``tasks``, ``files``, ``args``, ``env``, ``resources``,
-        ``max_failures``, ``name``, ``retry``, ... An input may name another job of the
-        graph by its local name: :func:`~flint_client.graph_results` (all its results,
-        one after the other) or :func:`~flint_client.graph_result` (one task's); or a
-        job outside it, with :meth:`Job.results_ref` and :meth:`Job.result_ref`. A task
-        reading results not there yet is ``waiting``; it runs once they have all
-        succeeded, and fails ``upstream_failed`` without running if one fails or is
-        killed.
+        ``max_failures``, ``name``, ``retry``, ``network``, ... An input may name
+        another job of the graph by its local name: :func:`~flint_client.graph_results`
+        (all its results, one after the other) or :func:`~flint_client.graph_result`
+        (one task's); or a job outside it, with :meth:`Job.results_ref` and
+        :meth:`Job.result_ref`. A task reading results not there yet is ``waiting``; it
+        runs once they have all succeeded, and fails ``upstream_failed`` without running
+        if one fails or is killed.
 
         The driver checks the whole graph (each job as :meth:`submit` is checked, the
         names it reads, no cycle, the tenant's limits summed over its jobs) and stores
@@ -592,9 +609,12 @@ class Job:
     def events(self) -> Iterator[Event]:
         """The job's events as they happen: :class:`~flint_client.JobEvent` first (the
         job now), a :class:`~flint_client.TaskEvent` per task state change,
-        :class:`~flint_client.LaggedEvent` if this reader fell behind, and last
-        :class:`~flint_client.EndEvent`, after which the iterator ends (at once for a
-        job already over)."""
+        :class:`~flint_client.LaggedEvent` if this reader fell behind, an
+        :class:`~flint_client.AdoptedEvent` or :class:`~flint_client.DroppedEvent` for
+        an attempt an executor kept through a driver restart, an
+        :class:`~flint_client.EgressDeniedEvent` for an attempt whose outbound requests
+        were refused, and last :class:`~flint_client.EndEvent`, after which the iterator
+        ends (at once for a job already over)."""
         return self._events(EVENTS_READ_TIMEOUT)
 
     def _events(self, read_timeout: float) -> Generator[Event, None, None]:

@@ -148,11 +148,13 @@ class StorageFull(FlintError):
 class QuotaExceeded(FlintError):
     """429 ``quota_exceeded``: a submission that would take the tenant past one of its
     limits (``max_jobs``, ``max_pending_tasks``, ``max_storage_bytes``,
-    ``max_task_memory_mb``, ``max_task_timeout_ms``, ``max_priority``). The message names
-    the limit, what the tenant holds and what the job would add; nothing was stored.
-    Not retried, unlike :class:`Overloaded`: a limit on what the tenant holds (live
-    jobs, pending tasks, storage) clears only as its own jobs end or its uploads go, and
-    one on the job itself (memory, timeout, priority) never does."""
+    ``max_task_memory_mb``, ``max_task_timeout_ms``, ``max_priority``, and for a job's
+    ``resources.egress`` ``max_egress_requests``, ``max_egress_bytes``,
+    ``max_egress_concurrent``). The message names the limit, what the tenant holds and
+    what the job would add; nothing was stored. Not retried, unlike :class:`Overloaded`:
+    a limit on what the tenant holds (live jobs, pending tasks, storage) clears only as
+    its own jobs end or its uploads go, and one on the job itself (memory, timeout,
+    priority, outbound requests) never does."""
 
 
 class ReplayUnavailable(FlintError):

@@ -32,6 +32,9 @@ __all__ = [
     "TaskView",
     "TaskEvent",
     "LaggedEvent",
+    "AdoptedEvent",
+    "DroppedEvent",
+    "EgressDeniedEvent",
     "JobEvent",
     "EndEvent",
     "UnknownEvent",
@@ -119,6 +122,10 @@ class Usage:
     ``peak_memory_bytes`` the most linear memory the guest held (a sum's is the largest
     of any one attempt, not a sum); ``input_bytes`` its stdin, ``output_bytes`` what it
     wrote to stdout, ``fetched_bytes`` what the executor downloaded to get it ready.
+    ``egress_requests`` counts its outbound HTTP requests (a job given ``network``; each
+    redirect hop is one, a request the allow-lists refused is not), ``egress_bytes_sent``
+    and ``egress_bytes_received`` their bytes (method, URL, headers and body one way,
+    headers and body the other); 0 for other jobs and from a driver older than egress.
     ``fuel`` is its wasm work in wasmtime fuel (about one unit per instruction), counted
     only on executors started with ``--fuel`` (where a job with ``accounting="exact"``
     runs), ``None`` elsewhere.
@@ -131,6 +138,9 @@ class Usage:
     input_bytes: int = 0
     output_bytes: int = 0
     fetched_bytes: int = 0
+    egress_requests: int = 0
+    egress_bytes_sent: int = 0
+    egress_bytes_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,15 +198,32 @@ class ResultInfo:
 
 
 @dataclass(frozen=True)
+class EgressPin:
+    """One outbound request of a deterministic attempt and what it got
+    (``EgressPinView``): ``method`` and ``url`` as sent, the SHA-256 of its body
+    (``request_sha256``), the response's ``status`` (0 when the guest was given an error
+    instead: refused at connect, cut, timed out, reset) and the SHA-256 of its record
+    (``response``), which ``flint replay`` serves again."""
+
+    method: str = ""
+    url: str = ""
+    request_sha256: str = ""
+    status: int = 0
+    response: str = ""
+
+
+@dataclass(frozen=True)
 class Pins:
     """What an attempt of a deterministic job ran, by digest (``PinsView``; each
     ``sha256:<hex>``): its ``module``, the job's ``files`` by name, and the task's whole
-    stdin (``input``), URLs resolved to the bytes the executor fetched. Two attempts
-    with the same pins and seed saw the same bytes."""
+    stdin (``input``), URLs resolved to the bytes the executor fetched, and its outbound
+    requests in the order the guest made them with what each got (``egress``, a job
+    with ``network``). Two attempts with the same pins and seed saw the same bytes."""
 
     module: str = ""
     files: Dict[str, str] = field(default_factory=dict)
     input: str = ""
+    egress: List[EgressPin] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -320,6 +347,22 @@ class DroppedEvent:
 
 
 @dataclass(frozen=True)
+class EgressDeniedEvent:
+    """An ``egress_denied`` event: outbound requests of an attempt that its executor
+    refused (``EgressDenial``), sent when the attempt ends. ``denied`` holds the first
+    refusals (at most 8), in order, each naming the URL and the rule that refused it
+    (the job's ``network``, the tenant's ``egress_allow``, the operator's
+    ``--egress-allow``, an address or a header). The guest got an error for each and
+    the attempt went on: its outcome is in the ``task`` event that follows."""
+
+    event: ClassVar[str] = "egress_denied"
+    index: int
+    attempt: int = 0
+    executor: str = ""
+    denied: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class JobEvent:
     """A ``job`` event, the first of a stream: the job as it was when the stream began."""
 
@@ -345,7 +388,7 @@ class UnknownEvent:
 
 #: Anything :meth:`flint_client.Job.events` yields.
 Event = Union[
-    JobEvent, TaskEvent, LaggedEvent, EndEvent, AdoptedEvent, DroppedEvent, UnknownEvent
+    JobEvent, TaskEvent, LaggedEvent, EndEvent, AdoptedEvent, DroppedEvent, EgressDeniedEvent, UnknownEvent
 ]
 
 
@@ -544,7 +587,9 @@ class TenantUsage:
     Used since the driver started (kept in its memory: a restart counts afresh):
     ``attempts`` that reported their end, ``tasks_succeeded``, and their
     ``cpu_seconds``, ``wall_seconds`` (guest run time) and ``output_bytes`` (results),
-    summed. The admin's own is under the name ``admin``.
+    summed, and their outbound HTTP: ``egress_requests``, ``egress_bytes_sent`` and
+    ``egress_bytes_received`` (0 from a driver older than egress). The admin's own is
+    under the name ``admin``.
     """
 
     tenant: str
@@ -558,6 +603,9 @@ class TenantUsage:
     cpu_seconds: float = 0.0
     wall_seconds: float = 0.0
     output_bytes: int = 0
+    egress_requests: int = 0
+    egress_bytes_sent: int = 0
+    egress_bytes_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -597,6 +645,34 @@ ReplayInputPart = Union[InlinePart, ReplaySource]
 
 
 @dataclass(frozen=True)
+class ReplayNetwork:
+    """The ``network`` a job's attempts ran under, in a :class:`ReplayBundle`: the job's
+    ``allow`` list, its tenant's (``tenant_allow``, ``None`` for the admin's jobs) and
+    the per-attempt limits. A replay judges the guest's requests by it again."""
+
+    allow: List[str] = field(default_factory=list)
+    tenant_allow: Optional[List[str]] = None
+    max_requests: int = 0
+    max_bytes: int = 0
+    max_concurrent: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayEgress:
+    """One recorded request of the attempt in a :class:`ReplayBundle`: as
+    :class:`EgressPin`, with where its record lies on ``egress_tape`` (``offset`` and
+    ``len`` bytes, hashing to ``response_sha256``)."""
+
+    method: str = ""
+    url: str = ""
+    request_sha256: str = ""
+    status: int = 0
+    response_sha256: str = ""
+    offset: int = 0
+    len: int = 0
+
+
+@dataclass(frozen=True)
 class ReplayBundle:
     """``GET /v1/jobs/{id}/tasks/{index}/replay``: what one attempt of a task ran with
     and how it ended, for running it again (``flint replay JOB TASK`` does, locally, in
@@ -614,7 +690,9 @@ class ReplayBundle:
     with. ``outcome`` is how it ended (``succeeded``, a failure kind, ``lost``,
     ``preempted``; ``None`` while it runs); ``error``, ``log_sha256`` and ``result_sha256`` are recorded only
     for the attempt that decided the task (its last), ``result_sha256`` only when it
-    succeeded.
+    succeeded. ``network`` is the job's grant (``None``: no network); ``egress`` the
+    attempt's recorded requests in order and ``egress_tape`` where their responses are
+    (``None`` when it made none, or ran where no block store could keep them).
     """
 
     job: str
@@ -638,6 +716,9 @@ class ReplayBundle:
     error: Optional[ErrorBody] = None
     log_sha256: Optional[str] = None
     result_sha256: Optional[str] = None
+    network: Optional[ReplayNetwork] = None
+    egress: List[ReplayEgress] = field(default_factory=list)
+    egress_tape: Optional[ReplaySource] = None
 
 
 @dataclass(frozen=True)
@@ -734,11 +815,15 @@ SCHEMAS: Dict[type, str] = {
     JobView: "JobView",
     ResultInfo: "ResultInfo",
     Pins: "PinsView",
+    EgressPin: "EgressPinView",
     TaskAttempt: "TaskAttemptView",
     MemoSource: "MemoSource",
     TaskView: "TaskView",
     TaskEvent: "TaskEvent",
     LaggedEvent: "LaggedEvent",
+    AdoptedEvent: "AttemptNote",
+    DroppedEvent: "AttemptNote",
+    EgressDeniedEvent: "EgressDenial",
     ExecutorView: "ExecutorView",
     AllocationView: "AllocationView",
     ExecutorList: "ExecutorList",
@@ -751,6 +836,8 @@ SCHEMAS: Dict[type, str] = {
     TenantUsage: "TenantUsage",
     ReplayBundle: "ReplayBundle",
     ReplaySource: "ReplaySource",
+    ReplayNetwork: "ReplayNetwork",
+    ReplayEgress: "ReplayEgress",
     GraphCreated: "GraphCreated",
     GraphView: "GraphView",
     GraphJobView: "GraphJobView",

@@ -28,10 +28,12 @@ __all__ = [
     "graph_result",
     "graph_results",
     "Resources",
+    "EgressLimits",
     "Escalate",
     "Task",
     "Input",
     "encode_input",
+    "encode_network",
     "encode_resources",
     "encode_retry",
     "encode_task",
@@ -121,20 +123,46 @@ def graph_results(job: str, tasks: Optional[Sequence[int]] = None) -> ResultsRef
 
 
 @dataclass(frozen=True)
+class EgressLimits:
+    """How much outbound HTTP each attempt of a job given ``network`` may make
+    (``Resources(egress=...)``, the API's ``resources.egress``); ``None`` leaves the
+    driver's default: ``max_requests`` 100 (each redirect hop followed is one),
+    ``max_bytes`` 16 MiB sent and received together (method, URL, headers and bodies),
+    ``max_concurrent`` 4 requests in flight. A tenant's own maxima (its
+    ``max_egress_*`` limits) bring the defaults down to them, and a job asking for more
+    is refused (:class:`~flint_client.QuotaExceeded`). Each is at least 1. Past one, the
+    guest's request fails with an error naming it, and the guest decides what follows:
+    the task does not fail for it."""
+
+    max_requests: Optional[int] = None
+    max_bytes: Optional[int] = None
+    max_concurrent: Optional[int] = None
+
+    def as_json(self) -> Dict[str, Any]:
+        """The JSON form (``EgressSpec``), without the fields left to their defaults."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Resources:
     """What each task of a job may use; ``None`` leaves the driver's default (README,
     "Limits and defaults"): 1 core, 256 MiB, 60 s per attempt, 1 GiB of result, no fuel
-    budget."""
+    budget, and for a job given ``network`` the :class:`EgressLimits` defaults."""
 
     cores: Optional[int] = None
     memory_mb: Optional[int] = None
     timeout_ms: Optional[int] = None
     max_output_bytes: Optional[int] = None
     fuel: Optional[int] = None
+    egress: Optional[EgressLimits] = None
 
     def as_json(self) -> Dict[str, Any]:
-        """The JSON form, without the fields left to their defaults."""
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        """The JSON form, without the fields left to their defaults (an ``egress`` of
+        nothing but defaults left out too)."""
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "egress"}
+        if self.egress is not None and self.egress.as_json():
+            out["egress"] = self.egress.as_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -201,8 +229,22 @@ def encode_resources(value: Union[Resources, Mapping[str, Any], None]) -> Option
     if isinstance(value, Resources):
         return value.as_json()
     if isinstance(value, Mapping):
-        return {k: v for k, v in value.items() if v is not None}
+        out = {k: v for k, v in value.items() if v is not None}
+        if isinstance(out.get("egress"), EgressLimits):
+            out["egress"] = out["egress"].as_json()
+        return out
     raise TypeError(f"resources is a Resources or a dict, not {type(value).__name__}")
+
+
+def encode_network(value: Optional[Sequence[str]]) -> Optional[Dict[str, Any]]:
+    """The JSON form of a job's ``network`` (``NetworkSpec``) from its allow-list of
+    origins: ``{"allow": [...]}``; ``None`` when none is given. The list is sent as it
+    is (an empty one too): the driver judges it against its ceilings."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        raise TypeError('network is the list of origins the tasks may call (["https://api.example.com"]), not a dict')
+    return {"allow": as_list(value, "network")}
 
 
 def encode_retry(value: Union[Escalate, Mapping[str, Any], None]) -> Optional[Dict[str, Any]]:
@@ -261,6 +303,7 @@ SCHEMAS: Dict[type, str] = {
     ResultRef: "ResultRef",
     ResultsRef: "ResultsRef",
     Resources: "ResourcesSpec",
+    EgressLimits: "EgressSpec",
     Escalate: "EscalateSpec",
     Task: "TaskSpec",
 }
