@@ -54,8 +54,11 @@ impl EgressClient {
     /// With the answers of `lookup` in place of the system's resolver (tests script
     /// them to rebind a name).
     pub(crate) fn with_lookup(lookup: Arc<dyn Lookup>) -> io::Result<Arc<EgressClient>> {
+        // One worker: a request's work is a few microseconds between waits, and a second
+        // worker only stole tasks across cores (0.28x of a native client's rate in `flint
+        // bench --egress` with two, 0.32x with one, on 2 cores).
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(1)
             .thread_name("flint-egress")
             .enable_all()
             .build()?;
