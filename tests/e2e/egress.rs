@@ -4,12 +4,14 @@
 //! server exactly as sent, counted in bytes in every view of `usage`. The three layers
 //! at submit and per request in `egress/layers.rs`, the per-task limits, deadline and
 //! kill in `egress/limits.rs`, hostile URLs and internal names in `egress/hostile.rs`,
-//! recorded responses and `flint replay` in `egress/replay.rs`.
+//! recorded responses and `flint replay` in `egress/replay.rs`, a component's requests
+//! through wasi-http in `egress/components.rs`.
 //!
 //! Guests are testkit's `http-*` commands (guest-examples/testkit/src/egress.rs): a
 //! response is a line `status=<code> bytes=<n> sha256=<hex>` and then its body when
 //! short text; a failed request is a line `error: <kind>: <message>`.
 
+mod components;
 mod hostile;
 mod layers;
 mod limits;
@@ -171,12 +173,25 @@ fn without_egress_allow_a_network_job_is_refused_and_a_guests_request_is_denied_
     assert_eq!(server.connections(), 0, "a denied request never connects");
 }
 
-#[test]
-fn with_an_allow_list_a_p1_guest_gets_and_posts_and_usage_counts_exactly_the_bytes() {
+/// A GET and a POST by `guest` (testkit as a module or a component) against a server
+/// that logs them, each a job on a cluster allowing its origin: both answered right, and
+/// the server saw exactly those two requests, for the origin it is.
+struct GetAndPost {
+    server: Origin,
+    cluster: DevCluster,
+    get: Value,
+    post: Value,
+    get_task: Value,
+    post_task: Value,
+    log: Vec<Logged>,
+    sent: &'static str,
+}
+
+fn get_and_post(guest: &std::path::Path) -> GetAndPost {
     let page = b"hello from the origin".to_vec();
     let server = Origin::start(&[("/get", Reply::Body(page.clone())), ("/echo", Reply::Echo)]);
     let cluster = cluster(&[&server.origin]);
-    let module = cluster.upload(&guests().testkit);
+    let module = cluster.upload(guest);
     let allow = [server.origin.as_str()];
 
     let get = cluster.run_job(job(&module, &["http-get", &server.url("/get")], "", &allow));
@@ -194,7 +209,6 @@ fn with_an_allow_list_a_p1_guest_gets_and_posts_and_usage_counts_exactly_the_byt
     let (text, post_task) = succeeded(&cluster, &post);
     assert_eq!(text, response_line(200, sent.as_bytes()) + sent);
 
-    // The server saw exactly these two requests, for the origin it is.
     let log = server.log();
     let seen: Vec<(&str, &str, &[u8])> = log
         .iter()
@@ -212,6 +226,30 @@ fn with_an_allow_list_a_p1_guest_gets_and_posts_and_usage_counts_exactly_the_byt
         assert_eq!(request.host.as_deref(), Some(authority), "{request:?}");
     }
     assert_eq!(server.connections(), 2);
+    GetAndPost {
+        server,
+        cluster,
+        get,
+        post,
+        get_task,
+        post_task,
+        log,
+        sent,
+    }
+}
+
+#[test]
+fn with_an_allow_list_a_p1_guest_gets_and_posts_and_usage_counts_exactly_the_bytes() {
+    let GetAndPost {
+        server,
+        cluster,
+        get,
+        post,
+        get_task,
+        post_task,
+        log,
+        ..
+    } = get_and_post(&guests().testkit);
 
     // Each attempt counts its request's bytes, and the job and the totals sum them.
     let mut totals = (0, 0);
