@@ -110,6 +110,13 @@ pub async fn run(
     if driver.config.stop_executors_on_exit {
         driver.shutdown_executors();
         driver.cluster.workers.shutdown();
+        // The Shutdown is only queued: wait for the executors to take it and hang up.
+        // A process that exits first drops the connections with the message unsent (seen
+        // on a loaded machine: the executor then reconnects for its whole grace).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while driver.linked_executors() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     stop.cancel();
     reviver.abort();

@@ -396,4 +396,9 @@ impl Driver {
             let _ = link.outbox.send(DriverMessage::Shutdown);
         }
     }
+
+    /// Executors connected now (their connection ends when they hang up).
+    pub fn linked_executors(&self) -> usize {
+        self.lock().links.len()
+    }
 }
