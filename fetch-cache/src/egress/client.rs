@@ -1,16 +1,20 @@
-//! The executor's one egress client: a pooled reqwest client on a runtime of its own.
+//! The executor's one egress client: a pooled reqwest client on a runtime of its own,
+//! and one pool per thread for requests sent on the caller's runtime (`inline.rs`).
 //!
 //! Why a runtime of its own: a pooled hyper connection is driven by a task on the
 //! runtime that opened it. Opened from a task thread's current_thread runtime, it would
 //! run only while that thread sat in `block_on`, and another task's request reusing it
 //! would stall; opened on the executor's backend runtime, heartbeats would queue behind
-//! guests' downloads. So every request is spawned here, and the caller only awaits its
-//! handle, from whatever runtime it is on.
+//! guests' downloads. So a request [`EgressClient::send_within`] is spawned here, and the
+//! caller only awaits its handle, from whatever runtime it is on. A caller that keeps to
+//! one thread and runs its runtime after a dropped request ([`super::close_abandoned`])
+//! sends with [`EgressClient::send_here`] instead, without the two hand-offs.
 
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -18,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::budget::ByteBudget;
 use super::exchange::{EgressError, EgressRequest, EgressResponse, exchange, prepare};
+use super::inline;
 use super::policy::EgressPolicy;
 use super::resolver::{GuardedResolver, Lookup, SystemLookup};
 
@@ -30,6 +35,8 @@ const IDLE_PER_HOST: usize = 32;
 /// back to the guest), DNS answers checked by a resolver that refuses special-purpose addresses
 /// the operator did not list exactly (so the check is at connect time, after resolution).
 pub struct EgressClient {
+    /// Which client a thread's pool belongs to (`inline.rs`): unique in the process.
+    id: u64,
     /// `None` only while dropping: a runtime dropped inside another runtime panics, so
     /// it is shut down in the background instead.
     runtime: Option<tokio::runtime::Runtime>,
@@ -62,7 +69,9 @@ impl EgressClient {
             .thread_name("flint-egress")
             .enable_all()
             .build()?;
+        static CLIENTS: AtomicU64 = AtomicU64::new(0);
         Ok(Arc::new(EgressClient {
+            id: CLIENTS.fetch_add(1, Ordering::Relaxed),
             runtime: Some(runtime),
             lookup,
             pool: Mutex::new(None),
@@ -107,25 +116,31 @@ impl EgressClient {
         }
     }
 
+    /// [`EgressClient::send_within`] on the caller's own runtime, with the calling
+    /// thread's pool: no hand-off to the client's runtime and back. Dropping the future
+    /// aborts the request, but its connection is closed only when the caller's runtime
+    /// next runs: a caller on a current_thread runtime awaits
+    /// [`super::close_abandoned`] after dropping one (what `inline.rs` says).
+    pub async fn send_here(
+        &self,
+        policy: &EgressPolicy,
+        request: EgressRequest,
+        budget: Arc<ByteBudget>,
+    ) -> Result<EgressResponse, EgressError> {
+        let prepared = prepare(policy, request, budget)?;
+        let client = inline::client(self.id, policy.operator_addresses(), |exact| {
+            self.build(exact, inline::IDLE_PER_HOST)
+        })?;
+        inline::exchange_here(client, prepared).await
+    }
+
     fn client_for(&self, exact: Vec<IpAddr>) -> Result<reqwest::Client, EgressError> {
         let mut pool = self.pool.lock().expect("egress pool lock poisoned");
         if let Some(pool) = pool.as_ref().filter(|pool| *pool.exact == *exact) {
             return Ok(pool.client.clone());
         }
         let exact: Arc<[IpAddr]> = exact.into();
-        let resolver = GuardedResolver::new(self.lookup.clone(), exact.clone());
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(resolver))
-            .pool_max_idle_per_host(IDLE_PER_HOST)
-            .build()
-            .map_err(|e| {
-                EgressError::Io(
-                    format!("building the egress client: {e}"),
-                    Default::default(),
-                )
-            })?;
+        let client = self.build(exact.clone(), IDLE_PER_HOST)?;
         // Replaced, not kept beside: requests in flight hold their own handle on the old
         // one, and its idle connections close with it.
         *pool = Some(Pool {
@@ -133,6 +148,28 @@ impl EgressClient {
             client: client.clone(),
         });
         Ok(client)
+    }
+
+    /// A reqwest client whose resolver lets through the special-purpose addresses in
+    /// `exact` only, with no proxy and no redirects.
+    fn build(
+        &self,
+        exact: Arc<[IpAddr]>,
+        idle_per_host: usize,
+    ) -> Result<reqwest::Client, EgressError> {
+        let resolver = GuardedResolver::new(self.lookup.clone(), exact);
+        reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(resolver))
+            .pool_max_idle_per_host(idle_per_host)
+            .build()
+            .map_err(|e| {
+                EgressError::Io(
+                    format!("building the egress client: {e}"),
+                    Default::default(),
+                )
+            })
     }
 }
 

@@ -14,11 +14,13 @@
 //!   (as `url` parsed it: `0x7f.1` is 127.0.0.1), a name by the resolver at connect, so
 //!   no DNS answer, first or later, leads elsewhere.
 //! - **Client** ([`EgressClient`], `client.rs`, `exchange.rs`): one per executor, pooled,
-//!   on its own runtime; no proxy from the environment, no cookies, redirects returned
-//!   to the guest (each hop is a new request, judged in full); request and response
-//!   bytes counted against the caller's `max_bytes`, a body cut at the cap. A task's
-//!   requests in flight at once share one [`ByteBudget`] (`budget.rs`), so that they
-//!   stay within its `max_bytes` together.
+//!   on its own runtime, or on the caller's with a pool per thread (`inline.rs`, what a
+//!   task thread uses, [`close_abandoned`] run after a stop); no proxy from the
+//!   environment, no cookies, redirects returned to the guest (each hop is a new
+//!   request, judged in full); request and response bytes counted against the
+//!   caller's `max_bytes`, a body cut at the cap. A task's requests in flight at once
+//!   share one [`ByteBudget`] (`budget.rs`), so that they stay within its `max_bytes`
+//!   together.
 //!
 //! Invariant: nothing leaves the host for a request `judge` refused, and no connection
 //! is made to an address the resolver refused.
@@ -26,6 +28,7 @@
 mod budget;
 mod client;
 mod exchange;
+mod inline;
 mod policy;
 mod resolver;
 mod rules;
@@ -35,5 +38,6 @@ mod tests;
 pub use budget::ByteBudget;
 pub use client::EgressClient;
 pub use exchange::{EgressError, EgressRequest, EgressResponse, WireBytes};
+pub use inline::close_abandoned;
 pub use policy::{EgressPolicy, EgressRefusal, Layer, RequestLine};
 pub use rules::AllowList;

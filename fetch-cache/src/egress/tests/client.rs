@@ -20,14 +20,14 @@ use crate::egress::{EgressClient, EgressError, EgressPolicy, EgressRefusal, Egre
 
 /// A server counting connections and requests: `/hello`, `/echo` (POST: the body back),
 /// `/redirect` (302 to `/landing`), `/chunked/{n}` (n chunks of 1,000 bytes, no length).
-struct Server {
-    addr: SocketAddr,
+pub(super) struct Server {
+    pub(super) addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
 }
 
 impl Server {
-    fn start() -> Server {
+    pub(super) fn start() -> Server {
         let requests = Arc::new(AtomicUsize::new(0));
         let counted = requests.clone();
         let app = Router::new()
@@ -83,17 +83,17 @@ impl Server {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
     /// Operator and job both listing this server's origin.
-    fn policy(&self) -> EgressPolicy {
+    pub(super) fn policy(&self) -> EgressPolicy {
         let origin = format!("http://{}", self.addr);
         policy(&[&origin], None, &[&origin])
     }
 
-    fn counts(&self) -> (usize, usize) {
+    pub(super) fn counts(&self) -> (usize, usize) {
         (
             self.connections.load(Ordering::SeqCst),
             self.requests.load(Ordering::SeqCst),
@@ -101,7 +101,7 @@ impl Server {
     }
 }
 
-fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> EgressRequest {
+pub(super) fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> EgressRequest {
     EgressRequest {
         method: method.to_owned(),
         url: url.to_owned(),
@@ -113,7 +113,7 @@ fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> Eg
     }
 }
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
 #[tokio::test]
 async fn get_and_post_reach_the_server_and_their_bytes_are_counted() {

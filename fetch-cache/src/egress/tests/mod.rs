@@ -3,6 +3,7 @@
 //! the connection itself).
 
 mod client;
+mod inline;
 mod policy;
 mod resolver;
 mod rules;
