@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flint_fetch_cache::egress::close_abandoned;
 use flint_protocol::{FailureKind, TaskFailure, Usage};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, StoreLimitsBuilder};
@@ -146,7 +147,13 @@ impl Sandbox {
                     let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
                     start.call_async(&mut store, ()).await
                 };
-                let ended = on_task_runtime(bounded(call, deadline, kill));
+                let ended = on_task_runtime(async {
+                    let ended = bounded(call, deadline, kill).await;
+                    // A request the race dropped left its connection to this runtime,
+                    // which runs again only at the thread's next task.
+                    close_abandoned().await;
+                    ended
+                });
                 (ended, Spent::of(&mut store, metered))
             }
             Compiled::Component(pre) => {
@@ -177,6 +184,11 @@ async fn run_component(
     kill: &Kill,
     metered: bool,
 ) -> (Ended, Spent) {
+    // What outlives attempts on this runtime: the connections that modules' requests
+    // left in the thread's pool (`Call::run_here`), idle; a component's are the client's.
+    let before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     let call = async {
         let command = pre.instantiate_async(&mut store).await?;
         // `run` returning its error variant is how a component's main fails.
@@ -189,19 +201,20 @@ async fn run_component(
     let ended = bounded(call, deadline, kill).await;
     let spent = Spent::of(&mut store, metered);
     drop(store);
-    run_aborted().await;
+    run_aborted(before).await;
     (ended, spent)
 }
 
 /// Lets this runtime run the tasks a store's drop aborted. A turn of the runtime runs a
-/// bounded number of tasks, so it takes turns until none is left, or a number of them
-/// enough for far more requests than a task may have in flight: a task that outlives
-/// its store would be a bug to find, not a reason to hold the thread.
-async fn run_aborted() {
+/// bounded number of tasks, so it takes turns until no more are left than the `before`
+/// the attempt (the thread's idle pooled connections, which only close during it), or a
+/// number of them enough for far more requests than a task may have in flight: a task
+/// that outlives its store would be a bug to find, not a reason to hold the thread.
+async fn run_aborted(before: usize) {
     const TURNS: usize = 64;
     let metrics = tokio::runtime::Handle::current().metrics();
     for _ in 0..TURNS {
-        if metrics.num_alive_tasks() == 0 {
+        if metrics.num_alive_tasks() <= before {
             return;
         }
         tokio::task::yield_now().await;

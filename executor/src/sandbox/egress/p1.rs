@@ -34,12 +34,16 @@
 //! its deadline and kill (`stop::bounded`): its `http_send` is async and is dropped with
 //! the guest. Every other module runs synchronously, outside the task thread's runtime,
 //! where no outer race reaches: its `http_send` runs the request on that runtime itself,
-//! raced the same way, and stops the guest with [`Stopped`]. Giving a linker the other
+//! raced the same way, and stops the guest with [`Stopped`]. Either way the request is
+//! sent from the task thread's runtime with the thread's own pool (`Call::run_here`),
+//! and a stopped one's connection is closed by running that runtime once more
+//! (`close_abandoned`) before the thread goes idle. Giving a linker the other
 //! one would block the runtime that must notice the kill (sync in async), or call an
 //! async function synchronously.
 
 use std::time::Instant;
 
+use flint_fetch_cache::egress::close_abandoned;
 use wasmtime::{Caller, Linker};
 
 use super::request::{Answered, Exchanged, Prepared};
@@ -81,7 +85,13 @@ pub(in crate::sandbox) fn add_to_linker_sync(
             } = prepared;
             let exchanged = match stop_now(deadline, &kill) {
                 Some(stop) => Err(stop),
-                None => on_task_runtime(raced(call.run(), deadline, &kill)),
+                None => on_task_runtime(async {
+                    let exchanged = raced(call.run_here(), deadline, &kill).await;
+                    // A stopped request's connection is this runtime's to close, and
+                    // it runs again only at the thread's next task.
+                    close_abandoned().await;
+                    exchanged
+                }),
             };
             match exchanged {
                 Ok(exchanged) => finish(&mut caller, &what, exchanged, out_ptr),
@@ -114,7 +124,9 @@ pub(in crate::sandbox) fn add_to_linker_async(
                 if let Some(stop) = stop_now(prepared.deadline, &prepared.kill) {
                     return Err(wasmtime::Error::new(Stopped(stop)));
                 }
-                let exchanged = prepared.call.run().await;
+                // Dropped with the guest by the race; the attempt then closes what it
+                // left (`close_abandoned` in `Sandbox::call`).
+                let exchanged = prepared.call.run_here().await;
                 finish(&mut caller, &prepared.what, exchanged, out_ptr)
             })
         },

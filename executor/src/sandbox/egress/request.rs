@@ -48,6 +48,13 @@ struct Live {
     slot: Option<usize>,
 }
 
+/// Where a live request is sent from.
+#[derive(Clone, Copy)]
+enum Via {
+    ClientRuntime,
+    ThisThread,
+}
+
 /// How a sent request ended, and where it is recorded.
 pub(super) struct Exchanged {
     outcome: Outcome,
@@ -88,9 +95,23 @@ impl Call {
         }
     }
 
-    /// Sends the request (or takes a replay's answer); dropping the future drops the
-    /// request with it (the client aborts it and closes its connection).
+    /// Sends the request on the client's runtime (or takes a replay's answer); dropping
+    /// the future drops the request with it (the client aborts it and closes its
+    /// connection).
     pub async fn run(self) -> Exchanged {
+        self.run_via(Via::ClientRuntime).await
+    }
+
+    /// [`Call::run`] on this task thread's runtime, with the thread's own pool: for a
+    /// guest that waits for its request, the two hand-offs to the client's runtime and
+    /// back are most of a loopback request's time. A request dropped before its end
+    /// leaves its connection to this runtime: whoever stops it then runs
+    /// [`close_abandoned`](flint_fetch_cache::egress::close_abandoned).
+    pub async fn run_here(self) -> Exchanged {
+        self.run_via(Via::ThisThread).await
+    }
+
+    async fn run_via(self, via: Via) -> Exchanged {
         let live = match self.0 {
             Calling::Replayed(outcome) => {
                 return Exchanged {
@@ -109,7 +130,12 @@ impl Call {
             what,
             slot,
         } = live;
-        let send = client.send_within(&policy, request, budget);
+        let send = async {
+            match via {
+                Via::ClientRuntime => client.send_within(&policy, request, budget).await,
+                Via::ThisThread => client.send_here(&policy, request, budget).await,
+            }
+        };
         let sent = match timeout {
             None => send.await,
             Some(timeout) => match tokio::time::timeout(timeout, send).await {

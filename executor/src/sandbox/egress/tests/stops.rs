@@ -10,6 +10,9 @@ use super::*;
 /// How far past its deadline or kill an attempt blocked in a request may end.
 const PROMPT: Duration = Duration::from_millis(100);
 
+/// How long a watched attempt's thread stays idle after it: well past [`PROMPT`].
+const IDLE_AFTER: Duration = Duration::from_secs(2);
+
 #[test]
 fn a_request_past_its_own_timeout_ms_is_timeout_and_the_guest_goes_on() {
     for path in PATHS {
@@ -37,7 +40,10 @@ fn a_request_past_its_own_timeout_ms_is_timeout_and_the_guest_goes_on() {
 }
 
 /// Runs `ops` on a thread of its own, so that a guest that is never stopped fails the
-/// test instead of hanging it. The report, and when the run started and ended.
+/// test instead of hanging it. The report, and when the run started and ended. The
+/// thread then stays idle a while, as an executor's task thread does between tasks: its
+/// exit would drop its runtime, closing what a stopped request left open on it however
+/// the attempt ended, and hide a connection the attempt itself failed to close.
 fn run_watched(
     ops: Vec<Op>,
     path: Path,
@@ -54,6 +60,7 @@ fn run_watched(
             let started = Instant::now();
             let report = run(&sandbox, &compiled, path, egress, timeout, kill);
             let _ = done.send((report, started, Instant::now()));
+            std::thread::sleep(IDLE_AFTER);
         })
         .unwrap();
     (report.recv_timeout(timeout + Duration::from_secs(10)))
