@@ -13,6 +13,16 @@ use crate::sandbox::{Egress, EgressLimits, Grant, NoNetwork};
 pub(super) struct Networks {
     operator: Arc<AllowList>,
     client: Mutex<Option<Arc<EgressClient>>>,
+    /// The policy of the last grant's lists: the tasks of a job share them, and parsing
+    /// them for each (URLs, IDNA) was a visible part of a task that makes one request.
+    last: Mutex<Option<Judged>>,
+}
+
+/// A grant's lists and the policy made of them.
+struct Judged {
+    allow: Vec<String>,
+    tenant_allow: Option<Vec<String>>,
+    policy: Arc<EgressPolicy>,
 }
 
 impl Networks {
@@ -20,6 +30,7 @@ impl Networks {
         Networks {
             operator,
             client: Mutex::new(None),
+            last: Mutex::new(None),
         }
     }
 
@@ -32,6 +43,27 @@ impl Networks {
                 false => NoNetwork::Job,
             }));
         };
+        Ok(Egress::Live(Grant {
+            policy: self.policy(grant)?,
+            limits: EgressLimits {
+                max_requests: grant.max_requests,
+                max_bytes: grant.max_bytes,
+                max_concurrent: grant.max_concurrent,
+            },
+            client: self.client()?,
+        }))
+    }
+
+    /// The policy of `grant`'s lists with the operator's: the last grant's if they are
+    /// the same.
+    fn policy(&self, grant: &NetworkGrant) -> Result<Arc<EgressPolicy>, TaskFailure> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(judged) = &*last
+            && judged.allow == grant.allow
+            && judged.tenant_allow == grant.tenant_allow
+        {
+            return Ok(judged.policy.clone());
+        }
         let host = |what: &str, e: &dyn std::fmt::Display| {
             let message = format!("the job's network grant: {what} does not parse: {e}");
             TaskFailure::new(FailureKind::HostError, message)
@@ -41,15 +73,13 @@ impl Networks {
             .map(AllowList::parse)
             .transpose()
             .map_err(|e| host("the tenant's egress_allow", &e))?;
-        Ok(Egress::Live(Grant {
-            policy: Arc::new(EgressPolicy::new(self.operator.clone(), tenant, job)),
-            limits: EgressLimits {
-                max_requests: grant.max_requests,
-                max_bytes: grant.max_bytes,
-                max_concurrent: grant.max_concurrent,
-            },
-            client: self.client()?,
-        }))
+        let policy = Arc::new(EgressPolicy::new(self.operator.clone(), tenant, job));
+        *last = Some(Judged {
+            allow: grant.allow.clone(),
+            tenant_allow: grant.tenant_allow.clone(),
+            policy: policy.clone(),
+        });
+        Ok(policy)
     }
 
     /// The executor's client, made on first use; a failure to make it is not kept, so
@@ -138,5 +168,11 @@ mod tests {
             }
         );
         assert!(Arc::ptr_eq(&first.client, &second.client));
+        assert!(Arc::ptr_eq(&first.policy, &second.policy), "parsed once");
+        let narrower = grant(&["https://api.example.com:8443"], None);
+        let Ok(Egress::Live(third)) = networks.egress(Some(&narrower)) else {
+            panic!("a valid grant is live");
+        };
+        assert!(!Arc::ptr_eq(&first.policy, &third.policy), "other lists");
     }
 }
