@@ -109,7 +109,15 @@ fn main() {
         cli.command,
         Command::Dev(_) | Command::Driver(_) | Command::Executor(_) | Command::Worker(_)
     );
-    init_tracing(if quiet { "warn" } else { "info" });
+    // wasmtime-wasi opens a span on every preview-1 call a guest makes, at `info` (its
+    // `#[instrument]`'s default level), and the log formats its arguments on the task
+    // thread: a per-task cost for spans that nothing of ours logs inside. FLINT_LOG can
+    // still ask for them.
+    init_tracing(if quiet {
+        "warn"
+    } else {
+        "info,wasmtime_wasi=warn"
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
