@@ -101,7 +101,12 @@ impl Server {
     }
 }
 
-pub(super) fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> EgressRequest {
+pub(super) fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> EgressRequest {
     EgressRequest {
         method: method.to_owned(),
         url: url.to_owned(),
