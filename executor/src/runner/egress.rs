@@ -150,12 +150,12 @@ mod tests {
     fn a_grant_carries_its_limits_and_one_client_serves_every_attempt() {
         let operator = AllowList::parse(&["https://api.example.com"]).unwrap();
         let networks = Networks::new(Arc::new(operator));
-        let grant = grant(
+        let wide = grant(
             &["https://api.example.com"],
             Some(&["https://api.example.com"]),
         );
         let (Ok(Egress::Live(first)), Ok(Egress::Live(second))) =
-            (networks.egress(Some(&grant)), networks.egress(Some(&grant)))
+            (networks.egress(Some(&wide)), networks.egress(Some(&wide)))
         else {
             panic!("a valid grant is live");
         };
