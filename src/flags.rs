@@ -13,6 +13,7 @@
 mod allocation;
 mod driver;
 mod executor;
+mod slurm;
 
 use std::time::Duration;
 
@@ -41,7 +42,10 @@ impl DriverCommand {
             ClusterManagerArg::Local => flint_driver::config::ClusterManagerKind::Local,
             ClusterManagerArg::Standalone => flint_driver::config::ClusterManagerKind::Standalone,
             ClusterManagerArg::Kubernetes => flint_driver::config::ClusterManagerKind::Kubernetes,
+            ClusterManagerArg::Slurm => flint_driver::config::ClusterManagerKind::Slurm,
         });
+        allocation.slurm =
+            (a.cluster_manager == Some(ClusterManagerArg::Slurm)).then(|| a.slurm.config());
         allocation.kubernetes = a.kubernetes.config()?;
         if a.cluster_manager == Some(ClusterManagerArg::Kubernetes)
             && allocation.kubernetes.is_none()

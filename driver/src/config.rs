@@ -87,6 +87,8 @@ pub enum ClusterManagerKind {
     Standalone,
     /// Executor pods the driver creates through the Kubernetes API.
     Kubernetes,
+    /// Executor batch jobs the driver submits to Slurm.
+    Slurm,
 }
 
 impl ClusterManagerKind {
@@ -95,6 +97,7 @@ impl ClusterManagerKind {
             ClusterManagerKind::Local => "local",
             ClusterManagerKind::Standalone => "standalone",
             ClusterManagerKind::Kubernetes => "kubernetes",
+            ClusterManagerKind::Slurm => "slurm",
         }
     }
 }
@@ -120,6 +123,9 @@ pub struct AllocationConfig {
     /// A launched executor not registered this long after is killed and counted as a
     /// failure (`--executor-launch-timeout-ms`).
     pub executor_launch_timeout: Duration,
+    /// A launched executor its resource manager has not started this long after is
+    /// given up on, not as a failure (`--executor-pending-timeout-ms`).
+    pub executor_pending_timeout: Duration,
     /// A decommissioned executor still running tasks this long after is stopped, its
     /// attempts killed and run again elsewhere (`--decommission-timeout-ms`).
     pub decommission_timeout: Duration,
@@ -131,6 +137,41 @@ pub struct AllocationConfig {
     pub executor_args: Vec<String>,
     /// The `kubernetes` cluster manager's settings (`--k8s-*`).
     pub kubernetes: Option<KubernetesConfig>,
+    /// The `slurm` cluster manager's settings (`--slurm-*`).
+    pub slurm: Option<SlurmConfig>,
+}
+
+/// Executor batch jobs (`--cluster-manager slurm`).
+#[derive(Clone, Debug)]
+pub struct SlurmConfig {
+    /// `sbatch --partition`, `--account`, `--time` (Slurm's format), when given.
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub time_limit: Option<String>,
+    /// More sbatch arguments, as given.
+    pub extra: Vec<String>,
+    /// The flint binary executor jobs run, on a path the nodes share (default: the
+    /// driver's own).
+    pub flint_path: Option<PathBuf>,
+    /// Executor jobs' scripts, logs and secret file, on a filesystem the nodes share
+    /// (default: the driver's work root).
+    pub work_dir: Option<PathBuf>,
+    /// One squeue call per interval.
+    pub poll_interval: Duration,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        SlurmConfig {
+            partition: None,
+            account: None,
+            time_limit: None,
+            extra: Vec::new(),
+            flint_path: None,
+            work_dir: None,
+            poll_interval: Duration::from_millis(defaults::SLURM_POLL_INTERVAL_MS),
+        }
+    }
 }
 
 /// Executor pods (`--cluster-manager kubernetes`).
@@ -172,11 +213,13 @@ impl Default for AllocationConfig {
                 defaults::EXECUTOR_FAILURES_INTERVAL_MS,
             ),
             executor_launch_timeout: Duration::from_millis(defaults::EXECUTOR_LAUNCH_TIMEOUT_MS),
+            executor_pending_timeout: Duration::from_millis(defaults::EXECUTOR_PENDING_TIMEOUT_MS),
             decommission_timeout: Duration::from_millis(defaults::DECOMMISSION_TIMEOUT_MS),
             dynamic: None,
             executor_binary: None,
             executor_args: Vec::new(),
             kubernetes: None,
+            slurm: None,
         }
     }
 }

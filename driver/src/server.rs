@@ -215,6 +215,7 @@ async fn revive_loop(driver: Arc<Driver>) {
             tracing::warn!(executor = %id, generation, ?timeout, "no heartbeat; executor lost");
             driver.executor_left(&id);
             driver.drop_link(&id, generation);
+            driver.release_lost(&id);
         }
     }
 }

@@ -122,6 +122,14 @@ pub const EXECUTOR_FAILURES_INTERVAL_MS: u64 = 600_000;
 /// counted as a failure (`--executor-launch-timeout-ms`): a process hung before dialling,
 /// a pod that cannot be scheduled.
 pub const EXECUTOR_LAUNCH_TIMEOUT_MS: u64 = 60_000;
+/// A launched executor its resource manager has not started this long after its launch
+/// (a pod unscheduled, a batch job queued, launches refused for now) is given up on,
+/// not counted as a failure, and launched again (`--executor-pending-timeout-ms`): a
+/// cluster autoscaler adding a node takes minutes, a batch queue longer.
+pub const EXECUTOR_PENDING_TIMEOUT_MS: u64 = 600_000;
+/// How often the `slurm` cluster manager asks Slurm about its executor jobs
+/// (`--slurm-poll-interval-ms`): one `squeue` a round, whatever their number.
+pub const SLURM_POLL_INTERVAL_MS: u64 = 2_000;
 /// A decommissioned executor's running tasks get this long to end
 /// (`--decommission-timeout-ms`).
 pub const DECOMMISSION_TIMEOUT_MS: u64 = 120_000;

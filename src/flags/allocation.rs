@@ -13,6 +13,8 @@ pub enum ClusterManagerArg {
     Standalone,
     /// Executor pods the driver creates through the Kubernetes API (--k8s-*).
     Kubernetes,
+    /// Executor batch jobs the driver submits to Slurm with sbatch (--slurm-*).
+    Slurm,
 }
 
 /// Executors the driver launches through a cluster manager.
@@ -58,6 +60,8 @@ pub struct AllocationArgs {
     pub supervision: SupervisionArgs,
     #[command(flatten)]
     pub kubernetes: KubernetesArgs,
+    #[command(flatten)]
+    pub slurm: super::slurm::SlurmArgs,
 }
 
 /// Executor pods, under `--cluster-manager kubernetes`.
@@ -166,11 +170,18 @@ pub struct SupervisionArgs {
     #[arg(long, env = "FLINT_EXECUTOR_FAILURES_INTERVAL_MS", default_value_t = flint_protocol::defaults::EXECUTOR_FAILURES_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub executor_failures_interval_ms: u64,
-    /// A launched executor that has not registered this long after its launch is killed
-    /// and counted as a failure.
+    /// A launched executor that has not registered this long after its launch (or after
+    /// its resource manager started it, when that waited) is killed and counted as a
+    /// failure.
     #[arg(long, env = "FLINT_EXECUTOR_LAUNCH_TIMEOUT_MS", default_value_t = flint_protocol::defaults::EXECUTOR_LAUNCH_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub executor_launch_timeout_ms: u64,
+    /// A launched executor its resource manager has not started this long after its
+    /// launch (a pod pending, a Slurm job queued, launches refused by a quota) is given
+    /// up on and launched again, not counted as a failure.
+    #[arg(long, env = "FLINT_EXECUTOR_PENDING_TIMEOUT_MS", visible_alias = "slurm-pending-timeout-ms", default_value_t = flint_protocol::defaults::EXECUTOR_PENDING_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_pending_timeout_ms: u64,
     /// The program the `local` cluster manager starts executors with, given `executor
     /// --driver-url ...` as its arguments (default: this flint binary); e.g. a wrapper
     /// that sets limits and `exec`s flint.
@@ -184,6 +195,8 @@ impl SupervisionArgs {
         allocation.executor_failures_interval =
             Duration::from_millis(self.executor_failures_interval_ms);
         allocation.executor_launch_timeout = Duration::from_millis(self.executor_launch_timeout_ms);
+        allocation.executor_pending_timeout =
+            Duration::from_millis(self.executor_pending_timeout_ms);
         if let Some(binary) = &self.executor_binary {
             allocation.executor_binary = Some(binary.clone());
         }

@@ -53,6 +53,15 @@ pub struct ExecutorArgs {
     work_dir: Option<PathBuf>,
     #[arg(long, env = "FLINT_CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
+    /// A file holding the cluster secret (its first line), readable by its owner only:
+    /// how a batch scheduler's job gets it without it showing in the job's command line
+    /// or environment (`scontrol show job`, `ps`).
+    #[arg(
+        long,
+        env = "FLINT_CLUSTER_SECRET_FILE",
+        conflicts_with = "cluster_secret"
+    )]
+    cluster_secret_file: Option<PathBuf>,
     /// Largest linear memory of any task here (jobs asking for more get this much).
     #[arg(long, env = "FLINT_MAX_MEMORY_MB", default_value_t = MAX_MEMORY_MB,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -121,7 +130,10 @@ impl ExecutorArgs {
             hostname: self.hostname,
             app_id: self.app_id,
             work_dir,
-            cluster_secret: self.cluster_secret,
+            cluster_secret: match &self.cluster_secret_file {
+                Some(path) => Some(read_secret_file(path)?),
+                None => self.cluster_secret,
+            },
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             reconnect_timeout: Duration::from_millis(self.reconnect_timeout_ms),
             driver_loss_grace: Duration::from_millis(self.driver_loss_grace_ms),
@@ -149,4 +161,27 @@ impl ExecutorArgs {
             },
         })
     }
+}
+
+/// The secret in `path`'s first line. A file others may read is refused, as ssh refuses
+/// such a key: the secret would be anyone's on the node.
+fn read_secret_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| anyhow::anyhow!("--cluster-secret-file {shown}: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "--cluster-secret-file {shown} is readable by others (mode {mode:o}); \
+             it must be readable by its owner only (chmod 600)"
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--cluster-secret-file {shown}: {e}"))?;
+    let secret = text.lines().next().unwrap_or("").trim_end();
+    if secret.is_empty() {
+        anyhow::bail!("--cluster-secret-file {shown} is empty");
+    }
+    Ok(secret.to_owned())
 }

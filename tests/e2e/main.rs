@@ -58,6 +58,7 @@ mod restart;
 mod retention;
 mod s3;
 mod sandbox;
+mod slurm;
 mod standalone;
 mod supervision;
 mod tenants;

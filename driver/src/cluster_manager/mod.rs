@@ -19,7 +19,8 @@
 //!
 //! `local` ([`local::LocalManager`]) starts executor processes on the driver's host;
 //! `standalone` ([`standalone::StandaloneManager`]) has `flint worker`s start them;
-//! `kubernetes` ([`kubernetes::KubernetesManager`]) creates executor pods.
+//! `kubernetes` ([`kubernetes::KubernetesManager`]) creates executor pods; `slurm`
+//! ([`slurm::SlurmManager`]) submits executor batch jobs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub mod allocation;
 pub mod kubernetes;
 pub mod local;
 pub mod runner;
+pub mod slurm;
 pub mod standalone;
 mod supervise;
 pub mod supervisor;
@@ -127,6 +129,14 @@ pub trait ClusterManager: Send + Sync {
     fn pending_reason(&self, _id: &ExecutorId) -> Option<String> {
         None
     }
+    /// Why its resource manager has not started this executor yet (its launch refused
+    /// for now by a quota, a pod not scheduled, a batch job queued), or `None` once it
+    /// has (and always, where launching is starting a process). While it waits, the
+    /// launch timeout does not run: it is back-pressure, given up on without a failure
+    /// after `--executor-pending-timeout-ms`.
+    fn waiting(&self, _id: &ExecutorId) -> Option<String> {
+        None
+    }
 }
 
 /// The configured cluster manager, and the receiver of its events.
@@ -152,6 +162,19 @@ pub async fn start(
                     &driver.config.app_id,
                     &dial,
                     allocation.decommission_timeout,
+                    events,
+                )
+                .await?,
+            )
+        }
+        ClusterManagerKind::Slurm => {
+            let config = allocation.slurm.clone().unwrap_or_default();
+            Arc::new(
+                slurm::SlurmManager::start(
+                    &config,
+                    &driver.config.app_id,
+                    &dial,
+                    &work_root,
                     events,
                 )
                 .await?,

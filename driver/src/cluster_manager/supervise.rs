@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::allocation::{Allocation, AllocationLimits, Demand};
-use super::supervisor::Supervisor;
+use super::supervisor::{Overdue, Supervisor};
 use super::{ClusterManager, ExecutorEvent, LaunchRequest};
 use crate::scheduler::LaunchedBy;
 use crate::service::{AllocationCommand, Driver};
@@ -79,6 +79,15 @@ pub async fn supervise(
                     supervisor.asked_to_stop(&id);
                     manager.kill(&id);
                 }
+                AllocationCommand::Release(id) => {
+                    // Declared lost (no heartbeat): its host may be gone with it, so no
+                    // exit may ever be heard. Released (the pod deleted, the batch job
+                    // cancelled) and replaced now, not counted as its failure.
+                    tracing::warn!(executor = %id, "releasing a lost executor and replacing it");
+                    supervisor.asked_to_stop(&id);
+                    manager.kill(&id);
+                    supervisor.gone(&id, None, Instant::now());
+                }
             },
             () = sleep_until(wake) => {}
             () = tick(dynamic.as_ref().map(|d| d.every)) => {}
@@ -114,19 +123,50 @@ fn launch_due(
     }
 }
 
+/// How often an executor its resource manager has not started is asked about again.
+const RECHECK_PENDING: Duration = Duration::from_secs(1);
+
 /// Kills what was launched and has not registered within the launch timeout, as a
-/// failure that says why (with the manager's reason when it has one).
+/// failure that says why (with the manager's reason when it has one); what its resource
+/// manager has not started yet waits, up to the pending timeout, and is then given up
+/// on without a failure.
 fn kill_overdue(
     driver: &Driver,
     manager: &dyn ClusterManager,
     supervisor: &mut Supervisor,
     now: Instant,
 ) {
-    let timeout = driver.config.allocation.executor_launch_timeout;
+    let allocation = &driver.config.allocation;
+    let timeout = allocation.executor_launch_timeout;
     let started = |id: &ExecutorId| {
         driver.read(|s| (s.executors.get(id)).is_some_and(|e| e.state != ExecutorState::Launching))
     };
-    for id in supervisor.overdue(now, timeout, started) {
+    for Overdue { id, pending_since } in supervisor.overdue(now, timeout, started) {
+        if let Some(waiting) = manager.waiting(&id) {
+            let since = pending_since.unwrap_or_else(|| now.checked_sub(timeout).unwrap_or(now));
+            let until = since + allocation.executor_pending_timeout;
+            if now < until {
+                supervisor.still_pending(&id, since, (now + RECHECK_PENDING).min(until));
+                continue;
+            }
+            // Back-pressure from the resource manager, not the executor's doing: given
+            // up on, not counted, and launched again.
+            let why = format!(
+                "not started by its resource manager within {} ms of its launch \
+                 (--executor-pending-timeout-ms): {waiting}",
+                allocation.executor_pending_timeout.as_millis()
+            );
+            tracing::warn!(executor = %id, why, "giving up on a pending executor");
+            supervisor.asked_to_stop(&id);
+            manager.kill(&id);
+            driver.executor_gone(&id, Some(("pending_timeout", &why)));
+            supervisor.gone(&id, None, now);
+            continue;
+        }
+        if pending_since.is_some() {
+            supervisor.started_late(&id, now);
+            continue;
+        }
         let mut why = format!(
             "did not register within {} ms of its launch (--executor-launch-timeout-ms)",
             timeout.as_millis()

@@ -20,6 +20,42 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const RECHECK_EXPECTED: Duration = Duration::from_secs(1);
 const LATE_HOST: Duration = Duration::from_secs(30);
 
+/// A launched executor not registered yet.
+#[derive(Clone, Copy, Debug)]
+struct Unstarted {
+    /// When it was launched (adopted), or when its resource manager started it after a
+    /// wait: the launch timeout counts from here.
+    since: Instant,
+    /// When to look at it again while its resource manager has not started it (pending in
+    /// a queue, refused for now): set by [`Supervisor::still_pending`].
+    recheck: Option<Instant>,
+    /// When it began waiting for its resource manager, while it waits.
+    pending_since: Option<Instant>,
+}
+
+impl Unstarted {
+    fn at(since: Instant) -> Unstarted {
+        Unstarted {
+            since,
+            recheck: None,
+            pending_since: None,
+        }
+    }
+
+    fn due(&self, timeout: Duration) -> Instant {
+        self.recheck.unwrap_or(self.since + timeout)
+    }
+}
+
+/// A launched executor whose time to register ran out ([`Supervisor::overdue`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overdue {
+    pub id: ExecutorId,
+    /// Since when it has waited for its resource manager, if it was waiting when last
+    /// looked at.
+    pub pending_since: Option<Instant>,
+}
+
 pub struct Supervisor {
     target: u32,
     max_failures: u32,
@@ -27,8 +63,8 @@ pub struct Supervisor {
     next_id: u64,
     /// Launched and not yet exited.
     live: BTreeSet<ExecutorId>,
-    /// Of those, the ones not known to have registered yet, with their launch time.
-    unregistered: HashMap<ExecutorId, Instant>,
+    /// Of those, the ones not known to have registered yet.
+    unregistered: HashMap<ExecutorId, Unstarted>,
     /// Asked by the driver to go (killed, decommissioned): their exits are no failures.
     asked_to_stop: HashSet<ExecutorId>,
     /// Of the live, executors of an earlier driver run expected back (their worker has
@@ -71,7 +107,7 @@ impl Supervisor {
             let id = ExecutorId(format!("exec-{}", self.next_id));
             self.next_id += 1;
             self.live.insert(id.clone());
-            self.unregistered.insert(id.clone(), now);
+            self.unregistered.insert(id.clone(), Unstarted::at(now));
             due.push(id);
         }
         due
@@ -98,7 +134,7 @@ impl Supervisor {
         self.skip_id(id);
         self.expected.remove(id);
         self.live.insert(id.clone());
-        self.unregistered.insert(id.clone(), now);
+        self.unregistered.insert(id.clone(), Unstarted::at(now));
     }
 
     /// The executors expected back that are given up on now: not registered by their
@@ -180,32 +216,70 @@ impl Supervisor {
     }
 
     /// Executors launched more than `timeout` ago that have not registered
-    /// (`registered(id)` says whether one has; those are not asked about again). The
-    /// caller kills them and reports them [`Self::gone`] as failures: a process that
-    /// hangs before dialling, a pod that stays pending.
+    /// (`registered(id)` says whether one has; those are not asked about again), and
+    /// those waiting for their resource manager whose recheck is due. The caller asks
+    /// the manager whether each is still pending ([`Self::still_pending`]), started late
+    /// ([`Self::started_late`]), or else kills it and reports it [`Self::gone`] as a
+    /// failure: a process that hangs before dialling.
     pub fn overdue(
         &mut self,
         now: Instant,
         timeout: Duration,
         registered: impl Fn(&ExecutorId) -> bool,
-    ) -> Vec<ExecutorId> {
+    ) -> Vec<Overdue> {
         self.unregistered.retain(|id, _| !registered(id));
-        let mut late: Vec<ExecutorId> = self
+        let mut late: Vec<Overdue> = self
             .unregistered
             .iter()
-            .filter(|(_, at)| now.saturating_duration_since(**at) >= timeout)
-            .map(|(id, _)| id.clone())
+            .filter(|(_, unstarted)| now >= unstarted.due(timeout))
+            .map(|(id, unstarted)| Overdue {
+                id: id.clone(),
+                pending_since: unstarted.pending_since,
+            })
             .collect();
-        late.sort();
-        for id in &late {
-            self.unregistered.remove(id);
+        late.sort_by(|a, b| a.id.cmp(&b.id));
+        for overdue in &late {
+            self.unregistered.remove(&overdue.id);
         }
         late
     }
 
-    /// When the oldest unregistered executor runs out of time, if any waits.
+    /// Its resource manager has not started this overdue executor yet (a pod pending, a
+    /// batch job queued, a launch refused for now): waiting since `since`, not a
+    /// failure; looked at again at `recheck`.
+    pub fn still_pending(&mut self, id: &ExecutorId, since: Instant, recheck: Instant) {
+        if self.live.contains(id) {
+            self.unregistered.insert(
+                id.clone(),
+                Unstarted {
+                    since,
+                    recheck: Some(recheck),
+                    pending_since: Some(since),
+                },
+            );
+        }
+    }
+
+    /// This overdue executor waited for its resource manager, which has started it
+    /// since: it has the whole launch timeout from `now` to register.
+    pub fn started_late(&mut self, id: &ExecutorId, now: Instant) {
+        if self.live.contains(id) {
+            self.unregistered.insert(id.clone(), Unstarted::at(now));
+        }
+    }
+
+    /// When the next unregistered executor runs out of time or is to be looked at
+    /// again, if any waits.
     pub fn next_overdue(&self, timeout: Duration) -> Option<Instant> {
-        self.unregistered.values().min().map(|at| *at + timeout)
+        self.unregistered.values().map(|u| u.due(timeout)).min()
+    }
+
+    /// Executors launched and waiting for their resource manager to start them.
+    pub fn pending(&self) -> u32 {
+        self.unregistered
+            .values()
+            .filter(|u| u.pending_since.is_some())
+            .count() as u32
     }
 
     /// When the next launch may happen, if one is wanted and waits.
@@ -279,189 +353,5 @@ fn backoff(recent: u32) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ids(v: &[ExecutorId]) -> Vec<&str> {
-        v.iter().map(|i| i.0.as_str()).collect()
-    }
-
-    #[test]
-    fn it_launches_the_target_and_replaces_an_exit_at_once() {
-        let t0 = Instant::now();
-        let mut s = Supervisor::new(2, 4, Duration::from_secs(600), 1);
-        assert_eq!(ids(&s.launches_due(t0)), ["exec-1", "exec-2"]);
-        assert!(s.launches_due(t0).is_empty(), "the target is met");
-        // A clean exit nobody asked for is replaced, not counted.
-        assert_eq!(s.gone(&ExecutorId("exec-1".into()), None, t0), None);
-        assert_eq!(s.recent_failures(t0), 0);
-        assert_eq!(ids(&s.launches_due(t0)), ["exec-3"]);
-        // The first failure is replaced at once too.
-        s.gone(&ExecutorId("exec-2".into()), Some("killed by signal 9"), t0);
-        assert_eq!(s.recent_failures(t0), 1);
-        assert_eq!(ids(&s.launches_due(t0)), ["exec-4"]);
-        // An exit of an id it never launched, or twice, changes nothing.
-        assert_eq!(s.gone(&ExecutorId("exec-2".into()), Some("x"), t0), None);
-        assert_eq!(s.gone(&ExecutorId("other".into()), Some("x"), t0), None);
-        assert_eq!(s.recent_failures(t0), 1);
-    }
-
-    #[test]
-    fn an_executor_that_never_registers_is_overdue_once_after_the_launch_timeout() {
-        let t0 = Instant::now();
-        let timeout = Duration::from_secs(60);
-        let mut s = Supervisor::new(2, 4, Duration::from_secs(600), 1);
-        s.launches_due(t0);
-        assert_eq!(s.next_overdue(timeout), Some(t0 + timeout));
-        let registered = |id: &ExecutorId| id.0 == "exec-1";
-        assert!(s.overdue(t0 + timeout / 2, timeout, registered).is_empty());
-        assert_eq!(
-            ids(&s.overdue(t0 + timeout, timeout, registered)),
-            ["exec-2"]
-        );
-        // Told once; a registered one is never overdue.
-        assert!(s.overdue(t0 + timeout * 3, timeout, |_| false).is_empty());
-        assert_eq!(s.next_overdue(timeout), None);
-        // Reported gone as a failure, it is replaced like any other.
-        let late = ExecutorId("exec-2".into());
-        assert_eq!(s.gone(&late, Some("did not register"), t0 + timeout), None);
-        assert_eq!(s.recent_failures(t0 + timeout), 1);
-        assert_eq!(ids(&s.launches_due(t0 + timeout)), ["exec-3"]);
-        // One that is gone before its time is forgotten.
-        s.gone(&ExecutorId("exec-3".into()), None, t0 + timeout);
-        assert_eq!(s.next_overdue(timeout), None);
-        assert_eq!(ids(&s.launches_due(t0 + timeout)), ["exec-4"]);
-        assert_eq!(s.next_overdue(timeout), Some(t0 + timeout * 2));
-    }
-
-    #[test]
-    fn failures_back_off_then_give_up_at_the_limit() {
-        let t0 = Instant::now();
-        let mut s = Supervisor::new(1, 4, Duration::from_secs(600), 1);
-        let mut now = t0;
-        let mut launched = s.launches_due(now);
-        let mut waits = Vec::new();
-        let mut gave_up = None;
-        for _ in 0..10 {
-            let id = launched.pop().expect("one launched");
-            if let Some(why) = s.gone(&id, Some("exited with code 2: bad command line"), now) {
-                gave_up = Some(why);
-                break;
-            }
-            let wake = s.next_wake(now).unwrap_or(now);
-            waits.push(wake - now);
-            if wake > now {
-                assert!(
-                    s.launches_due(now).is_empty(),
-                    "no launch before the backoff"
-                );
-                assert!(s.launches_due(wake - Duration::from_millis(1)).is_empty());
-            }
-            now = wake;
-            launched = s.launches_due(now);
-            assert_eq!(launched.len(), 1);
-        }
-        assert_eq!(
-            waits,
-            [
-                Duration::ZERO,
-                Duration::from_millis(500),
-                Duration::from_secs(1)
-            ]
-        );
-        let why = gave_up.expect("it gave up");
-        assert!(why.contains("4 failed within 600 s"), "{why}");
-        assert!(why.contains("--max-executor-failures 4"), "{why}");
-        assert!(
-            why.contains("exec-4") && why.contains("bad command line"),
-            "{why}"
-        );
-        assert_eq!(s.gave_up(), Some(why.as_str()));
-        assert!(s.launches_due(now + Duration::from_secs(3600)).is_empty());
-        assert_eq!(s.next_wake(now), None);
-    }
-
-    #[test]
-    fn old_failures_fall_out_of_the_interval_and_asked_exits_do_not_count() {
-        let t0 = Instant::now();
-        let interval = Duration::from_secs(60);
-        let mut s = Supervisor::new(1, 2, interval, 0);
-        let first = s.launches_due(t0).pop().unwrap();
-        s.gone(&first, Some("killed"), t0);
-        let later = t0 + interval + Duration::from_secs(1);
-        assert_eq!(s.recent_failures(later), 0);
-        let second = s.launches_due(later).pop().unwrap();
-        // Killed on the driver's word: a kill, not a failure.
-        s.asked_to_stop(&second);
-        assert_eq!(s.gone(&second, Some("killed by signal 9"), later), None);
-        assert_eq!(s.recent_failures(later), 0);
-        let third = s.launches_due(later).pop().unwrap();
-        assert_eq!(s.gone(&third, Some("killed"), later), None);
-        assert_eq!(s.recent_failures(later), 1);
-        assert!(s.gave_up().is_none());
-    }
-
-    #[test]
-    fn executors_expected_back_are_not_replaced_until_given_up_on() {
-        let t0 = Instant::now();
-        let wait = Duration::from_secs(5);
-        let mut s = Supervisor::new(3, 4, Duration::from_secs(600), 1);
-        let (one, seven) = (ExecutorId("exec-1".into()), ExecutorId("exec-7".into()));
-        s.expect([one.clone(), seven.clone()], t0 + wait);
-        // Only the third place is launched, with an id past theirs.
-        assert_eq!(ids(&s.launches_due(t0)), ["exec-8"]);
-        assert_eq!(s.next_expectation_end(), Some(t0 + wait));
-        // exec-1's worker reports it: adopted, no longer waited for.
-        s.adopted(&one, t0);
-        assert_eq!(s.next_expectation_end(), Some(t0 + wait));
-        assert!(s.expectations_over(t0, |_| false).is_empty());
-        // exec-7 never came back: given up on at the deadline, and its place launched.
-        let over = s.expectations_over(t0 + wait, |_| false);
-        assert_eq!(ids(&over), ["exec-7"]);
-        assert_eq!(s.next_expectation_end(), None);
-        assert_eq!(ids(&s.launches_due(t0 + wait)), ["exec-9"]);
-        // Expected after its adoption (its worker was back first): not waited for.
-        s.expect([one.clone()], t0 + wait);
-        assert_eq!(s.next_expectation_end(), None);
-        // An adopted executor nobody expected is taken, above the target.
-        s.adopted(&ExecutorId("exec-20".into()), t0);
-        assert_eq!(s.staying(), 4);
-        assert_eq!(ids(&s.launches_due(t0 + wait)), Vec::<&str>::new());
-        s.gone(&ExecutorId("exec-20".into()), None, t0 + wait);
-        s.gone(&one, None, t0 + wait);
-        assert_eq!(ids(&s.launches_due(t0 + wait)), ["exec-21"]);
-    }
-
-    #[test]
-    fn an_expected_executor_that_registered_on_its_own_is_waited_for_while_it_stays() {
-        let t0 = Instant::now();
-        let wait = Duration::from_secs(5);
-        let mut s = Supervisor::new(1, 4, Duration::from_secs(600), 1);
-        let one = ExecutorId("exec-1".into());
-        s.expect([one.clone()], t0 + wait);
-        // Registered (its worker has not come back yet): still counted past the wait.
-        assert!(s.expectations_over(t0 + wait, |_| true).is_empty());
-        assert!(s.launches_due(t0 + wait).is_empty());
-        let recheck = s.next_expectation_end().unwrap();
-        assert!(recheck > t0 + wait, "checked again later");
-        // Gone again without its worker reporting it: given up on then.
-        assert_eq!(ids(&s.expectations_over(recheck, |_| false)), ["exec-1"]);
-        assert_eq!(ids(&s.launches_due(recheck)), ["exec-2"]);
-        // One that stays registered and is never reported is given up on at last.
-        let two = ExecutorId("exec-2".into());
-        s.gone(&two, None, recheck);
-        s.expect([one.clone()], t0 + wait);
-        assert!(s.expectations_over(t0 + wait, |_| true).is_empty());
-        let last = t0 + wait + LATE_HOST;
-        assert_eq!(ids(&s.expectations_over(last, |_| true)), ["exec-1"]);
-    }
-
-    #[test]
-    fn the_backoff_doubles_and_stops_at_its_cap() {
-        assert_eq!(backoff(1), Duration::ZERO);
-        assert_eq!(backoff(2), Duration::from_millis(500));
-        assert_eq!(backoff(4), Duration::from_secs(2));
-        assert_eq!(backoff(12), MAX_BACKOFF);
-        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
-    }
-}
+#[path = "supervisor_tests.rs"]
+mod tests;

@@ -21,6 +21,9 @@ use crate::executor_logs::{self, EXECUTOR_LOG_TAIL_BYTES};
 pub enum AllocationCommand {
     /// Kill this executor now; its exit is no failure.
     Kill(ExecutorId),
+    /// It was declared lost (no heartbeat): release it from its resource manager (its
+    /// process killed, its pod deleted, its batch job cancelled) and launch another.
+    Release(ExecutorId),
 }
 
 /// Why an executor cannot be decommissioned or killed.
@@ -274,6 +277,24 @@ impl Driver {
                 self.executor_lost(id, generation, "killed through the API");
                 Ok(())
             }
+        }
+    }
+
+    /// An executor declared lost (no heartbeat): one its cluster manager launched is
+    /// released through it and replaced (Spark's HeartbeatReceiver kills and replaces
+    /// it too), so that a host gone silent holds no pod, batch job or slot for good.
+    pub fn release_lost(&self, id: &ExecutorId) {
+        let managed = self.read(|s| s.executors.get(id).is_some_and(|e| e.launched_by.is_some()));
+        if !managed {
+            return;
+        }
+        let commands = self
+            .cluster
+            .commands
+            .lock()
+            .expect("commands lock poisoned");
+        if let Some(tx) = commands.as_ref() {
+            let _ = tx.send(AllocationCommand::Release(id.clone()));
         }
     }
 

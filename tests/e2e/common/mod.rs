@@ -10,6 +10,7 @@ pub mod kube_sim;
 pub mod netns;
 pub mod origin;
 pub mod process;
+pub mod slurm;
 pub mod sse;
 
 use std::time::{Duration, Instant};
