@@ -178,6 +178,17 @@ impl ModuleCompiler {
         };
         let mut message = String::new();
         let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut message).await;
+        // SIGTERM, SIGINT, SIGHUP come from outside: a batch scheduler or the kubelet
+        // stopping the executor's whole process group, an operator. The module is not at
+        // fault, and failing it so would fail its job for good.
+        if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status)
+            && [libc::SIGTERM, libc::SIGINT, libc::SIGHUP].contains(&signal)
+        {
+            return Err(host(format!(
+                "the compiler was stopped from outside ({status}): the executor's host is \
+                 stopping it"
+            )));
+        }
         match status.code() {
             Some(0) => tokio::fs::read(&out)
                 .await
@@ -349,5 +360,49 @@ mod tests {
         assert_eq!(load(deterministic), Source::Compiled);
         assert_eq!(load(deterministic), Source::DiskCache);
         assert_eq!(load(native), Source::DiskCache);
+    }
+
+    /// A compiler that ends by `signal` (a shell killing itself stands in for it).
+    fn ended_by(signal: &str) -> TaskFailure {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm_path = dir.path().join("module.wasm");
+        std::fs::write(&wasm_path, wat::parse_str(MODULE).unwrap()).unwrap();
+        let digest = Digest::of(&std::fs::read(&wasm_path).unwrap());
+        let config = SandboxConfig {
+            slots: 1,
+            max_memory_bytes: 16 << 20,
+            fuel: false,
+        };
+        let sandbox = Arc::new(Sandbox::new(config).unwrap());
+        let mode = CompilerMode::Subprocess {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), format!("kill -{signal} $$").into()],
+            timeout: Duration::from_secs(10),
+        };
+        let compiler =
+            ModuleCompiler::new(sandbox, config, dir.path().join("artifacts"), mode).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let load = runtime.block_on(compiler.load(digest, &wasm_path, EngineKind::Native));
+        load.err().expect("a killed compiler compiles nothing")
+    }
+
+    #[test]
+    fn a_compiler_stopped_from_outside_is_the_hosts_trouble_and_a_crash_the_modules() {
+        // A batch scheduler's cancel or a pod's termination signals the executor's whole
+        // process group: its job must not fail for good as an invalid module.
+        for signal in ["TERM", "INT", "HUP"] {
+            let failure = ended_by(signal);
+            assert_eq!(failure.kind, FailureKind::HostError, "SIG{signal}: {failure:?}");
+            assert!(failure.message.contains("stopped from outside"), "{failure:?}");
+        }
+        // A crash while compiling one module (or the OOM killer's SIGKILL) is the
+        // module's doing: every executor would fail it alike.
+        for signal in ["SEGV", "KILL"] {
+            let failure = ended_by(signal);
+            assert_eq!(failure.kind, FailureKind::InvalidModule, "SIG{signal}: {failure:?}");
+        }
     }
 }
