@@ -395,14 +395,25 @@ mod tests {
         // process group: its job must not fail for good as an invalid module.
         for signal in ["TERM", "INT", "HUP"] {
             let failure = ended_by(signal);
-            assert_eq!(failure.kind, FailureKind::HostError, "SIG{signal}: {failure:?}");
-            assert!(failure.message.contains("stopped from outside"), "{failure:?}");
+            assert_eq!(
+                failure.kind,
+                FailureKind::HostError,
+                "SIG{signal}: {failure:?}"
+            );
+            assert!(
+                failure.message.contains("stopped from outside"),
+                "{failure:?}"
+            );
         }
         // A crash while compiling one module (or the OOM killer's SIGKILL) is the
         // module's doing: every executor would fail it alike.
         for signal in ["SEGV", "KILL"] {
             let failure = ended_by(signal);
-            assert_eq!(failure.kind, FailureKind::InvalidModule, "SIG{signal}: {failure:?}");
+            assert_eq!(
+                failure.kind,
+                FailureKind::InvalidModule,
+                "SIG{signal}: {failure:?}"
+            );
         }
     }
 }

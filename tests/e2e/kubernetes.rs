@@ -1,18 +1,22 @@
 //! End to end: the `kubernetes` cluster manager against a simulated Kubernetes API server
 //! (tests/e2e/common/kube_sim.rs: a real one cannot run here). First the simulator's own
-//! tests, over plain HTTP, with `/bin/sh` as what every container runs; then the driver
-//! (`flint driver --cluster-manager kubernetes --kubeconfig ...`, a real process)
-//! creating executor pods that the simulator runs as real `flint executor` processes:
-//! scaling with the work, evictions, OOM kills, unschedulable pods, dropped watches and
-//! 410s, 429s, and the driver's stop and death; its restart, which adopts the pods it
-//! left running, in `kubernetes/restart.rs`.
+//! tests, over plain HTTP, with `/bin/sh` as what every container runs (its faults in
+//! `kubernetes/sim_faults.rs`); then the driver (`flint driver --cluster-manager
+//! kubernetes --kubeconfig ...`, a real process) creating executor pods that the
+//! simulator runs as real `flint executor` processes: scaling with the work, evictions,
+//! OOM kills, pods pending past the pending timeout, dropped watches and 410s, 429s, and
+//! the driver's stop and death; its restart, which adopts the pods it left running, in
+//! `kubernetes/restart.rs`; what a real cluster does to it (quotas, lost nodes, API
+//! outages, hung connections, RBAC, names, two drivers) in `kubernetes/realism.rs`.
+//! Every driver test runs under the RBAC the manifests in deploy/kubernetes give the
+//! driver, and fails if the driver was refused anything by it.
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::kube_sim::KubeSim;
+use crate::common::kube_sim::{self, KubeSim};
 use crate::common::{DevCluster, FLINT, guests, process_exists, signal, spec, wait_until};
 
 const NS: &str = "flint";
@@ -22,11 +26,19 @@ const NS: &str = "flint";
 fn sh_sim() -> (KubeSim, reqwest::blocking::Client, tempfile::TempDir) {
     let root = tempfile::tempdir().unwrap();
     let sim = KubeSim::start("/bin/sh".as_ref(), root.path());
-    let client = reqwest::blocking::Client::builder()
+    (sim, client_as(kube_sim::TOKEN), root)
+}
+
+/// A client presenting `token` (the driver's ServiceAccount's, or the admin's).
+fn client_as(token: &str) -> reqwest::blocking::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {token}");
+    headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().unwrap());
+    reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
+        .default_headers(headers)
         .build()
-        .unwrap();
-    (sim, client, root)
+        .unwrap()
 }
 
 fn pods_url(sim: &KubeSim) -> String {
@@ -200,7 +212,21 @@ fn kube_sim_runs_lists_watches_and_deletes_a_pod() {
     );
     let (status, _, gone) = send(client.delete(format!("{}/sleeper", pods_url(&sim))));
     assert_eq!((status, &gone["kind"]), (404, &json!("Status")), "{gone}");
-    let (status, _, unknown) = send(client.get(format!("{}/api/v1/nodes", sim.url())));
+    // The driver's ServiceAccount may not list nodes (deploy/kubernetes/base/rbac.yaml);
+    // the admin may, and the simulator has none to serve.
+    let (status, _, denied) = send(client.get(format!("{}/api/v1/nodes", sim.url())));
+    assert_eq!(
+        (status, &denied["reason"]),
+        (403, &json!("Forbidden")),
+        "{denied}"
+    );
+    assert_eq!(
+        denied["message"],
+        "nodes is forbidden: User \"system:serviceaccount:flint:flint-driver\" cannot list \
+         resource \"nodes\" in API group \"\" at the cluster scope"
+    );
+    let admin = client_as(kube_sim::ADMIN_TOKEN);
+    let (status, _, unknown) = send(admin.get(format!("{}/api/v1/nodes", sim.url())));
     assert_eq!((status, &unknown["code"]), (404, &json!(404)), "{unknown}");
     assert!(
         sim.requests()
@@ -507,12 +533,19 @@ fn add_driver_pod(sim: &KubeSim) -> String {
 }
 
 /// A simulated API with the driver's own pod and the Secret, and a driver using it.
+/// Dropped, it checks that RBAC refused the driver nothing (unless the test revoked a
+/// permission itself).
 struct K8s {
     sim: KubeSim,
     driver: DevCluster,
     /// The driver's flags, for a restart.
     args: Vec<String>,
-    _dir: tempfile::TempDir,
+    /// Its app id.
+    app: String,
+    /// The test revoked a permission: RBAC's refusals are what it is about.
+    denials_expected: bool,
+    /// The kubeconfig and the pods' dirs.
+    dir: tempfile::TempDir,
 }
 
 impl K8s {
@@ -527,49 +560,41 @@ impl K8s {
 
     /// A driver listening on `listen` (its API, then its executor port).
     fn start_on(listen: [&str; 2], allocation: &[&str], before: impl FnOnce(&KubeSim)) -> K8s {
+        let data_dir = tempfile::tempdir().unwrap();
+        Self::start_full(listen, Some(APP), data_dir, allocation, before)
+    }
+
+    /// A driver of `app` (`None`: the default app id) on `data_dir`.
+    fn start_full(
+        listen: [&str; 2],
+        app: Option<&str>,
+        data_dir: tempfile::TempDir,
+        allocation: &[&str],
+        before: impl FnOnce(&KubeSim),
+    ) -> K8s {
         let dir = tempfile::tempdir().unwrap();
         let sim = KubeSim::start(std::path::Path::new(FLINT), &dir.path().join("pods"));
         sim.add_secret(NS, "flint-secrets", "cluster-secret", SECRET);
         add_driver_pod(&sim);
         let kubeconfig = sim.write_kubeconfig(dir.path(), NS);
         before(&sim);
-        let kubeconfig = kubeconfig.to_str().unwrap();
-        let mut args: Vec<String> = [
-            "--listen",
-            listen[0],
-            "--executor-listen",
-            listen[1],
-            "--app-id",
-            APP,
-            "--cluster-secret",
-            SECRET,
-            "--cluster-manager",
-            "kubernetes",
-            "--kubeconfig",
-            kubeconfig,
-            "--k8s-image",
-            "localhost/flint:dev",
-            "--k8s-driver-pod",
-            "flint-driver-0",
-            "--k8s-cluster-secret-ref",
-            "flint-secrets:cluster-secret",
-            "--k8s-allocation-batch-delay-ms",
-            "200",
-            "--executor-cores",
-            "1",
-            "--executor-memory-mb",
-            "256",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = driver_args(&kubeconfig, listen, app);
         args.extend(allocation.iter().map(|a| a.to_string()));
-        let driver = DevCluster::driver(&args);
+        let flags: Vec<&str> = args.iter().map(String::as_str).collect();
+        let driver = DevCluster::driver_in(&flags, &[], data_dir);
         K8s {
             sim,
             driver,
             args,
-            _dir: dir,
+            app: app.unwrap_or("flint").to_owned(),
+            denials_expected: false,
+            dir,
         }
+    }
+
+    /// The kubeconfig the driver was given.
+    fn kubeconfig(&self) -> std::path::PathBuf {
+        self.dir.path().join("kubeconfig")
     }
 
     /// The executor pods there are now (the driver's own pod aside).
@@ -577,7 +602,7 @@ impl K8s {
         self.sim
             .pods(NS)
             .into_iter()
-            .filter(|p| p["metadata"]["labels"]["flint.dev/app"] == APP)
+            .filter(|p| p["metadata"]["labels"]["flint.dev/app"] == self.app.as_str())
             .collect()
     }
 
@@ -593,9 +618,69 @@ impl K8s {
             .unwrap_or_else(|| panic!("no executor {id}"))
     }
 
+    /// The name of the pod the driver created for `executor` (it may be gone since).
     fn pod_of(&self, executor: &str) -> String {
-        format!("flint-{APP}-{executor}")
+        pod_of(&self.sim, &self.app, executor)
     }
+}
+
+impl Drop for K8s {
+    fn drop(&mut self) {
+        let denials = self.sim.denials();
+        if !self.denials_expected && !std::thread::panicking() {
+            assert!(
+                denials.is_empty(),
+                "RBAC (deploy/kubernetes/base/rbac.yaml) refused the driver: {denials:#?}"
+            );
+        }
+    }
+}
+
+/// The name of the last pod created for `executor` of `app`.
+fn pod_of(sim: &KubeSim, app: &str, executor: &str) -> String {
+    let created = sim.created();
+    let pod = (created.iter().rev())
+        .find(|p| {
+            let labels = &p["metadata"]["labels"];
+            labels["flint.dev/app"] == app && labels["flint.dev/executor-id"] == executor
+        })
+        .unwrap_or_else(|| panic!("no pod created for {executor} of {app}"));
+    pod["metadata"]["name"].as_str().unwrap().to_owned()
+}
+
+/// A kubernetes driver's flags, against the simulator's kubeconfig; `app` `None`: the
+/// default app id.
+fn driver_args(kubeconfig: &std::path::Path, listen: [&str; 2], app: Option<&str>) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--listen",
+        listen[0],
+        "--executor-listen",
+        listen[1],
+        "--cluster-secret",
+        SECRET,
+        "--cluster-manager",
+        "kubernetes",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--k8s-image",
+        "localhost/flint:dev",
+        "--k8s-driver-pod",
+        "flint-driver-0",
+        "--k8s-cluster-secret-ref",
+        "flint-secrets:cluster-secret",
+        "--k8s-allocation-batch-delay-ms",
+        "200",
+        "--executor-cores",
+        "1",
+        "--executor-memory-mb",
+        "256",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    if let Some(app) = app {
+        args.extend(["--app-id".to_owned(), app.to_owned()]);
+    }
+    args
 }
 
 fn sleeping_tasks(cluster: &DevCluster, n: usize, ms: u64) -> String {
@@ -799,15 +884,20 @@ fn a_container_oom_killed_is_reported_by_name_and_replaced() {
     );
 }
 
+/// A pod the scheduler cannot place is back-pressure: it waits (the launch timeout does
+/// not run), and past `--executor-pending-timeout-ms` it is deleted and launched again,
+/// no failure counted, the scheduler's reason in the executor's end.
 #[test]
-fn a_pod_stuck_pending_is_reported_with_the_schedulers_reason_and_replaced() {
+fn a_pod_pending_past_the_pending_timeout_is_deleted_and_relaunched_without_a_failure() {
     let message = "0/1 nodes are available: 1 Insufficient cpu.";
     let k = K8s::start_with(
         &[
             "--initial-executors",
             "1",
             "--executor-launch-timeout-ms",
-            "1500",
+            "1000",
+            "--executor-pending-timeout-ms",
+            "3000",
         ],
         |sim| sim.set_unschedulable(Some(message)),
     );
@@ -818,7 +908,7 @@ fn a_pod_stuck_pending_is_reported_with_the_schedulers_reason_and_replaced() {
             k.driver
                 .executors()
                 .iter()
-                .any(|e| e["id"] == "exec-1" && e["exit_reason"] == "launch_timeout")
+                .any(|e| e["id"] == "exec-1" && e["exit_reason"] == "pending_timeout")
         },
     );
     let e = k.executor("exec-1");
@@ -833,13 +923,18 @@ fn a_pod_stuck_pending_is_reported_with_the_schedulers_reason_and_replaced() {
             .iter()
             .any(|p| p["metadata"]["name"] == k.pod_of("exec-1").as_str())
     });
-    // Once the cluster has room, the replacement runs.
+    wait_until(Duration::from_secs(30), "a pod in its place", || {
+        k.created() == 2
+    });
+    // Once the cluster has room, the one in its place runs.
     k.sim.set_unschedulable(None);
     wait_until(
         Duration::from_secs(60),
         "an executor once there is room",
         || k.driver.alive_executors() == 1,
     );
+    let allocation = k.driver.get("/v1/executors").1["allocation"].clone();
+    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
 }
 
 #[test]
@@ -939,6 +1034,9 @@ fn stopping_the_driver_for_good_deletes_every_pod_of_its_app() {
     // The driver's own pod is no executor of its app: left alone.
     assert_eq!(k.sim.pods(NS).len(), 1);
 }
+
+mod realism;
+mod sim_faults;
 
 /// The driver's pod goes in every rollout: its executors' pods are not its own, so they
 /// stay for the next driver; they go with the StatefulSet that owns them all.

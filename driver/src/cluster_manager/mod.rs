@@ -57,8 +57,9 @@ pub struct LaunchRequest {
 /// What a cluster manager heard of an executor it was asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExecutorEvent {
-    /// Its process runs (or its pod was created): `pid` on its host, `log` where its
-    /// stderr can be read by the driver, `worker` the host it runs on.
+    /// Its process runs, or its resource manager has it (a pod queued or created, a
+    /// batch job submitted): `pid` on its host, `log` where its stderr can be read by
+    /// the driver, `worker` the host it runs on.
     Launched {
         id: ExecutorId,
         worker: Option<String>,
@@ -157,11 +158,12 @@ pub async fn start(
                 anyhow::bail!("--cluster-manager kubernetes needs --k8s-image");
             };
             Arc::new(
-                kubernetes::KubernetesManager::start(
+                kubernetes::KubernetesManager::start_in(
                     config,
                     &driver.config.app_id,
                     &dial,
                     allocation.decommission_timeout,
+                    Some(&work_root),
                     events,
                 )
                 .await?,

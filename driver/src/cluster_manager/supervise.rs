@@ -86,6 +86,10 @@ pub async fn supervise(
                     tracing::warn!(executor = %id, "releasing a lost executor and replacing it");
                     supervisor.asked_to_stop(&id);
                     manager.kill(&id);
+                    // Said first: the kill's own end (a SIGKILL) follows and says less.
+                    let why = "no heartbeat within --executor-timeout-ms: released through \
+                        its cluster manager and replaced";
+                    driver.executor_gone(&id, Some(("lost", why)));
                     supervisor.gone(&id, None, Instant::now());
                 }
             },

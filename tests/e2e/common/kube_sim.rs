@@ -27,9 +27,11 @@
 //!   `spec.containers` (422 `Invalid`), 409 `AlreadyExists`, `dryRun`; the stored object
 //!   gets uid, resourceVersion, creationTimestamp, the defaults of `restartPolicy`
 //!   (`Always`) and `terminationGracePeriodSeconds` (30), and `status.phase: Pending`.
-//! - The scheduler: binds each pod to node `sim-node-1` (condition `PodScheduled`), or,
-//!   while [`KubeSim::set_unschedulable`] says so, leaves it Pending and `Unschedulable`
-//!   (and binds those waiting once it no longer does, as the real scheduler retries).
+//! - The scheduler: binds each pod to the node that is not lost with the fewest pods
+//!   (`sim-node-1`, the only one unless [`KubeSim::add_node`] adds more; condition
+//!   `PodScheduled`), or, while [`KubeSim::set_unschedulable`] says so or every node is
+//!   lost, leaves it Pending and `Unschedulable` (and binds those waiting once it no
+//!   longer does, as the real scheduler retries).
 //! - The kubelet: `ContainerCreating`, then the first container as a process: `program`
 //!   (what every image runs) with the container's `args` (`$(VAR)` expanded; `command`
 //!   and the image name are ignored), and only the environment the spec gives (`value`,
@@ -60,9 +62,39 @@
 //!   reference; [`KubeSim::delete_owner`] does the same for an owner that is no pod (a
 //!   StatefulSet, which exists here only as the uid its pods name).
 //! - Injected API failures ([`KubeSim::fail_next`]: 429 with `Retry-After`, 5xx).
+//! - Authentication and RBAC (`kube_sim/rbac.rs`), on from the start: [`TOKEN`] is the
+//!   driver's ServiceAccount (`system:serviceaccount:flint:flint-driver`), whose rights
+//!   are what `deploy/kubernetes/base` grants it, read from the manifests; a request no
+//!   rule allows gets the real 403 (`pods "x" is forbidden: User "..." cannot delete
+//!   resource "pods" in API group "" in the namespace "flint"`), recorded in
+//!   [`KubeSim::denials`]; a missing or unknown token gets 401. [`ADMIN_TOKEN`] may do
+//!   anything. [`KubeSim::revoke`] takes a verb on a resource from everyone until
+//!   [`KubeSim::restore_rbac`].
+//! - A ResourceQuota on the number of pods ([`KubeSim::set_quota`], in every namespace):
+//!   a create past it gets the quota admission plugin's 403 (`pods "x" is forbidden:
+//!   exceeded quota: pod-count, requested: pods=1, used: pods=N, limited: pods=N`),
+//!   after validation (422) and before the name is checked (409), as the real order
+//!   of admission and storage has it. Pods count until they end (Succeeded or Failed)
+//!   or are being deleted.
+//! - A lost node ([`KubeSim::lose_node`]: power cut, network partition): its pods'
+//!   processes are SIGSTOPped (silent, not dead) and nothing about them changes any
+//!   more but what the API server does itself: no status update, no exit, and a
+//!   deletion with a grace leaves them Terminating for good (the kubelet that would
+//!   stop them is gone); a deletion with grace 0 (a force delete) removes one at once.
+//!   The node controller's part is shortened: the pods' `Ready` condition goes False
+//!   at once (not after the node-monitor grace), and its taint-based eviction after
+//!   5 minutes (a graceful delete, which would stay Terminating) is not modelled. The
+//!   scheduler binds nothing to a lost node. A force-deleted pod's process is killed
+//!   by the simulator (a real partitioned node would run it until it is back).
+//! - An outage ([`KubeSim::go_down`] until [`KubeSim::come_back`], `kube_sim/serve.rs`):
+//!   the port refuses connections and every open one (watches too) is cut; and hung
+//!   connections ([`KubeSim::set_hanging`], [`KubeSim::hang_next`]): a request is read
+//!   and never answered, for as long as the client keeps the connection (a half-open
+//!   connection, a server that stopped answering); or done and its answer never sent
+//!   ([`KubeSim::lose_next_answer`]: a create that landed, its client none the wiser).
 //!
-//! What it does not model: every other resource (no Secret, ConfigMap, Node or Event
-//! API; secrets exist only through [`KubeSim::add_secret`]), PATCH and PUT, the
+//! What it does not model: every other resource (no Secret, ConfigMap, Node, Role or
+//! Event API; secrets exist only through [`KubeSim::add_secret`]), PATCH and PUT, the
 //! `Foreground` propagation's wait (treated as `Background`), owner references to objects
 //! that do not exist (the real garbage collector deletes such dependents), pagination,
 //! set-based selectors (400), container restarts (`restartPolicy` is always treated as
@@ -70,10 +102,10 @@
 //! resource requests and limits (nothing is enforced: use `oom_kill`), security
 //! contexts (the process runs as the test's user), images, `workingDir`, volumes other
 //! than emptyDir (their mounts are ignored), networking (every pod is the host's
-//! 127.0.0.1), authentication and authorization, and API priority and fairness.
+//! 127.0.0.1), authentication other than bearer tokens, quotas on anything but the pod
+//! count, and API priority and fairness.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::IntoFuture;
 use std::hash::{BuildHasher, Hasher};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -88,15 +120,27 @@ use axum::extract::{Query, Request, State as AxumState};
 use axum::http::{Method, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-/// The one node every pod is bound to.
+mod rbac;
+mod serve;
+
+use self::rbac::{Attributes, Rbac};
+
+/// The first node, and the only one unless a test adds more.
 pub const NODE: &str = "sim-node-1";
 /// Every pod's (and the node's) address: the pods share the host's network.
 pub const POD_IP: &str = "127.0.0.1";
-/// The bearer token `write_kubeconfig` puts in the kubeconfig.
+/// The bearer token `write_kubeconfig` puts in the kubeconfig: the driver's
+/// ServiceAccount's.
 pub const TOKEN: &str = "flint-kube-sim-token";
+/// Whose token it is.
+pub const DRIVER_USER: &str = "system:serviceaccount:flint:flint-driver";
+/// A token every rule allows (`system:masters`).
+pub const ADMIN_TOKEN: &str = "flint-kube-sim-admin-token";
+/// The manifests whose RBAC the simulator enforces.
+const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/base");
 
 /// A pod by namespace and name.
 type Key = (String, String);
@@ -122,6 +166,8 @@ struct Shared {
     root: PathBuf,
     /// The server's runtime, for the grace timers a delete from the test's thread starts.
     runtime: tokio::runtime::Handle,
+    /// Whether the API is out (`go_down`): the port refuses connections.
+    down: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -138,6 +184,16 @@ struct State {
     requests: Vec<(String, String, u16)>,
     failures: Vec<Failure>,
     unschedulable: Option<String>,
+    /// Nodes by name, and whether each is lost.
+    nodes: BTreeMap<String, bool>,
+    /// Who may do what.
+    rbac: Rbac,
+    /// The 403 messages RBAC answered, in order.
+    denials: Vec<String>,
+    /// The most pods a namespace may hold (`set_quota`).
+    quota: Option<u32>,
+    /// Every request is read and never answered (`set_hanging`).
+    hanging: bool,
     /// Bumped by `drop_watches`: a watch opened under another generation ends.
     watch_generation: u64,
     shutting_down: bool,
@@ -183,7 +239,18 @@ enum Kill {
 struct Failure {
     verb: String,
     left: u32,
-    status: u16,
+    fault: Fault,
+}
+
+/// What an injected failure does to a request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    /// Answered with this status and a Status body.
+    Status(u16),
+    /// Read and never answered (`hang_next`).
+    Hang,
+    /// Done, and its answer never sent (`lose_next_answer`).
+    LoseAnswer,
 }
 
 impl KubeSim {
@@ -208,6 +275,8 @@ impl KubeSim {
                 rv: 1000,
                 oldest_rv: 1000,
                 changed: changed.clone(),
+                nodes: BTreeMap::from([(NODE.to_owned(), false)]),
+                rbac: Rbac::from_kustomization(Path::new(MANIFESTS)),
                 ..State::default()
             }),
             changed,
@@ -215,6 +284,7 @@ impl KubeSim {
             program: program.to_owned(),
             root: root.to_owned(),
             runtime: runtime.handle().clone(),
+            down: watch::Sender::new(false),
         });
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -428,8 +498,95 @@ impl KubeSim {
         self.shared.lock().failures.push(Failure {
             verb: verb.into(),
             left: n,
-            status,
+            fault: Fault::Status(status),
         });
+    }
+
+    /// The next `n` requests of `verb` are read and never answered, for as long as
+    /// their client keeps the connection.
+    pub fn hang_next(&self, verb: &str, n: u32) {
+        self.shared.lock().failures.push(Failure {
+            verb: verb.into(),
+            left: n,
+            fault: Fault::Hang,
+        });
+    }
+
+    /// The next `n` requests of `verb` are done (a create creates) and their answers
+    /// never sent: the connection dies after the request reached the server.
+    pub fn lose_next_answer(&self, verb: &str, n: u32) {
+        self.shared.lock().failures.push(Failure {
+            verb: verb.into(),
+            left: n,
+            fault: Fault::LoseAnswer,
+        });
+    }
+
+    /// `true`: every request from now on is read and never answered (those already
+    /// hung stay so after `false`: their connections are dead to the client).
+    pub fn set_hanging(&self, hanging: bool) {
+        self.shared.lock().hanging = hanging;
+    }
+
+    /// An outage: the port refuses connections and every open one is cut, until
+    /// [`Self::come_back`].
+    pub fn go_down(&self) {
+        self.shared.down.send_replace(true);
+    }
+
+    /// The outage is over: the same port accepts connections again.
+    pub fn come_back(&self) {
+        self.shared.down.send_replace(false);
+    }
+
+    /// A ResourceQuota of `max` pods in every namespace (`None`: none): a create past it
+    /// is refused with the quota plugin's 403 until pods end or the quota is lifted.
+    pub fn set_quota(&self, max: Option<u32>) {
+        self.shared.lock().quota = max;
+    }
+
+    /// Takes `verb` on `resource` ("pods") from every user (as an admin editing the
+    /// Role would), until [`Self::restore_rbac`].
+    pub fn revoke(&self, verb: &str, resource: &str) {
+        self.shared.lock().rbac.revoke(verb, resource);
+    }
+
+    /// The manifests' grants again, whole.
+    pub fn restore_rbac(&self) {
+        self.shared.lock().rbac.restore();
+    }
+
+    /// The 403 messages RBAC has answered so far.
+    pub fn denials(&self) -> Vec<String> {
+        self.shared.lock().denials.clone()
+    }
+
+    /// A node more for the scheduler to bind pods to.
+    pub fn add_node(&self, name: &str) {
+        self.shared.lock().nodes.insert(name.to_owned(), false);
+        self.shared.kick.notify_waiters();
+    }
+
+    /// The node is lost (see the module's doc): its pods' processes are SIGSTOPped,
+    /// their statuses frozen but for `Ready` going False, their graceful deletions left
+    /// Terminating; the scheduler binds nothing more to it.
+    pub fn lose_node(&self, name: &str) {
+        let mut st = self.shared.lock();
+        *st.nodes.get_mut(name).expect("no such node") = true;
+        let on_node: Vec<Key> = (st.pods.iter())
+            .filter(|(_, pod)| pod.object["spec"]["nodeName"] == json!(name))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in on_node {
+            if let Some(process) = &st.pods[&key].process {
+                let _ = process.signals.send(libc::SIGSTOP);
+            }
+            st.modify(&key, |o| {
+                for kind in ["Ready", "ContainersReady"] {
+                    set_condition(o, kind, "False", None, None);
+                }
+            });
+        }
     }
 
     /// Aborts every open watch connection, as a dropped connection or an API server
@@ -486,11 +643,7 @@ fn run(
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let app = Router::new().fallback(handle).with_state(shared.clone());
         tokio::select! {
-            result = axum::serve(listener, app).into_future() => {
-                if let Err(e) = result {
-                    eprintln!("kube-sim: server failed: {e}");
-                }
-            }
+            () = serve::serve(listener, app, shared.down.subscribe()) => {}
             _ = stopped => {}
         }
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -545,11 +698,12 @@ impl State {
     }
 
     /// The pod, if it is still the one a kubelet task runs (same uid) and that kubelet
-    /// still has work: not being deleted, not killed, the simulator not stopping.
+    /// still has work: not being deleted, not killed, its node not lost, the simulator
+    /// not stopping.
     fn live(&self, key: &Key, uid: &str) -> Option<&PodEntry> {
         let pod = self.pods.get(key)?;
         let live = pod.uid == uid && pod.kill_at.is_none() && pod.kill.is_none();
-        (live && !self.shutting_down).then_some(pod)
+        (live && !self.shutting_down && !self.on_lost_node(key)).then_some(pod)
     }
 
     fn new_uid(&mut self) -> String {
@@ -581,15 +735,55 @@ impl State {
     }
 
     /// The injected failure for this request, if one is due.
-    fn take_failure(&mut self, verb: &str) -> Option<u16> {
+    fn take_failure(&mut self, verb: &str) -> Option<Fault> {
         let failure = self
             .failures
             .iter_mut()
             .find(|f| f.left > 0 && (f.verb == verb || f.verb == "any"))?;
         failure.left -= 1;
-        let status = failure.status;
+        let fault = failure.fault;
         self.failures.retain(|f| f.left > 0);
-        Some(status)
+        Some(fault)
+    }
+
+    /// Whether the pod is on a lost node: nothing but the API server changes it.
+    fn on_lost_node(&self, key: &Key) -> bool {
+        let Some(pod) = self.pods.get(key) else {
+            return false;
+        };
+        let node = pod.object["spec"]["nodeName"].as_str();
+        node.is_some_and(|node| self.nodes.get(node) == Some(&true))
+    }
+
+    /// The node the scheduler binds the next pod to: one not lost with the fewest pods.
+    fn pick_node(&self) -> Result<String, String> {
+        let live = self.nodes.iter().filter(|(_, lost)| !**lost);
+        let load = |node: &str| {
+            (self.pods.values())
+                .filter(|p| p.object["spec"]["nodeName"] == json!(node))
+                .count()
+        };
+        live.map(|(name, _)| name.clone())
+            .min_by_key(|name| load(name))
+            .ok_or_else(|| {
+                let n = self.nodes.len();
+                format!(
+                    "0/{n} nodes are available: {n} node(s) had untolerated taint \
+                     {{node.kubernetes.io/unreachable: }}."
+                )
+            })
+    }
+
+    /// The pods a quota counts in `namespace`: not ended, not being deleted.
+    fn quota_used(&self, namespace: &str) -> u32 {
+        (self.pods.iter())
+            .filter(|((ns, _), pod)| {
+                let phase = pod.object["status"]["phase"].as_str();
+                ns == namespace
+                    && !matches!(phase, Some("Succeeded" | "Failed"))
+                    && pod.object["metadata"]["deletionTimestamp"].is_null()
+            })
+            .count() as u32
     }
 }
 
@@ -647,6 +841,60 @@ impl Route {
     }
 }
 
+/// What becomes of a request before it is served.
+enum Admission {
+    Go,
+    /// Done, the answer never sent.
+    GoSilently,
+    /// Refused: 401, 403, an injected failure.
+    Answer(Response),
+    /// Never answered.
+    Hang,
+}
+
+impl State {
+    /// A hung connection, authentication, an injected failure, RBAC, in this order;
+    /// what is not served is recorded (a hung request with status 0).
+    fn admit(
+        &mut self,
+        verb: &str,
+        target: &str,
+        token: Option<&str>,
+        attributes: &Attributes,
+    ) -> Admission {
+        let failure = self.take_failure(verb);
+        let (admission, code) = if self.hanging || failure == Some(Fault::Hang) {
+            (Admission::Hang, 0)
+        } else if let Some(user) = user_of(token) {
+            match (failure, self.rbac.authorize(user, attributes)) {
+                (Some(Fault::Status(code)), _) => (Admission::Answer(injected_failure(code)), code),
+                (_, Err(status)) => {
+                    self.denials
+                        .push(status["message"].as_str().unwrap_or_default().to_owned());
+                    (Admission::Answer(json_response(403, &status)), 403)
+                }
+                (Some(Fault::LoseAnswer), _) => return Admission::GoSilently,
+                _ => return Admission::Go,
+            }
+        } else {
+            let status = status_body(401, "Unauthorized", "Unauthorized");
+            (Admission::Answer(json_response(401, &status)), 401)
+        };
+        self.requests
+            .push((verb.to_owned(), target.to_owned(), code));
+        admission
+    }
+}
+
+/// The user a bearer token stands for.
+fn user_of(token: Option<&str>) -> Option<&'static str> {
+    match token? {
+        TOKEN => Some(DRIVER_USER),
+        ADMIN_TOKEN => Some(rbac::ADMIN),
+        _ => None,
+    }
+}
+
 /// The request's query parameters.
 struct Params(Vec<(String, String)>);
 
@@ -677,12 +925,20 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
     );
     let route = Route::of(&method, uri.path(), params.flag("watch"));
     let verb = route.verb();
-    {
-        let mut st = shared.lock();
-        if let Some(code) = st.take_failure(&verb) {
-            st.requests.push((verb, target, code));
-            return injected_failure(code);
-        }
+    let attributes = Attributes::of(&method, uri.path(), params.flag("watch"));
+    let token = (request.headers().get(header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let admission = shared
+        .lock()
+        .admit(&verb, &target, token.as_deref(), &attributes);
+    let silently = matches!(admission, Admission::GoSilently);
+    match admission {
+        Admission::Go | Admission::GoSilently => {}
+        Admission::Answer(response) => return response,
+        // Read, and never answered: the client's connection is dead to it.
+        Admission::Hang => return std::future::pending().await,
     }
     let body = match axum::body::to_bytes(request.into_body(), 64 << 20).await {
         Ok(body) => body,
@@ -719,6 +975,10 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
         .lock()
         .requests
         .push((verb, target, response.status().as_u16()));
+    if silently {
+        // Done and recorded as answered; the client never hears of it.
+        return std::future::pending().await;
+    }
     response
 }
 
@@ -1031,6 +1291,19 @@ fn create(shared: &Arc<Shared>, namespace: &str, body: &[u8], params: &Params) -
     if let Err(e) = validate(&name, &raw) {
         return invalid(&name, e.0, &e.1);
     }
+    // The quota admission plugin, before storage finds the name taken.
+    if let Some(limit) = st.quota {
+        let used = st.quota_used(namespace);
+        if used >= limit {
+            let message = format!(
+                "pods \"{name}\" is forbidden: exceeded quota: pod-count, requested: pods=1, \
+                 used: pods={used}, limited: pods={limit}"
+            );
+            let mut body = status_body(403, "Forbidden", &message);
+            body["details"] = json!({"name": name, "kind": "pods"});
+            return json_response(403, &body);
+        }
+    }
     let key: Key = (namespace.into(), name.clone());
     if st.pods.contains_key(&key) {
         let message = format!("pods \"{name}\" already exists");
@@ -1227,18 +1500,36 @@ fn delete_pod(
         metadata["deletionTimestamp"] =
             json!(timestamp(SystemTime::now() + Duration::from_secs(grace)));
     }
+    if grace == 0 {
+        // A force delete: removed now; the kubelet (or, for a lost node, the simulator)
+        // kills the container after.
+        metadata["deletionGracePeriodSeconds"] = json!(0);
+        if let Some(process) = &pod.process {
+            let _ = process.signals.send(libc::SIGKILL);
+        }
+        return Ok(remove_pod(shared, st, key));
+    }
+    let ended = matches!(
+        pod.object["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    );
+    let lost = !ended && st.on_lost_node(key);
+    let pod = st.pods.get_mut(key).unwrap();
+    let metadata = &mut pod.object["metadata"];
+    if lost {
+        // No kubelet to stop it and confirm: Terminating until a force delete.
+        if metadata["deletionGracePeriodSeconds"].is_null() {
+            metadata["deletionGracePeriodSeconds"] = json!(grace);
+            return Ok(st.publish(key, "MODIFIED").unwrap());
+        }
+        return Ok(pod.object.clone());
+    }
     let Some(process) = &pod.process else {
         // Nothing runs (never started, ended, a pod with no process): gone at once, as
         // the registry deletes an unbound or terminated pod.
         metadata["deletionGracePeriodSeconds"] = json!(0);
         return Ok(remove_pod(shared, st, key));
     };
-    if grace == 0 {
-        // Removed now; the kubelet kills the container after.
-        metadata["deletionGracePeriodSeconds"] = json!(0);
-        let _ = process.signals.send(libc::SIGKILL);
-        return Ok(remove_pod(shared, st, key));
-    }
     let at = Instant::now() + Duration::from_secs(grace);
     if pod.kill_at.is_some_and(|earlier| earlier <= at) {
         // Already being deleted, sooner than this would.
@@ -1320,21 +1611,25 @@ async fn kubelet(shared: Arc<Shared>, key: Key, uid: String) {
                 break; // bound by its creator
             }
             let shown = condition(&pod.object, "PodScheduled")["message"].clone();
-            match st.unschedulable.clone() {
-                None => {
+            let node = match st.unschedulable.clone() {
+                Some(message) => Err(message),
+                None => st.pick_node(),
+            };
+            match node {
+                Ok(node) => {
                     st.modify(&key, |o| {
-                        o["spec"]["nodeName"] = json!(NODE);
+                        o["spec"]["nodeName"] = json!(node);
                         set_condition(o, "PodScheduled", "True", None, None);
                     });
                     break;
                 }
-                Some(message) if shown != json!(message) => {
+                Err(message) if shown != json!(message) => {
                     st.modify(&key, |o| {
                         let reason = Some("Unschedulable");
                         set_condition(o, "PodScheduled", "False", reason, Some(&message));
                     });
                 }
-                Some(_) => {}
+                Err(_) => {}
             }
         }
         kicked.await;
@@ -1429,10 +1724,14 @@ async fn kubelet(shared: Arc<Shared>, key: Key, uid: String) {
         Err(_) => (128, None),
     };
     let mut st = shared.lock();
+    let lost = st.on_lost_node(&key);
     let Some(pod) = st.pods.get_mut(&key).filter(|p| p.uid == uid) else {
         return; // removed already (a delete with no grace)
     };
     pod.process = None;
+    if lost {
+        return; // no kubelet left to say so
+    }
     let (kill, deleting) = (pod.kill, pod.kill_at.is_some());
     st.modify(&key, |o| terminated(o, code, signal, kill));
     if deleting {
@@ -1602,7 +1901,7 @@ fn field_ref(pod: &Value, path: &str) -> Result<String, String> {
         "metadata.name" => text(&metadata["name"]),
         "metadata.namespace" => text(&metadata["namespace"]),
         "metadata.uid" => text(&metadata["uid"]),
-        "spec.nodeName" => NODE.into(),
+        "spec.nodeName" => text(&pod["spec"]["nodeName"]),
         "spec.serviceAccountName" => pod["spec"]["serviceAccountName"]
             .as_str()
             .unwrap_or("default")

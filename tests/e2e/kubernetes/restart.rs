@@ -35,31 +35,20 @@ impl K8s {
     }
 
     /// Stops the driver as `stop` says and starts it again on its data dir and flags.
-    fn restart(self, stop: Stop) -> K8s {
-        let K8s {
-            sim,
-            mut driver,
-            args,
-            _dir,
-        } = self;
+    fn restart(mut self, stop: Stop) -> K8s {
         match stop {
             Stop::Rollout => {
-                let status = driver.stop();
+                let status = self.driver.stop();
                 assert!(status.success(), "{status:?}");
-                sim.delete(NS, "flint-driver-0");
-                add_driver_pod(&sim);
+                self.sim.delete(NS, "flint-driver-0");
+                add_driver_pod(&self.sim);
             }
-            Stop::Crash => driver.child.sigkill(),
+            Stop::Crash => self.driver.child.sigkill(),
         }
-        let DevCluster { data_dir, .. } = driver;
-        let flags: Vec<&str> = args.iter().map(String::as_str).collect();
-        let driver = DevCluster::driver_in(&flags, &[], data_dir);
-        K8s {
-            sim,
-            driver,
-            args,
-            _dir,
-        }
+        let data_dir = std::mem::replace(&mut self.driver.data_dir, tempfile::tempdir().unwrap());
+        let flags: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.driver = DevCluster::driver_in(&flags, &[], data_dir);
+        self
     }
 
     /// The executor pods: name to (uid, pid of its process).

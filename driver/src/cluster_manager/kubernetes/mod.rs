@@ -1,34 +1,50 @@
 //! `kubernetes`: executors as pods (Spark's KubernetesClusterManager, its
 //! ExecutorPodsAllocator and ExecutorPodsWatchSnapshotSource). A launch queues a pod;
 //! pods are created in batches (`--k8s-allocation-batch-size` every
-//! `--k8s-allocation-batch-delay-ms`), retried with a backoff on 429 and 5xx; one watch
-//! of the app's pods (kube's watcher: it resumes from the last resourceVersion and
-//! re-lists on 410 Gone) turns their statuses into executor events: running, exited
-//! with its code and the kubelet's reason (`OOMKilled`), evicted or deleted (lost, and
-//! replaced). Pending pods count as launched; one pending past
-//! `--executor-launch-timeout-ms` is deleted by the supervisor and reported with the
-//! scheduler's or kubelet's reason.
+//! `--k8s-allocation-batch-delay-ms`); one watch of this driver's pods (kube's watcher:
+//! it resumes from the last resourceVersion and re-lists on 410 Gone) turns their
+//! statuses into executor events: running, exited with its code and the kubelet's reason
+//! (`OOMKilled`), evicted or deleted (lost, and replaced).
+//!
+//! What the API server refuses for now is back-pressure, not a failure: a full
+//! ResourceQuota (403 `exceeded quota`), throttling (429), its own errors (5xx), no
+//! answer (a request unanswered for 30 s is given up on): the pod stays queued and is
+//! asked for again with a capped backoff, as is one RBAC does not allow (an admin can
+//! grant it while the driver runs; the log names the permission). Only a pod the API
+//! calls invalid (422) or a policy forbids is a failed launch. Until its container runs,
+//! an executor is [`ClusterManager::waiting`] (queued, refused for now, unscheduled,
+//! its sandbox or image being made): the launch timeout does not run, and the
+//! supervisor gives up on it, as no failure, after `--executor-pending-timeout-ms`. A
+//! pod stuck on its own spec (a missing Secret, an image that cannot be pulled) does not
+//! wait: the launch timeout counts it. Deletions are retried until the API says done,
+//! however long it is away (`deleter.rs`).
 //!
 //! Executor pods outlive the driver: one that stops to come back (a rollout, the
-//! default) or crashes leaves them running, and the next driver adopts every pending or
-//! running pod of its app when it starts (their executors register again with what they
-//! run); only a stop for good (`--stop-executors-on-exit`) deletes them. They are owned
-//! by what owns the driver's pod, never by that pod (see `owner.rs`).
+//! default) or crashes leaves them running, and the next driver on its data dir adopts
+//! every pending or running pod of its instance when it starts (their executors register
+//! again with what they run); only a stop for good (`--stop-executors-on-exit`) deletes
+//! them. Every pod carries the driver's instance id (`instance.rs`): what a driver
+//! adopts, watches and deletes is its own, never another's of the same app id. They are
+//! owned by what owns the driver's pod, never by that pod (see `owner.rs`).
 
 mod creator;
+mod deleter;
+mod instance;
 mod owner;
 pub mod pod;
+mod refusal;
 mod watch;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use flint_protocol::ExecutorId;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::Api;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
@@ -55,11 +71,13 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    /// Asked for, their pods not created yet.
+    /// Asked for, their pods not created yet (refused ones back at the head).
     queue: VecDeque<LaunchRequest>,
     /// Pods of this driver's executors, by pod name, from the creation request until
     /// the watch has seen them deleted.
     pods: HashMap<String, Tracked>,
+    /// Pods being deleted, until the API says done (200, 404): one retrying task each.
+    deleting: HashSet<String>,
 }
 
 struct Tracked {
@@ -67,24 +85,59 @@ struct Tracked {
     created: bool,
     /// Seen by the watch: only those can be missing from a re-list.
     observed: bool,
+    /// Its container runs: it no longer waits for the cluster.
     launched: bool,
     /// Its end was reported (exited, lost): later statuses are news to nobody.
     ended: bool,
     /// The driver deleted it (a kill): its deletion is no loss.
     deleting: bool,
+    /// Why the scheduler or the kubelet has not started it.
     pending: Option<String>,
+    /// The kubelet cannot start it as it is (a missing Secret, an image it cannot
+    /// pull): it no longer waits for the cluster.
+    stuck: bool,
+    /// Why the API server refused its creation for now, the last time it did.
+    refused: Option<String>,
 }
+
+impl Tracked {
+    fn launching(id: ExecutorId) -> Tracked {
+        Tracked {
+            id,
+            created: false,
+            observed: false,
+            launched: false,
+            ended: false,
+            deleting: false,
+            pending: None,
+            stuck: false,
+            refused: None,
+        }
+    }
+}
+
+/// A request the API server has sent nothing of for this long is given up on (and
+/// retried): a half-open connection must not hold a creation, and its batch, for ever.
+/// Far longer than a healthy server takes to answer.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The API server ends each watch after this long (the watcher opens it again from
+/// where it was): under [`READ_TIMEOUT`], so that a quiet watch is never taken for a
+/// dead connection.
+const WATCH_TIMEOUT_SECONDS: u32 = 25;
 
 impl KubernetesManager {
     /// Connects to the API (`--kubeconfig`, else `KUBECONFIG`, `~/.kube/config` or the
     /// pod's service account), finds the owner of the driver's own pod for owner
-    /// references, adopts the app's pods an earlier run left running (their events
-    /// queued before this returns), and starts the pod creator and the watch.
-    pub async fn start(
+    /// references, adopts the pods of this driver instance (its id kept in `work_root`,
+    /// the driver's `DATA_DIR/work`) an earlier run left running (their events queued
+    /// before this returns), and starts the pod creator and the watch.
+    pub async fn start_in(
         config: &KubernetesConfig,
         app_id: &str,
         dial: &Dial,
         termination_grace: Duration,
+        work_root: Option<&Path>,
         events: mpsc::UnboundedSender<ExecutorEvent>,
     ) -> anyhow::Result<Self> {
         if !pod::is_label_value(app_id) {
@@ -99,18 +152,7 @@ impl KubernetesManager {
                  SECRET:KEY, the Secret that holds it (it is never written into a pod spec)"
             );
         }
-        let client_config = match &config.kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .with_context(|| format!("--kubeconfig {}", path.display()))?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("finding the Kubernetes API (in-cluster service account or kubeconfig)")?,
-        };
+        let client_config = client_config(config).await?;
         let namespace = config
             .namespace
             .clone()
@@ -136,15 +178,14 @@ impl KubernetesManager {
             }
             None => None,
         };
+        let driver_url = (config.driver_url.clone()).unwrap_or_else(|| dial.driver_url.clone());
         let settings = PodSettings {
             namespace: namespace.clone(),
             app_id: app_id.to_owned(),
+            instance: instance::driver_instance(work_root, &driver_url)?,
             image: config.image.clone(),
             image_pull_policy: config.image_pull_policy.clone(),
-            driver_url: config
-                .driver_url
-                .clone()
-                .unwrap_or_else(|| dial.driver_url.clone()),
+            driver_url,
             cluster_secret_ref: config.cluster_secret_ref.clone(),
             owner,
             template,
@@ -158,6 +199,7 @@ impl KubernetesManager {
         pod::executor_pod(&settings, &ExecutorId("exec-0".into()), 1, 1)
             .map_err(|e| anyhow::anyhow!("--k8s-pod-template: {e}"))?;
         tracing::info!(namespace, image = settings.image, driver_url = settings.driver_url,
+            instance = settings.instance,
             owner = ?settings.owner.as_ref().map(|o| format!("{}/{}", o.kind, o.name)),
             "kubernetes cluster manager");
         let inner = Arc::new(Inner {
@@ -181,17 +223,65 @@ impl KubernetesManager {
     }
 }
 
+/// The API client's settings: where the API is, and how long a request may go
+/// unanswered.
+async fn client_config(config: &KubernetesConfig) -> anyhow::Result<kube::Config> {
+    let mut client_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the Kubernetes API (in-cluster service account or kubeconfig)")?,
+    };
+    client_config.connect_timeout = Some(CONNECT_TIMEOUT);
+    client_config.read_timeout = Some(READ_TIMEOUT);
+    // Counted from the request, not from when its pooled connection went idle.
+    client_config.reset_reader_on_write = true;
+    // The creator and the deleter retry with backoffs of their own, which `waiting`
+    // reports; kube's would hold a request for minutes on 503s, unseen.
+    client_config.default_retry = false;
+    Ok(client_config)
+}
+
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("kubernetes state lock poisoned")
     }
 
     fn pod_name(&self, id: &ExecutorId) -> String {
-        pod::pod_name(&self.settings.app_id, id)
+        pod::pod_name(&self.settings.app_id, &self.settings.instance, id)
+    }
+
+    /// The label selector of this driver instance's pods.
+    fn selector(&self) -> String {
+        let s = &self.settings;
+        format!(
+            "{}={},{}={}",
+            pod::APP_LABEL,
+            s.app_id,
+            pod::INSTANCE_LABEL,
+            s.instance
+        )
     }
 
     fn send(&self, event: ExecutorEvent) {
         let _ = self.events.send(event);
+    }
+
+    /// Killed on the driver's word before its pod was created: as a SIGKILLed process,
+    /// as one whose pod the driver deleted (the supervisor's note on why it was killed
+    /// stays).
+    fn killed_uncreated(&self, id: &ExecutorId) {
+        self.send(ExecutorEvent::Exited {
+            id: id.clone(),
+            exit: flint_protocol::exit::ProcessExit::Signal(libc::SIGKILL),
+            cause: None,
+        });
     }
 }
 
@@ -200,26 +290,29 @@ impl ClusterManager for KubernetesManager {
         "kubernetes"
     }
 
+    /// Queues its pod, and reports it launched at once (listed as launching, its node
+    /// to come once it runs): one the API refuses for now is there to see, with why
+    /// once it is given up on.
     fn launch(&self, request: LaunchRequest) {
         let name = self.inner.pod_name(&request.id);
         let mut state = self.inner.lock();
-        state.pods.insert(
-            name,
-            Tracked {
-                id: request.id.clone(),
-                created: false,
-                observed: false,
-                launched: false,
-                ended: false,
-                deleting: false,
-                pending: None,
-            },
-        );
+        state
+            .pods
+            .insert(name, Tracked::launching(request.id.clone()));
+        self.inner.send(ExecutorEvent::Launched {
+            id: request.id.clone(),
+            worker: None,
+            pid: None,
+            log: None,
+        });
         state.queue.push_back(request);
         drop(state);
         self.inner.queued.notify_one();
     }
 
+    /// Idempotent: a queued pod is dropped, a created one deleted (with no grace: a pod
+    /// on a node that is gone stays Terminating for good otherwise, the kubelet that
+    /// would end it gone too), one being created deleted once its creation returns.
     fn kill(&self, id: &ExecutorId) {
         let name = self.inner.pod_name(id);
         let mut state = self.inner.lock();
@@ -227,10 +320,7 @@ impl ClusterManager for KubernetesManager {
             state.queue.remove(at);
             state.pods.remove(&name);
             drop(state);
-            self.inner.send(ExecutorEvent::Lost {
-                id: id.clone(),
-                reason: "killed before its pod was created".into(),
-            });
+            self.inner.killed_uncreated(id);
             return;
         }
         let Some(tracked) = state.pods.get_mut(&name) else {
@@ -239,7 +329,6 @@ impl ClusterManager for KubernetesManager {
         tracked.deleting = true;
         let created = tracked.created;
         drop(state);
-        // One still being created is deleted once its creation returns.
         if created {
             self.inner.delete_later(name, Some(0));
         }
@@ -252,9 +341,29 @@ impl ClusterManager for KubernetesManager {
         Some(match (&tracked.pending, tracked.created) {
             (Some(reason), _) => format!("pod {name} pending: {reason}"),
             (None, true) => format!("pod {name} pending"),
-            (None, false) => {
-                format!("pod {name} not created yet (the API server refused it for now)")
-            }
+            (None, false) => not_created(&name, tracked),
+        })
+    }
+
+    /// Until its container runs: queued, refused for now, unscheduled, its sandbox or
+    /// image being made. Not a pod stuck on its own spec, nor one being deleted or
+    /// ended: the supervisor deals with those.
+    fn waiting(&self, id: &ExecutorId) -> Option<String> {
+        let name = self.inner.pod_name(id);
+        let state = self.inner.lock();
+        let tracked = state.pods.get(&name)?;
+        if tracked.launched || tracked.ended || tracked.deleting {
+            return None;
+        }
+        if !tracked.created {
+            return Some(not_created(&name, tracked));
+        }
+        if tracked.stuck {
+            return None;
+        }
+        Some(match &tracked.pending {
+            Some(reason) => format!("pod {name} pending: {reason}"),
+            None => format!("pod {name} pending"),
         })
     }
 
@@ -269,7 +378,11 @@ impl ClusterManager for KubernetesManager {
                 std::mem::take(&mut *self.tasks.lock().expect("kubernetes tasks lock poisoned"));
             self.inner.lock().queue.clear();
             if departure == Departure::ForGood {
-                self.delete_all(grace).await;
+                // No creation may land after the list that deletes everything.
+                for task in &tasks {
+                    task.abort();
+                }
+                self.inner.delete_all(grace).await;
             } else {
                 let pods = self.inner.lock().pods.len();
                 tracing::info!(pods, "leaving the executor pods to the next driver");
@@ -281,60 +394,10 @@ impl ClusterManager for KubernetesManager {
     }
 }
 
-impl KubernetesManager {
-    /// Deletes every pod of the app: their executors get `grace` to stop, then none.
-    async fn delete_all(&self, grace: Duration) {
-        let api = &self.inner.api;
-        let selector = format!("{}={}", pod::APP_LABEL, self.inner.settings.app_id);
-        let list = ListParams::default().labels(&selector);
-        let deadline = Instant::now() + grace;
-        // Past the grace, what is left is deleted at once; past this, given up on.
-        let give_up = deadline + Duration::from_secs(5);
-        let mut forced = false;
-        loop {
-            let now = Instant::now();
-            let pods = match api.list(&list).await {
-                Ok(pods) => pods.items,
-                Err(e) if now < give_up => {
-                    tracing::warn!(error = %e, "listing executor pods to delete them");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "executor pods may be left behind");
-                    return;
-                }
-            };
-            if pods.is_empty() {
-                return;
-            }
-            if now >= give_up {
-                tracing::error!(pods = pods.len(), "executor pods not gone in time");
-                return;
-            }
-            let past = now >= deadline;
-            // Their executors were told to stop: what is left gets the rest of the
-            // grace, then none.
-            let seconds = deadline.saturating_duration_since(now).as_secs() as u32;
-            for pod in &pods {
-                let fresh = pod.metadata.deletion_timestamp.is_none();
-                if let Some(name) = &pod.metadata.name
-                    && (fresh || (past && !forced))
-                {
-                    self.delete_now(name, seconds).await;
-                }
-            }
-            forced |= past;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn delete_now(&self, name: &str, grace_seconds: u32) {
-        let params = DeleteParams::background().grace_period(grace_seconds);
-        if let Err(e) = self.inner.api.delete(name, &params).await
-            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-        {
-            tracing::warn!(pod = name, error = %e, "deleting executor pod");
-        }
+/// Why a pod is not created yet.
+fn not_created(name: &str, tracked: &Tracked) -> String {
+    match &tracked.refused {
+        Some(why) => format!("pod {name} not created: the API server refused it for now: {why}"),
+        None => format!("pod {name} not created yet (queued)"),
     }
 }

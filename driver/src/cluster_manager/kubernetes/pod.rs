@@ -15,9 +15,19 @@ pub use fate::{PodFate, fate};
 /// The container the driver fills in: the template's container of this name, else its
 /// first, else a new one.
 pub const CONTAINER: &str = "flint-executor";
-/// Labels every executor pod carries; the watch selects on the app's.
+/// Labels every executor pod carries. The watch, the adoption at start and a stop for
+/// good select on the app's and the driver instance's together: two drivers of the same
+/// app id in one namespace (the default id, say) never see each other's pods.
 pub const APP_LABEL: &str = "flint.dev/app";
 pub const EXECUTOR_LABEL: &str = "flint.dev/executor-id";
+pub const INSTANCE_LABEL: &str = "flint.dev/driver-instance";
+/// How long an executor keeps dialling the driver at its start (`--connect-timeout-ms`,
+/// whose own default is 10 s): a pod can start before the driver's name resolves or its
+/// listener is up (a driver restarting, its Service's DNS record not there yet, Spark's
+/// SPARK-32975), and an executor that gives up then exits 4 and counts as a failure. As
+/// long as the launch timeout, which counts from when the pod runs: one that never
+/// reaches the driver still exits, and counts, by then. A template's value is kept.
+pub const EXECUTOR_CONNECT_TIMEOUT_MS: u64 = 60_000;
 /// Where the executor's work dir (fetch cache, scratch files) lives: an emptyDir, so
 /// that the root filesystem can stay read-only.
 const WORK_MOUNT: &str = "/work";
@@ -29,6 +39,8 @@ const IMAGE_USER: u32 = 65532;
 pub struct PodSettings {
     pub namespace: String,
     pub app_id: String,
+    /// This driver's instance (`instance.rs`): in each pod's labels and name.
+    pub instance: String,
     pub image: String,
     pub image_pull_policy: Option<String>,
     /// `flint://HOST:PORT` the executors dial.
@@ -71,19 +83,71 @@ impl MemoryOverhead {
     }
 }
 
-/// A pod name for an executor of an app: DNS-1123 (lowercase letters, digits, '-'), at
-/// most 63 bytes so that it can be a host name too.
-pub fn pod_name(app_id: &str, id: &ExecutorId) -> String {
-    let raw = format!("flint-{app_id}-{}", id.0).to_ascii_lowercase();
-    let mut name = String::with_capacity(raw.len());
-    for c in raw.chars() {
+/// A pod name for an executor of an app's driver instance: DNS-1123 (lowercase
+/// letters, digits, '-'), at most 63 bytes so that it can be a host name too, and unique
+/// for every app id, instance and executor id: the app id is cut to fit, a hash of it
+/// and the instance makes up for what was cut, and an executor id that is not already a
+/// short DNS label is cut and hashed too (`exec-10` and `exec-100` never meet at the
+/// limit).
+pub fn pod_name(app_id: &str, instance: &str, id: &ExecutorId) -> String {
+    const PREFIX: &str = "flint-";
+    let tag = short_hash(&[app_id, instance]);
+    let executor = executor_part(&id.0);
+    let room = NAME_MAX - PREFIX.len() - tag.len() - 1 - executor.len() - 1;
+    let app = dns_fragment(app_id, room);
+    let mut name = String::from(PREFIX);
+    if !app.is_empty() {
+        name.push_str(&app);
+        name.push('-');
+    }
+    name.push_str(&tag);
+    name.push('-');
+    name.push_str(&executor);
+    name
+}
+
+/// The longest DNS label, and so the longest pod name that is also a host name.
+const NAME_MAX: usize = 63;
+/// An executor id longer than this is cut, and hashed.
+const EXECUTOR_PART_MAX: usize = 40;
+
+/// The executor id as it is when it is a short DNS label (`exec-12`), else its start
+/// made one and a hash of the whole.
+fn executor_part(id: &str) -> String {
+    let clean = dns_fragment(id, EXECUTOR_PART_MAX);
+    if clean == id && !clean.is_empty() {
+        return clean;
+    }
+    let start = dns_fragment(id, EXECUTOR_PART_MAX / 2);
+    match start.is_empty() {
+        true => short_hash(&[id]),
+        false => format!("{start}-{}", short_hash(&[id])),
+    }
+}
+
+/// `s` lowercased, every run of other characters than letters and digits one '-', none
+/// at either end, at most `max` bytes.
+fn dns_fragment(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max));
+    for c in s.chars().map(|c| c.to_ascii_lowercase()) {
         let c = if c.is_ascii_alphanumeric() { c } else { '-' };
-        if !(c == '-' && name.ends_with('-')) {
-            name.push(c);
+        if !(c == '-' && (out.is_empty() || out.ends_with('-'))) {
+            out.push(c);
         }
     }
-    name.truncate(63);
-    name.trim_end_matches('-').to_owned()
+    out.truncate(max);
+    out.trim_end_matches('-').to_owned()
+}
+
+/// Eight hex digits of the SHA-256 of `parts`: one in 4 billion for two names to meet.
+pub(super) fn short_hash(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..4])
 }
 
 /// Whether `s` can be a label value (what the watch's selector matches the app by).
@@ -121,7 +185,7 @@ fn put_metadata(
     settings: &PodSettings,
     id: &ExecutorId,
 ) -> Result<(), String> {
-    let name = pod_name(&settings.app_id, id);
+    let name = pod_name(&settings.app_id, &settings.instance, id);
     // A template's name would make every executor's pod the same one.
     metadata.remove("generateName");
     metadata.insert("name".into(), json!(name));
@@ -132,6 +196,7 @@ fn put_metadata(
         ("app.kubernetes.io/component", "executor"),
         (APP_LABEL, settings.app_id.as_str()),
         (EXECUTOR_LABEL, id.0.as_str()),
+        (INSTANCE_LABEL, settings.instance.as_str()),
     ] {
         labels.insert(k.into(), json!(v));
     }
@@ -238,6 +303,14 @@ fn put_container(
             .is_none_or(|n| !ours.contains(n))
     });
     template_env.extend(env);
+    // A default, not the driver's to impose: an operator may want it longer still.
+    if !template_env
+        .iter()
+        .any(|e| e.get("name").and_then(Value::as_str) == Some("FLINT_CONNECT_TIMEOUT_MS"))
+    {
+        let timeout = EXECUTOR_CONNECT_TIMEOUT_MS.to_string();
+        template_env.push(value_env("FLINT_CONNECT_TIMEOUT_MS", &timeout));
+    }
     let resources = object(container, "resources")?;
     let requests = object(resources, "requests")?;
     requests.insert("cpu".into(), json!(cores.to_string()));

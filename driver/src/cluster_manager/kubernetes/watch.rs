@@ -1,8 +1,8 @@
-//! The watch of the app's pods: each status it reports turned into the executor events
-//! it means (launched, pending, exited, lost), and pods deleted while it was down found
-//! by comparing a re-list with what it had seen; before it, the pods an earlier run of
-//! the driver left running, adopted. Apart from creation because this side only reads,
-//! and owns what a pod's state means to the driver.
+//! The watch of this driver instance's pods: each status it reports turned into the
+//! executor events it means (launched, pending, exited, lost), and pods deleted while it
+//! was down found by comparing a re-list with what it had seen; before it, the pods an
+//! earlier run of the driver on its data dir left running, adopted. Apart from creation
+//! because this side only reads, and owns what a pod's state means to the driver.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,14 +21,13 @@ use super::{Inner, Tracked};
 use crate::cluster_manager::ExecutorEvent;
 
 impl Inner {
-    /// Lists the app's pods and adopts those an earlier run of the driver left pending
-    /// or running: tracked as created, reported [`ExecutorEvent::Adopted`] (before the
+    /// Lists this driver instance's pods and adopts those an earlier run left pending or
+    /// running: tracked as created, reported [`ExecutorEvent::Adopted`] (before the
     /// supervisor's first launch), never created again. Finished pods, pods being
-    /// deleted and pods not named as this app's executors are left to the watch, which
-    /// deletes them.
+    /// deleted and pods not named as this driver's executors are left to the watch,
+    /// which deletes them. Another driver's pods are not listed.
     pub(super) async fn adopt_existing(&self) -> anyhow::Result<()> {
-        let selector = format!("{}={}", pod::APP_LABEL, self.settings.app_id);
-        let params = ListParams::default().labels(&selector);
+        let params = ListParams::default().labels(&self.selector());
         let listed = self
             .api
             .list(&params)
@@ -38,31 +37,26 @@ impl Inner {
             let Some((name, id, fate)) = self.adoptable(found) else {
                 continue;
             };
-            let (launched, pending, worker) = match fate {
-                PodFate::Running { node } => (true, None, node),
-                PodFate::Pending(reason) => (false, reason, None),
+            let (launched, pending, stuck, worker) = match fate {
+                PodFate::Running { node } => (true, None, false, node),
+                PodFate::Pending { reason, stuck } => (false, reason, stuck, None),
                 _ => continue,
             };
             tracing::info!(pod = name, executor = %id, launched, "adopting an executor pod");
-            self.lock().pods.insert(
-                name,
-                Tracked {
-                    id: id.clone(),
-                    created: true,
-                    observed: true,
-                    launched,
-                    ended: false,
-                    deleting: false,
-                    pending,
-                },
-            );
+            let mut tracked = Tracked::launching(id.clone());
+            tracked.created = true;
+            tracked.observed = true;
+            tracked.launched = launched;
+            tracked.pending = pending;
+            tracked.stuck = stuck;
+            self.lock().pods.insert(name, tracked);
             self.send(ExecutorEvent::Adopted { id, worker });
         }
         Ok(())
     }
 
-    /// A listed pod's name, executor id and fate, if it is this app's executor's pod
-    /// as this driver names them, and not being deleted.
+    /// A listed pod's name, executor id and fate, if it is an executor's pod as this
+    /// driver instance names them, and not being deleted.
     fn adoptable(&self, found: &Pod) -> Option<(String, ExecutorId, PodFate)> {
         let name = found.metadata.name.clone()?;
         let labels = found.metadata.labels.as_ref()?;
@@ -78,12 +72,12 @@ impl Inner {
         let mut state = self.lock();
         let Some(tracked) = state.pods.get_mut(&name) else {
             drop(state);
-            // A pod of this app this driver did not ask for: left by an earlier run
+            // A pod of this driver instance it did not ask for: left by an earlier run
             // (its tasks run again anyway, and its id could be taken by a launch).
             if pod.metadata.deletion_timestamp.is_none() {
                 tracing::warn!(
                     pod = name,
-                    "a pod of this app that this driver neither created nor adopted; deleting it"
+                    "a pod of this driver that it neither created nor adopted; deleting it"
                 );
                 self.delete_later(name, Some(0));
             }
@@ -95,11 +89,13 @@ impl Inner {
         }
         let id = tracked.id.clone();
         match pod::fate(pod) {
-            PodFate::Pending(reason) => {
+            PodFate::Pending { reason, stuck } => {
                 if reason.is_some() && reason != tracked.pending {
-                    tracing::warn!(pod = name, executor = %id, reason, "executor pod pending");
+                    tracing::warn!(pod = name, executor = %id, reason, stuck,
+                        "executor pod pending");
                 }
                 tracked.pending = reason;
+                tracked.stuck = stuck;
             }
             PodFate::Running { node } => {
                 if !tracked.launched {
@@ -159,13 +155,11 @@ impl Inner {
 }
 
 pub(super) async fn watch_pods(inner: Arc<Inner>) {
-    let selector = format!("{}={}", pod::APP_LABEL, inner.settings.app_id);
-    let mut stream = watcher::watcher(
-        inner.api.clone(),
-        watcher::Config::default().labels(&selector),
-    )
-    .default_backoff()
-    .boxed();
+    let config = (watcher::Config::default().labels(&inner.selector()))
+        .timeout(super::WATCH_TIMEOUT_SECONDS);
+    let mut stream = watcher::watcher(inner.api.clone(), config)
+        .default_backoff()
+        .boxed();
     // During a (re-)list: the pods the watch had seen before it, and those listed.
     let mut relist: Option<(HashSet<String>, HashSet<String>)> = None;
     while let Some(event) = stream.next().await {

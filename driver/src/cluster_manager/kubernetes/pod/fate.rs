@@ -1,6 +1,7 @@
-//! What a pod's status says of its executor: pending (and why), running, terminated
-//! with its exit, or lost with its host. Apart from building the spec because it reads
-//! what Kubernetes reports back, the kubelet's and the scheduler's words included.
+//! What a pod's status says of its executor: pending (and why, and whether it waits for
+//! the cluster or is stuck on its own spec), running, terminated with its exit, or lost
+//! with its host. Apart from building the spec because it reads what Kubernetes reports
+//! back, the kubelet's and the scheduler's words included.
 
 use flint_protocol::exit::ProcessExit;
 use k8s_openapi::api::core::v1::Pod;
@@ -10,8 +11,11 @@ use super::CONTAINER;
 /// What a pod's status says of its executor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodFate {
-    /// Not running yet; why, when the scheduler or the kubelet said.
-    Pending(Option<String>),
+    /// Not running yet; why, when the scheduler or the kubelet said. `stuck`: the
+    /// kubelet cannot start it as it is (a missing Secret, an image it cannot pull),
+    /// which no wait for the cluster mends; else it waits for the cluster (a node with
+    /// room, its sandbox and image being made).
+    Pending { reason: Option<String>, stuck: bool },
     /// Its container runs, on this node.
     Running { node: Option<String> },
     /// Its container ended: the exit code, and the kubelet's reason when it is telling
@@ -27,7 +31,10 @@ pub enum PodFate {
 
 pub fn fate(pod: &Pod) -> PodFate {
     let Some(status) = &pod.status else {
-        return PodFate::Pending(None);
+        return PodFate::Pending {
+            reason: None,
+            stuck: false,
+        };
     };
     let container = status
         .container_statuses
@@ -63,8 +70,37 @@ pub fn fate(pod: &Pod) -> PodFate {
                 .or(status.reason.as_deref())
                 .unwrap_or("its container has no status")
         )),
-        _ => PodFate::Pending(pending_reason(pod)),
+        _ => PodFate::Pending {
+            reason: pending_reason(pod),
+            stuck: stuck(pod),
+        },
     }
+}
+
+/// The kubelet's reasons for a container it cannot start from the pod as it is: the
+/// launch timeout runs for these (they count as failures), not the pending timeout.
+/// A pull that fails is here too: a registry's hiccup is retried by the next pod.
+const STUCK: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "RunContainerError",
+];
+
+fn stuck(pod: &Pod) -> bool {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
+    statuses.into_iter().flatten().any(|c| {
+        let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref());
+        waiting
+            .and_then(|w| w.reason.as_deref())
+            .is_some_and(|r| STUCK.contains(&r))
+    })
 }
 
 /// Why a pod is not running: the scheduler's (`Unschedulable: 0/3 nodes are

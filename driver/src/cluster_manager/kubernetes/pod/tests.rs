@@ -9,6 +9,7 @@ fn settings() -> PodSettings {
     PodSettings {
         namespace: "flint".into(),
         app_id: "batch_7".into(),
+        instance: "0195f3c2a1b24c3d8e9f0a1b2c3d4e5f".into(),
         image: "localhost/flint:dev".into(),
         image_pull_policy: Some("IfNotPresent".into()),
         driver_url: "flint://flint-driver.flint.svc:7071".into(),
@@ -35,11 +36,17 @@ fn env_of(pod: &Pod) -> Value {
 
 #[test]
 fn the_built_in_pod_carries_env_limits_labels_owner_and_no_inline_secret() {
-    let pod = executor_pod(&settings(), &ExecutorId("exec-3".into()), 2, 2048).unwrap();
+    let s = settings();
+    let id = ExecutorId("exec-3".into());
+    let pod = executor_pod(&s, &id, 2, 2048).unwrap();
     let json = serde_json::to_value(&pod).unwrap();
-    assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-3");
+    assert_eq!(
+        json["metadata"]["name"],
+        pod_name(&s.app_id, &s.instance, &id)
+    );
     assert_eq!(json["metadata"]["labels"][APP_LABEL], "batch_7");
     assert_eq!(json["metadata"]["labels"][EXECUTOR_LABEL], "exec-3");
+    assert_eq!(json["metadata"]["labels"][INSTANCE_LABEL], s.instance);
     let owner = &json["metadata"]["ownerReferences"][0];
     assert_eq!(owner["uid"], "u-1");
     assert_eq!(owner["kind"], "StatefulSet");
@@ -66,6 +73,7 @@ fn the_built_in_pod_carries_env_limits_labels_owner_and_no_inline_secret() {
         "FLINT_CORES",
         "FLINT_MEMORY_MB",
         "FLINT_APP_ID",
+        "FLINT_CONNECT_TIMEOUT_MS",
     ] {
         assert!(
             env.as_array().unwrap().iter().any(|e| e["name"] == name),
@@ -86,14 +94,21 @@ fn a_template_keeps_its_sidecars_env_and_volumes_and_loses_what_flint_owns() {
                 { "name": "proxy", "image": "envoy" },
                 { "name": "flint-executor", "image": "old", "command": ["/bin/sh"],
                   "env": [ { "name": "RUST_LOG", "value": "debug" },
-                           { "name": "FLINT_CORES", "value": "99" } ],
+                           { "name": "FLINT_CORES", "value": "99" },
+                           { "name": "FLINT_CONNECT_TIMEOUT_MS", "value": "300000" } ],
                   "resources": { "limits": { "ephemeral-storage": "1Gi" } } }
             ]
         }
     }));
     let pod = executor_pod(&s, &ExecutorId("exec-1".into()), 4, 8192).unwrap();
     let json = serde_json::to_value(&pod).unwrap();
-    assert_eq!(json["metadata"]["name"], "flint-batch-7-exec-1");
+    assert!(
+        json["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("flint-batch-7-"),
+        "{json}"
+    );
     assert_eq!(json["metadata"]["labels"]["team"], "ml");
     assert_eq!(json["spec"]["restartPolicy"], "Never");
     assert_eq!(json["spec"]["nodeSelector"]["pool"], "wasm");
@@ -110,16 +125,64 @@ fn a_template_keeps_its_sidecars_env_and_volumes_and_loses_what_flint_owns() {
     let cores: Vec<&Value> = env.iter().filter(|e| e["name"] == "FLINT_CORES").collect();
     assert_eq!(cores.len(), 1);
     assert_eq!(cores[0]["value"], "4");
+    // The connect timeout is a default the template may set longer.
+    let connect: Vec<&Value> = (env.iter())
+        .filter(|e| e["name"] == "FLINT_CONNECT_TIMEOUT_MS")
+        .collect();
+    assert_eq!(connect.len(), 1);
+    assert_eq!(connect[0]["value"], "300000");
 }
 
 #[test]
 fn pod_names_are_dns_labels() {
     let id = ExecutorId("exec-12".into());
-    assert_eq!(pod_name("My.App_x", &id), "flint-my-app-x-exec-12");
+    let name = pod_name("My.App_x", "i-1", &id);
+    assert!(
+        name.starts_with("flint-my-app-x-") && name.ends_with("-exec-12"),
+        "{name}"
+    );
     let long = "a".repeat(64);
-    let name = pod_name(&long, &id);
-    assert!(name.len() <= 63 && !name.ends_with('-'), "{name}");
     assert!(is_label_value("batch_7") && !is_label_value("-x") && !is_label_value(&long));
+    for app in ["", "-", "x", &long, "Ünïcode app", "a.b_c-d"] {
+        for id in ["exec-1", "", "EXEC_1", &"9".repeat(100)] {
+            let name = pod_name(app, "i-1", &ExecutorId(id.into()));
+            assert!(is_dns_label(&name), "{app:?} {id:?}: {name:?}");
+        }
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    (1..=63).contains(&s.len())
+        && s.bytes().all(|b| ok(b) || b == b'-')
+        && s.bytes().next().is_some_and(ok)
+        && s.bytes().last().is_some_and(ok)
+}
+
+/// The regression: at a 49-character app id the old names were cut to 63 bytes, and
+/// `exec-100`'s became `exec-10`'s; at 63 characters every executor's was the same.
+#[test]
+fn pod_names_are_unique_for_a_63_character_app_id_and_executor_ids_of_any_length() {
+    let mut seen = std::collections::BTreeSet::new();
+    let apps = ["a".repeat(49), "b".repeat(63), "flint".to_owned()];
+    for app in &apps {
+        for n in (1..=120).chain([999, 1000, 123_456_789]) {
+            let name = pod_name(app, "i-1", &ExecutorId(format!("exec-{n}")));
+            assert!(is_dns_label(&name), "{name}");
+            assert!(seen.insert(name.clone()), "{name} twice");
+        }
+        // Ids that are no DNS label, or too long for one, hashed apart.
+        for id in ["Exec_1", "exec.1", &format!("exec-{}", "1".repeat(60))] {
+            let name = pod_name(app, "i-1", &ExecutorId(id.into()));
+            assert!(is_dns_label(&name), "{name}");
+            assert!(seen.insert(name.clone()), "{name} twice");
+        }
+    }
+    // Another driver instance of the same app names its pods apart.
+    let id = ExecutorId("exec-1".into());
+    assert_ne!(pod_name("flint", "i-1", &id), pod_name("flint", "i-2", &id));
+    // A short app id is there whole, for people to read.
+    assert!(pod_name("batch-7", "i-1", &id).starts_with("flint-batch-7-"));
 }
 
 fn pod(status: Value) -> Pod {
@@ -132,15 +195,28 @@ fn statuses_map_to_fates() {
         fate(&pod(json!({ "phase": "Pending", "conditions": [
             { "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
               "message": "0/1 nodes are available: 1 Insufficient cpu." } ] }))),
-        PodFate::Pending(Some(
-            "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.".into()
-        ))
+        PodFate::Pending {
+            reason: Some("Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.".into()),
+            stuck: false
+        }
+    );
+    assert_eq!(
+        fate(&pod(json!({ "phase": "Pending", "containerStatuses": [
+            { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+              "state": { "waiting": { "reason": "ContainerCreating" } } } ] }))),
+        PodFate::Pending {
+            reason: None,
+            stuck: false
+        }
     );
     assert_eq!(
         fate(&pod(json!({ "phase": "Pending", "containerStatuses": [
             { "name": CONTAINER, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
               "state": { "waiting": { "reason": "ImagePullBackOff", "message": "Back-off pulling image" } } } ] }))),
-        PodFate::Pending(Some("ImagePullBackOff: Back-off pulling image".into()))
+        PodFate::Pending {
+            reason: Some("ImagePullBackOff: Back-off pulling image".into()),
+            stuck: true
+        }
     );
     assert_eq!(
         fate(&pod(json!({ "phase": "Failed", "containerStatuses": [
