@@ -156,6 +156,8 @@ pub struct SlurmConfig {
     /// Executor jobs' scripts, logs and secret file, on a filesystem the nodes share
     /// (default: the driver's work root).
     pub work_dir: Option<PathBuf>,
+    /// `flint://HOST:PORT` the executor jobs dial (default: the executor listener's).
+    pub driver_url: Option<String>,
     /// One squeue call per interval.
     pub poll_interval: Duration,
 }
@@ -169,6 +171,7 @@ impl Default for SlurmConfig {
             extra: Vec::new(),
             flint_path: None,
             work_dir: None,
+            driver_url: None,
             poll_interval: Duration::from_millis(defaults::SLURM_POLL_INTERVAL_MS),
         }
     }

@@ -31,6 +31,10 @@ pub struct SlurmArgs {
     /// filesystem every node shares (default: DATA_DIR/work).
     #[arg(long, env = "FLINT_SLURM_WORK_DIR")]
     pub slurm_work_dir: Option<PathBuf>,
+    /// What executor jobs dial: `flint://HOST:PORT`, a name the compute nodes resolve
+    /// (default: the executor listener's address, 127.0.0.1 when it listens on all).
+    #[arg(long, env = "FLINT_SLURM_DRIVER_URL")]
+    pub slurm_driver_url: Option<String>,
     /// How often the driver asks Slurm about its executor jobs (one squeue call each
     /// time, whatever their number; a busy slurmctld's users are asked to poll gently).
     #[arg(long, env = "FLINT_SLURM_POLL_INTERVAL_MS", default_value_t = flint_protocol::defaults::SLURM_POLL_INTERVAL_MS,
@@ -47,6 +51,7 @@ impl SlurmArgs {
             extra: self.slurm_extra.clone(),
             flint_path: self.slurm_flint_path.clone(),
             work_dir: self.slurm_work_dir.clone(),
+            driver_url: self.slurm_driver_url.clone(),
             poll_interval: Duration::from_millis(self.slurm_poll_interval_ms),
         }
     }

@@ -122,7 +122,7 @@ impl SlurmManager {
             config: config.clone(),
             app_id: app_id.to_owned(),
             flint,
-            driver_url: dial.driver_url.clone(),
+            driver_url: (config.driver_url.clone()).unwrap_or_else(|| dial.driver_url.clone()),
             app_dir,
             secret_file,
             events,
