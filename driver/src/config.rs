@@ -124,8 +124,9 @@ pub struct AllocationConfig {
     /// failure (`--executor-launch-timeout-ms`).
     pub executor_launch_timeout: Duration,
     /// A launched executor its resource manager has not started this long after is
-    /// given up on, not as a failure (`--executor-pending-timeout-ms`).
-    pub executor_pending_timeout: Duration,
+    /// given up on, not as a failure (`--executor-pending-timeout-ms`; `None`: the
+    /// manager's own default, [`crate::cluster_manager::ClusterManager::default_pending_timeout`]).
+    pub executor_pending_timeout: Option<Duration>,
     /// A decommissioned executor still running tasks this long after is stopped, its
     /// attempts killed and run again elsewhere (`--decommission-timeout-ms`).
     pub decommission_timeout: Duration,
@@ -216,7 +217,7 @@ impl Default for AllocationConfig {
                 defaults::EXECUTOR_FAILURES_INTERVAL_MS,
             ),
             executor_launch_timeout: Duration::from_millis(defaults::EXECUTOR_LAUNCH_TIMEOUT_MS),
-            executor_pending_timeout: Duration::from_millis(defaults::EXECUTOR_PENDING_TIMEOUT_MS),
+            executor_pending_timeout: None,
             decommission_timeout: Duration::from_millis(defaults::DECOMMISSION_TIMEOUT_MS),
             dynamic: None,
             executor_binary: None,

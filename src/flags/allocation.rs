@@ -178,10 +178,11 @@ pub struct SupervisionArgs {
     pub executor_launch_timeout_ms: u64,
     /// A launched executor its resource manager has not started this long after its
     /// launch (a pod pending, a Slurm job queued, launches refused by a quota) is given
-    /// up on and launched again, not counted as a failure.
-    #[arg(long, env = "FLINT_EXECUTOR_PENDING_TIMEOUT_MS", visible_alias = "slurm-pending-timeout-ms", default_value_t = flint_protocol::defaults::EXECUTOR_PENDING_TIMEOUT_MS,
+    /// up on and launched again, not counted as a failure (default: 10 minutes; under
+    /// `slurm` a day, as a job submitted again loses its place in the queue).
+    #[arg(long, env = "FLINT_EXECUTOR_PENDING_TIMEOUT_MS", visible_alias = "slurm-pending-timeout-ms",
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub executor_pending_timeout_ms: u64,
+    pub executor_pending_timeout_ms: Option<u64>,
     /// The program the `local` cluster manager starts executors with, given `executor
     /// --driver-url ...` as its arguments (default: this flint binary); e.g. a wrapper
     /// that sets limits and `exec`s flint.
@@ -196,7 +197,7 @@ impl SupervisionArgs {
             Duration::from_millis(self.executor_failures_interval_ms);
         allocation.executor_launch_timeout = Duration::from_millis(self.executor_launch_timeout_ms);
         allocation.executor_pending_timeout =
-            Duration::from_millis(self.executor_pending_timeout_ms);
+            self.executor_pending_timeout_ms.map(Duration::from_millis);
         if let Some(binary) = &self.executor_binary {
             allocation.executor_binary = Some(binary.clone());
         }

@@ -84,6 +84,30 @@ fn executor(driver: &DevCluster, id: &str) -> Value {
         .unwrap_or_else(|| panic!("no executor {id}"))
 }
 
+/// Waits for `alive` executors to be alive, `gone` not among them (whatever ids its
+/// replacements got).
+fn wait_replaced(driver: &DevCluster, gone: &str, alive: usize) {
+    wait_until(Duration::from_secs(30), &format!("{gone} replaced"), || {
+        let executors = driver.executors();
+        let up: Vec<&Value> = executors.iter().filter(|e| e["state"] == "alive").collect();
+        up.len() == alive && up.iter().all(|e| e["id"] != gone)
+    });
+}
+
+/// Whatever Slurm did, none of it counted against the executors.
+fn assert_no_failures(driver: &DevCluster) {
+    let allocation = driver.get("/v1/executors").1["allocation"].clone();
+    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+}
+
+/// A driver with one executor, alive, and its Slurm job's id.
+fn one_executor(slurm: &Slurm) -> (DevCluster, String) {
+    let driver = start_driver(slurm, &driver_args(&["--initial-executors", "1"]));
+    driver.wait_for_alive_executors(1);
+    let (job, _, _) = active_jobs(slurm).pop().expect("the executor's job");
+    (driver, job)
+}
+
 fn sleeps(module: &str, tasks: usize, ms: u64) -> Value {
     let inputs: Vec<String> = (0..tasks).map(|_| String::new()).collect();
     let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
@@ -118,7 +142,8 @@ fn executors_are_slurm_jobs_that_follow_the_work_and_are_cancelled_when_idle() {
     });
     let names: Vec<String> = active_jobs(&slurm).into_iter().map(|j| j.1).collect();
     for name in &names {
-        assert!(name.starts_with(&format!("flint-{APP}-exec-")), "{name}");
+        assert!(name.starts_with(&format!("flint-{APP}-")), "{name}");
+        assert!(name.contains("-exec-"), "{name}");
     }
     let job = driver.wait_for_job(&id, Duration::from_secs(120));
     assert_eq!(job["state"], "succeeded", "{job}");
@@ -130,8 +155,7 @@ fn executors_are_slurm_jobs_that_follow_the_work_and_are_cancelled_when_idle() {
     wait_until(Duration::from_secs(60), "squeue to be empty", || {
         active_jobs(&slurm).is_empty()
     });
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    assert_no_failures(&driver);
 }
 
 #[test]
@@ -174,15 +198,9 @@ fn an_executor_job_cancelled_mid_run_is_lost_with_slurms_reason_and_replaced() {
         "the cancelled executor's task ran again: {job}"
     );
     // A replacement was submitted, and the cancel was no failure of the executor's.
-    wait_until(Duration::from_secs(30), "a replacement alive", || {
-        driver
-            .executors()
-            .iter()
-            .any(|e| e["id"] == "exec-3" && e["state"] == "alive")
-    });
+    wait_replaced(&driver, "exec-1", 2);
     assert!(active_jobs(&slurm).iter().all(|j| j.1 != victim_name));
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    assert_no_failures(&driver);
 }
 
 #[test]
@@ -211,8 +229,7 @@ fn a_time_limit_ends_the_executor_as_slurms_doing_not_the_guests() {
     assert_eq!(job["counts"]["failed"], 0, "not the guest's failure: {job}");
     let tasks = driver.tasks(&job);
     assert!(tasks[0]["error"].is_null(), "{tasks:?}");
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    assert_no_failures(&driver);
     driver.post_raw(&format!("/v1/jobs/{id}/kill"), "");
 }
 
@@ -251,12 +268,13 @@ fn a_driver_sigkilled_adopts_its_jobs_and_one_stopped_leaves_none() {
 #[test]
 fn the_cluster_secret_never_shows_in_scontrol_or_ps() {
     let slurm = Slurm::start();
-    let driver = start_driver(&slurm, &driver_args(&["--initial-executors", "1"]));
-    driver.wait_for_alive_executors(1);
-    let (job, _, _) = active_jobs(&slurm).pop().expect("the executor's job");
+    let (driver, job) = one_executor(&slurm);
     // The executor registered: it presented the secret, read from its file.
     let shown = slurm.scontrol_show_job(&job);
-    assert!(shown.contains("flint-slurmtest-exec-1"), "{shown}");
+    assert!(
+        shown.contains("flint-slurmtest-") && shown.contains("-exec-1"),
+        "{shown}"
+    );
     assert!(
         !shown.contains(SECRET),
         "scontrol show job shows the secret: {shown}"
@@ -317,14 +335,13 @@ fn a_controller_away_is_waited_for_not_counted_as_failed_launches() {
     let id = driver.submit(&sleeps(&module, 4, 200));
     // sbatch fails after ~4 s each while the controller is away.
     std::thread::sleep(Duration::from_secs(12));
+    assert_no_failures(&driver);
     let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
     assert!(allocation["gave_up"].is_null(), "{allocation}");
     slurm.start_slurmctld();
     let job = driver.wait_for_job(&id, Duration::from_secs(90));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    assert_no_failures(&driver);
 }
 
 #[test]
@@ -339,11 +356,11 @@ fn a_pending_job_waits_past_the_launch_timeout_and_is_given_up_on_without_a_fail
             "--executor-launch-timeout-ms",
             "2000",
             "--slurm-pending-timeout-ms",
-            "8000",
+            "12000",
         ]),
     );
     // Pending (the node drained) past the launch timeout: waiting, not a failure.
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(4));
     let first = active_jobs(&slurm);
     assert_eq!(first.len(), 1, "{first:?}");
     assert_eq!(first[0].2, "PENDING", "{first:?}");
@@ -359,16 +376,12 @@ fn a_pending_job_waits_past_the_launch_timeout_and_is_given_up_on_without_a_fail
             .contains("--executor-pending-timeout-ms"),
         "{given_up}"
     );
-    assert_eq!(
-        slurm.job(&first[0].0).map(|j| j.state),
-        Some("CANCELLED".into())
-    );
+    slurm.wait_for_state(&first[0].0, "CANCELLED", Duration::from_secs(10));
     slurm.resume();
     wait_until(Duration::from_secs(30), "a later executor alive", || {
         driver.alive_executors() == 1
     });
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    assert_no_failures(&driver);
 }
 
 #[test]
@@ -407,9 +420,7 @@ fn a_job_slurm_can_never_start_is_a_failed_launch_that_names_why() {
 #[test]
 fn a_failed_node_is_a_loss_with_slurms_reason_and_the_executor_is_replaced() {
     let slurm = Slurm::start();
-    let driver = start_driver(&slurm, &driver_args(&["--initial-executors", "1"]));
-    driver.wait_for_alive_executors(1);
-    let (job, _, _) = active_jobs(&slurm).pop().expect("exec-1's job");
+    let (driver, job) = one_executor(&slurm);
     slurm.fail_node();
     slurm.wait_for_state(&job, "NODE_FAIL", Duration::from_secs(30));
     wait_until(Duration::from_secs(30), "exec-1 lost with its node", || {
@@ -417,14 +428,8 @@ fn a_failed_node_is_a_loss_with_slurms_reason_and_the_executor_is_replaced() {
             .to_string()
             .contains("NODE_FAIL")
     });
-    wait_until(Duration::from_secs(30), "exec-2 alive", || {
-        driver
-            .executors()
-            .iter()
-            .any(|e| e["id"] == "exec-2" && e["state"] == "alive")
-    });
-    let allocation = driver.get("/v1/executors").1["allocation"].clone();
-    assert_eq!(allocation["recent_failures"], 0, "{allocation}");
+    wait_replaced(&driver, "exec-1", 1);
+    assert_no_failures(&driver);
 }
 
 #[test]
@@ -451,4 +456,28 @@ fn an_executor_refuses_a_secret_file_others_can_read() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("readable by others (mode 644)"), "{stderr}");
     assert!(!stderr.contains(SECRET), "{stderr}");
+}
+
+#[test]
+fn two_drivers_of_one_app_id_leave_each_others_jobs_alone() {
+    let slurm = Slurm::start();
+    // The same (default-like) app id and uid, their own data dirs: each keeps one
+    // executor; neither adopts, cancels or replaces the other's.
+    let one = start_driver(&slurm, &driver_args(&["--initial-executors", "1"]));
+    one.wait_for_alive_executors(1);
+    let two = start_driver(&slurm, &driver_args(&["--initial-executors", "1"]));
+    two.wait_for_alive_executors(1);
+    let jobs = active_jobs(&slurm);
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert_ne!(jobs[0].1, jobs[1].1, "two job names: {jobs:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    let mut again: Vec<String> = active_jobs(&slurm).into_iter().map(|j| j.0).collect();
+    let mut before: Vec<String> = jobs.into_iter().map(|j| j.0).collect();
+    again.sort();
+    before.sort();
+    assert_eq!(again, before, "both jobs still there, none added");
+    for driver in [&one, &two] {
+        assert_eq!(driver.alive_executors(), 1);
+        assert_no_failures(driver);
+    }
 }

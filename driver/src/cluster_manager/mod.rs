@@ -138,6 +138,12 @@ pub trait ClusterManager: Send + Sync {
     fn waiting(&self, _id: &ExecutorId) -> Option<String> {
         None
     }
+    /// How long an executor may wait for its resource manager unless
+    /// `--executor-pending-timeout-ms` says: long enough for a cluster autoscaler to add
+    /// a node.
+    fn default_pending_timeout(&self) -> Duration {
+        Duration::from_millis(flint_protocol::defaults::EXECUTOR_PENDING_TIMEOUT_MS)
+    }
 }
 
 /// The configured cluster manager, and the receiver of its events.

@@ -142,13 +142,22 @@ fn kill_overdue(
 ) {
     let allocation = &driver.config.allocation;
     let timeout = allocation.executor_launch_timeout;
+    let pending_timeout =
+        (allocation.executor_pending_timeout).unwrap_or_else(|| manager.default_pending_timeout());
+    // Waiting is noticed when it begins, not at the launch timeout: one that starts just
+    // before it must still get the whole timeout from its start.
+    for (id, since) in supervisor.unstarted() {
+        if manager.waiting(&id).is_some() {
+            supervisor.still_pending(&id, since, now + RECHECK_PENDING);
+        }
+    }
     let started = |id: &ExecutorId| {
         driver.read(|s| (s.executors.get(id)).is_some_and(|e| e.state != ExecutorState::Launching))
     };
     for Overdue { id, pending_since } in supervisor.overdue(now, timeout, started) {
         if let Some(waiting) = manager.waiting(&id) {
             let since = pending_since.unwrap_or_else(|| now.checked_sub(timeout).unwrap_or(now));
-            let until = since + allocation.executor_pending_timeout;
+            let until = since + pending_timeout;
             if now < until {
                 supervisor.still_pending(&id, since, (now + RECHECK_PENDING).min(until));
                 continue;
@@ -158,7 +167,7 @@ fn kill_overdue(
             let why = format!(
                 "not started by its resource manager within {} ms of its launch \
                  (--executor-pending-timeout-ms): {waiting}",
-                allocation.executor_pending_timeout.as_millis()
+                pending_timeout.as_millis()
             );
             tracing::warn!(executor = %id, why, "giving up on a pending executor");
             supervisor.asked_to_stop(&id);
@@ -247,7 +256,11 @@ fn on_event(
         ExecutorEvent::LaunchFailed { id, reason } => {
             tracing::error!(executor = %id, reason, "could not launch executor");
             let failure = format!("could not be launched: {reason}");
-            driver.executor_gone(&id, Some(("launch_failed", &failure)));
+            // One the driver gave up on first keeps the driver's reason.
+            let note = supervisor
+                .is_live(&id)
+                .then_some(("launch_failed", failure.as_str()));
+            driver.executor_gone(&id, note);
             (id, Some(failure))
         }
         ExecutorEvent::Exited { id, exit, cause } => {
@@ -266,7 +279,9 @@ fn on_event(
         // Not the executor's doing: replaced, not counted.
         ExecutorEvent::Lost { id, reason } => {
             tracing::warn!(executor = %id, reason, "executor lost with its host");
-            driver.executor_gone(&id, Some(("lost", &reason)));
+            let note = supervisor.is_live(&id).then_some(("lost", reason.as_str()));
+            driver.executor_gone(&id, note);
+            driver.end_if_alive(&id, &reason);
             (id, None)
         }
     };

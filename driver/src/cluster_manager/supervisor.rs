@@ -274,6 +274,20 @@ impl Supervisor {
         self.unregistered.values().map(|u| u.due(timeout)).min()
     }
 
+    /// Unregistered executors not known to wait for their resource manager, with when
+    /// they were launched.
+    pub fn unstarted(&self) -> Vec<(ExecutorId, Instant)> {
+        (self.unregistered.iter())
+            .filter(|(_, u)| u.pending_since.is_none())
+            .map(|(id, u)| (id.clone(), u.since))
+            .collect()
+    }
+
+    /// Whether it launched this executor and has not heard it go.
+    pub fn is_live(&self, id: &ExecutorId) -> bool {
+        self.live.contains(id)
+    }
+
     /// Executors launched and waiting for their resource manager to start them.
     pub fn pending(&self) -> u32 {
         self.unregistered

@@ -280,6 +280,22 @@ impl Driver {
         }
     }
 
+    /// Its cluster manager says this executor ended (its batch job's node failed, its
+    /// time limit passed) while its connection may still be up (the process outliving
+    /// the allocation, as on a Slurm node whose slurmd died): it is told to stop and
+    /// dropped, its tasks run elsewhere, so that it runs nothing outside an allocation.
+    pub fn end_if_alive(&self, id: &ExecutorId, why: &str) {
+        let alive = self.read(|s| {
+            (s.executors.get(id))
+                .filter(|e| e.state == ExecutorState::Alive)
+                .map(|e| e.generation)
+        });
+        if let Some(generation) = alive {
+            self.lock().send(id, DriverMessage::Shutdown);
+            self.executor_lost(id, generation, why);
+        }
+    }
+
     /// An executor declared lost (no heartbeat): one its cluster manager launched is
     /// released through it and replaced (Spark's HeartbeatReceiver kills and replaces
     /// it too), so that a host gone silent holds no pod, batch job or slot for good.

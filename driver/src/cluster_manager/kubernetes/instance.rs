@@ -9,13 +9,13 @@ use std::path::Path;
 use anyhow::Context;
 
 /// The file in the driver's work root that holds the id.
-const INSTANCE_FILE: &str = "kubernetes-driver-instance";
+const INSTANCE_FILE: &str = "driver-instance";
 
 /// This driver's instance id: the one in `work_root` (made there, 32 hex digits, if it
 /// is not yet), or, for a caller without a data dir, one derived from the address its
 /// executors dial (two drivers cannot share that; a driver restarted to adopt its pods
 /// keeps it, or its executors could not come back).
-pub(super) fn driver_instance(
+pub(crate) fn driver_instance(
     work_root: Option<&Path>,
     driver_url: &str,
 ) -> anyhow::Result<String> {

@@ -29,7 +29,7 @@
 
 mod creator;
 mod deleter;
-mod instance;
+pub(crate) mod instance;
 mod owner;
 pub mod pod;
 mod refusal;

@@ -18,6 +18,10 @@ pub const SQUEUE_FORMAT: &str = "%i|%j|%T|%r|%N";
 pub struct Submission<'a> {
     pub id: &'a ExecutorId,
     pub app_id: &'a str,
+    /// The driver instance's short id (`kubernetes/instance.rs`, kept in the data dir):
+    /// in the job's name, so that two drivers with one app id and uid leave each
+    /// other's jobs alone.
+    pub instance: &'a str,
     pub cores: u32,
     pub memory_mb: u64,
     pub flint: &'a Path,
@@ -28,18 +32,19 @@ pub struct Submission<'a> {
     pub secret_file: Option<&'a Path>,
 }
 
-/// `flint-<app>-<executor>`: how the driver finds its jobs again after a restart.
-pub fn job_name(app_id: &str, id: &ExecutorId) -> String {
-    format!("{}{}", name_prefix(app_id), id.0)
+/// `flint-<app>-<instance>-<executor>`: how the driver finds its jobs again after a
+/// restart, and tells them from another driver's.
+pub fn job_name(app_id: &str, instance: &str, id: &ExecutorId) -> String {
+    format!("{}{}", name_prefix(app_id, instance), id.0)
 }
 
-pub fn name_prefix(app_id: &str) -> String {
-    format!("flint-{app_id}-")
+pub fn name_prefix(app_id: &str, instance: &str) -> String {
+    format!("flint-{app_id}-{instance}-")
 }
 
-/// The executor id a job of this app is named for, if it is one.
-pub fn executor_of(app_id: &str, name: &str) -> Option<ExecutorId> {
-    let rest = name.strip_prefix(&name_prefix(app_id))?;
+/// The executor id a job of this driver is named for, if it is one.
+pub fn executor_of(app_id: &str, instance: &str, name: &str) -> Option<ExecutorId> {
+    let rest = name.strip_prefix(&name_prefix(app_id, instance))?;
     let n = rest.strip_prefix("exec-")?;
     (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| ExecutorId(rest.to_owned()))
 }
@@ -86,12 +91,63 @@ pub fn script(s: &Submission<'_>) -> String {
         args.push("--cluster-secret-file".into());
         args.push(quote(&file.to_string_lossy()));
     }
+    // A user's login environment (slurmd loads it under --export=NONE) may set FLINT_*
+    // variables: none of them is this executor's configuration.
     format!(
-        "#!/bin/sh\n# Flint executor {} of app {}, submitted by its driver.\nexec {}\n",
+        "#!/bin/sh\n# Flint executor {} of app {}, submitted by its driver.\n\
+         for v in $(env | sed -n 's/^\\(FLINT_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset \"$v\"; done\n\
+         exec {}\n",
         s.id,
         s.app_id,
         args.join(" ")
     )
+}
+
+/// Memory a job asks for beyond the executor's tasks' (`--executor-memory-mb`): the
+/// executor itself and its compiler subprocess, which a site enforcing `--mem` (cgroups)
+/// would otherwise count against the tasks. As the Kubernetes pods' overhead.
+pub fn job_memory_mb(memory_mb: u64) -> u64 {
+    memory_mb + ((memory_mb as f64 * MEMORY_OVERHEAD_FACTOR) as u64).max(MIN_MEMORY_OVERHEAD_MB)
+}
+
+const MEMORY_OVERHEAD_FACTOR: f64 = 0.10;
+const MIN_MEMORY_OVERHEAD_MB: u64 = 384;
+
+/// `sbatch` arguments the manager sets itself and relies on (names for adoption, the
+/// environment kept out, one attempt per job, ids it can read): refused in
+/// `--slurm-extra`.
+const OWN_ARGS: [&str; 14] = [
+    "--job-name",
+    "-J",
+    "--export",
+    "--requeue",
+    "--array",
+    "-a",
+    "--hold",
+    "-H",
+    "--output",
+    "-o",
+    "--error",
+    "-e",
+    "--parsable",
+    "--wrap",
+];
+
+/// `--slurm-extra` without what would break the manager.
+pub fn check_extra(extra: &[String]) -> Result<(), String> {
+    for arg in extra {
+        let flag = arg.split('=').next().unwrap_or(arg);
+        let short = OWN_ARGS
+            .iter()
+            .any(|own| own.len() == 2 && arg.starts_with(own));
+        if OWN_ARGS.contains(&flag) || short {
+            return Err(format!(
+                "--slurm-extra {arg:?}: the driver sets {flag} itself (job names, environment, \
+                 output and one attempt per job are what it finds and reads its jobs by)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `sbatch`'s arguments for one executor job, the script's path last.
@@ -99,11 +155,11 @@ pub fn sbatch_args(config: &SlurmConfig, s: &Submission<'_>, script: &Path) -> V
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
     let mut args = vec![
         "--parsable".to_owned(),
-        format!("--job-name={}", job_name(s.app_id, s.id)),
+        format!("--job-name={}", job_name(s.app_id, s.instance, s.id)),
         "--nodes=1".to_owned(),
         "--ntasks=1".to_owned(),
         format!("--cpus-per-task={}", s.cores),
-        format!("--mem={}M", s.memory_mb),
+        format!("--mem={}M", job_memory_mb(s.memory_mb)),
         format!("--output={}", path(s.dir.join("stdout"))),
         format!("--error={}", path(s.dir.join("stderr"))),
         format!("--chdir={}", path(s.dir.to_path_buf())),
@@ -171,7 +227,7 @@ pub fn parse_squeue(stdout: &str) -> Vec<Seen> {
 
 /// Pending reasons Slurm gives a job that can never start as asked (with the site's
 /// default `EnforcePartLimits=NO`, sbatch accepts such a job and it pends for good).
-const NEVER_STARTS: [(&str, &str); 7] = [
+const NEVER_STARTS: [(&str, &str); 6] = [
     (
         "PartitionTimeLimit",
         "--slurm-time-limit is over the partition's MaxTime",
@@ -179,10 +235,6 @@ const NEVER_STARTS: [(&str, &str); 7] = [
     (
         "PartitionConfig",
         "past the partition's limits (--executor-cores, --executor-memory-mb, --slurm-time-limit)",
-    ),
-    (
-        "PartitionNodeLimit",
-        "the partition's node limits exclude it",
     ),
     (
         "BadConstraints",
@@ -239,7 +291,8 @@ pub fn phase(seen: &Seen, exit: Option<&str>) -> Phase {
         "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "STOPPED" | "RESIZING" => {
             Phase::Running
         }
-        "COMPLETED" => Phase::Ended(End::Exited(exit_of(exit), None)),
+        // Exit 0 by definition: its ExitCode is not needed (nor a failed scontrol).
+        "COMPLETED" => Phase::Ended(End::Exited(ProcessExit::Code(0), None)),
         "FAILED" => Phase::Ended(End::Exited(exit_of(exit), None)),
         "OUT_OF_MEMORY" => Phase::Ended(End::Exited(
             exit_of(exit),
@@ -288,7 +341,7 @@ pub fn scontrol_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// queued): tried again later, as back-pressure. Anything else (an unknown partition or
 /// account, a size no node has) no retry fixes.
 pub fn refused_for_now(stderr: &str) -> bool {
-    const FOR_NOW: [&str; 9] = [
+    const FOR_NOW: [&str; 13] = [
         "Resources temporarily unavailable",
         "temporarily unavailable",
         "Socket timed out",
@@ -298,6 +351,11 @@ pub fn refused_for_now(stderr: &str) -> bool {
         "MaxSubmitJob",
         "Too many jobs",
         "Connection refused",
+        // Slurm's communication errors (slurm_errno.c).
+        "Zero Bytes were transmitted or received",
+        "Communication connection failure",
+        "Message send failure",
+        "Message receive failure",
     ];
     FOR_NOW.iter().any(|s| stderr.contains(s))
 }

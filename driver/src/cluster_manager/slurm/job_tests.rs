@@ -14,6 +14,7 @@ fn submission<'a>(id: &'a ExecutorId, dir: &'a Path, secret: Option<&'a Path>) -
     Submission {
         id,
         app_id: "app",
+        instance: "0a1b2c3d",
         cores: 2,
         memory_mb: 512,
         flint: Path::new("/shared/bin/flint"),
@@ -24,15 +25,20 @@ fn submission<'a>(id: &'a ExecutorId, dir: &'a Path, secret: Option<&'a Path>) -
 }
 
 #[test]
-fn names_carry_the_app_and_the_executor_and_only_ours_are_read_back() {
+fn names_carry_the_app_the_driver_and_the_executor_and_only_ours_are_read_back() {
     let id = ExecutorId("exec-12".into());
-    assert_eq!(job_name("app", &id), "flint-app-exec-12");
-    assert_eq!(executor_of("app", "flint-app-exec-12"), Some(id));
-    // Another app whose name starts like ours, and names that are not an executor's.
-    assert_eq!(executor_of("app", "flint-app-2-exec-1"), None);
-    assert_eq!(executor_of("app", "flint-app-exec-"), None);
-    assert_eq!(executor_of("app", "flint-app-exec-1x"), None);
-    assert_eq!(executor_of("app", "flint-other-exec-1"), None);
+    assert_eq!(job_name("app", "0a1b", &id), "flint-app-0a1b-exec-12");
+    assert_eq!(
+        executor_of("app", "0a1b", "flint-app-0a1b-exec-12"),
+        Some(id)
+    );
+    // Another driver of the same app, another app whose name starts like ours, and
+    // names that are not an executor's.
+    assert_eq!(executor_of("app", "0a1b", "flint-app-ffff-exec-12"), None);
+    assert_eq!(executor_of("app", "0a1b", "flint-app-2-0a1b-exec-1"), None);
+    assert_eq!(executor_of("app", "0a1b", "flint-app-0a1b-exec-"), None);
+    assert_eq!(executor_of("app", "0a1b", "flint-app-0a1b-exec-1x"), None);
+    assert_eq!(executor_of("other", "0a1b", "flint-app-0a1b-exec-1"), None);
     assert!(check_app_id("my.app_1-x").is_ok());
     for bad in ["", "a|b", "a b", ".hidden", "a/b", &"x".repeat(101)] {
         let e = check_app_id(bad).unwrap_err();
@@ -48,6 +54,8 @@ fn the_script_execs_the_executor_and_names_the_secret_file_never_the_secret() {
     let text = script(&submission(&id, &dir, Some(&secret)));
     assert!(text.starts_with("#!/bin/sh\n"), "{text}");
     let exec = text.lines().last().unwrap();
+    // What a login environment set of FLINT_* is undone first.
+    assert!(text.contains("unset \"$v\""), "{text}");
     assert!(
         exec.starts_with("exec '/shared/bin/flint' executor "),
         "{exec}"
@@ -89,9 +97,10 @@ fn sbatch_gets_the_shape_the_names_and_the_sites_settings_with_the_script_last()
     );
     for want in [
         "--parsable",
-        "--job-name=flint-app-exec-1",
+        "--job-name=flint-app-0a1b2c3d-exec-1",
         "--cpus-per-task=2",
-        "--mem=512M",
+        // 512 MiB for the tasks and the 384 MiB floor for the executor itself.
+        "--mem=896M",
         "--output=/w/app/exec-1/stdout",
         "--error=/w/app/exec-1/stderr",
         "--export=NONE",
@@ -184,4 +193,67 @@ fn only_refusals_that_pass_are_retried() {
     assert!(!refused_for_now(
         "sbatch: error: Batch job submission failed: Requested node configuration is not available"
     ));
+    assert!(refused_for_now(
+        "sbatch: error: Batch job submission failed: Zero Bytes were transmitted or received"
+    ));
+}
+
+#[test]
+fn the_memory_asked_for_has_room_for_the_executor_beside_its_tasks() {
+    assert_eq!(job_memory_mb(512), 896);
+    assert_eq!(job_memory_mb(8192), 8192 + 819);
+}
+
+#[test]
+fn extra_sbatch_arguments_cannot_undo_what_the_manager_relies_on() {
+    assert!(
+        check_extra(&[
+            "--qos=short".into(),
+            "--constraint=avx2".into(),
+            "-t5".into()
+        ])
+        .is_ok()
+    );
+    for bad in [
+        "--job-name=x",
+        "-Jx",
+        "--export=ALL",
+        "--requeue",
+        "--array=1-4",
+        "--hold",
+        "--output=/tmp/o",
+        "-e",
+        "--wrap=ls",
+    ] {
+        let e = check_extra(&[bad.into()]).unwrap_err();
+        assert!(e.contains(bad) && e.contains("sets"), "{e}");
+    }
+}
+
+#[test]
+fn a_pending_reason_no_wait_ends_is_never_and_a_busy_queue_is_waiting() {
+    match phase(&seen("PENDING", "PartitionTimeLimit"), None) {
+        Phase::Never(why) => assert!(
+            why.contains("PartitionTimeLimit") && why.contains("--slurm-time-limit"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    for reason in [
+        "Resources",
+        "Priority",
+        "None",
+        "PartitionNodeLimit",
+        "BeginTime",
+    ] {
+        assert!(
+            matches!(phase(&seen("PENDING", reason), None), Phase::Waiting(_)),
+            "{reason}"
+        );
+    }
+    // Exit 0 without asking scontrol: a failed scontrol must not make it a failure.
+    assert_eq!(
+        phase(&seen("COMPLETED", "None"), None),
+        Phase::Ended(End::Exited(ProcessExit::Code(0), None))
+    );
 }

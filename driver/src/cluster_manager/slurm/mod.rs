@@ -52,9 +52,11 @@ pub struct SlurmManager {
 struct Inner {
     config: SlurmConfig,
     app_id: String,
+    /// The driver instance's short id, in job names and the app dir.
+    instance: String,
     flint: PathBuf,
     driver_url: String,
-    /// `<work>/<app>/`: one dir per executor, and the secret's file.
+    /// `<work>/<app>-<instance>/`: one dir per executor, and the secret's file.
     app_dir: PathBuf,
     secret_file: Option<PathBuf>,
     events: mpsc::UnboundedSender<ExecutorEvent>,
@@ -87,6 +89,9 @@ struct Tracked {
     cancel: bool,
     cancel_sent: Option<Instant>,
     missing: u32,
+    /// Slurm ran it: a job seen pending again after that was requeued, and its executor
+    /// is gone with the run.
+    ran: bool,
 }
 
 impl SlurmManager {
@@ -100,6 +105,7 @@ impl SlurmManager {
         events: mpsc::UnboundedSender<ExecutorEvent>,
     ) -> anyhow::Result<Self> {
         job::check_app_id(app_id).map_err(|e| anyhow::anyhow!(e))?;
+        job::check_extra(&config.extra).map_err(|e| anyhow::anyhow!(e))?;
         let flint = match &config.flint_path {
             Some(path) => path.clone(),
             None => std::env::current_exe().context("the driver's own binary")?,
@@ -108,7 +114,12 @@ impl SlurmManager {
             .work_dir
             .clone()
             .unwrap_or_else(|| work_root.to_path_buf());
-        let app_dir = work.join(app_id);
+        let driver_url = (config.driver_url.clone()).unwrap_or_else(|| dial.driver_url.clone());
+        let instance = super::kubernetes::instance::driver_instance(Some(work_root), &driver_url)?;
+        // Its random end: a v7 uuid begins with its time, the same for drivers made
+        // within a minute of each other.
+        let instance = instance[instance.len().saturating_sub(8)..].to_owned();
+        let app_dir = work.join(format!("{app_id}-{instance}"));
         std::fs::create_dir_all(&app_dir)
             .with_context(|| format!("creating {}", app_dir.display()))?;
         std::fs::set_permissions(&app_dir, std::fs::Permissions::from_mode(0o700))?;
@@ -121,8 +132,9 @@ impl SlurmManager {
         let inner = Arc::new(Inner {
             config: config.clone(),
             app_id: app_id.to_owned(),
+            instance,
             flint,
-            driver_url: (config.driver_url.clone()).unwrap_or_else(|| dial.driver_url.clone()),
+            driver_url,
             app_dir,
             secret_file,
             events,
@@ -159,6 +171,16 @@ impl Inner {
 
     fn send(&self, event: ExecutorEvent) {
         let _ = self.events.send(event);
+    }
+
+    /// The executor a listed job is this driver's job for, if it is one.
+    fn ours(&self, seen: &job::Seen) -> Option<ExecutorId> {
+        job::executor_of(&self.app_id, &self.instance, &seen.name)
+    }
+
+    /// `<app dir>/<executor>/`.
+    fn dir(&self, id: &ExecutorId) -> PathBuf {
+        self.app_dir.join(&id.0)
     }
 
     async fn run(self: Arc<Self>) {
@@ -230,11 +252,23 @@ impl ClusterManager for SlurmManager {
             if let Some(task) = self.task.lock().expect("slurm task lock poisoned").take() {
                 task.abort();
             }
-            let jobs: Vec<String> = {
+            let mut jobs: Vec<String> = {
                 let mut state = self.inner.lock();
                 state.queue.clear();
                 state.jobs.values().filter_map(|t| t.job.clone()).collect()
             };
+            // And what Slurm lists of this driver's that it did not track: a submission
+            // the abort cut short after Slurm had made the job, say.
+            if let Ok(listed) = self.inner.squeue().await {
+                for seen in listed
+                    .iter()
+                    .filter(|s| self.inner.ours(s).is_some() && active(s))
+                {
+                    if !jobs.contains(&seen.job) {
+                        jobs.push(seen.job.clone());
+                    }
+                }
+            }
             if jobs.is_empty() {
                 return;
             }
@@ -242,14 +276,11 @@ impl ClusterManager for SlurmManager {
             self.inner.scancel(&jobs).await;
             let deadline = Instant::now() + grace + Duration::from_secs(5);
             while Instant::now() < deadline {
-                let active = match self.inner.squeue().await {
-                    Ok(listed) => listed
-                        .iter()
-                        .filter(|s| jobs.contains(&s.job))
-                        .any(|s| matches!(job::phase(s, None), Phase::Waiting(_) | Phase::Running)),
+                let left = match self.inner.squeue().await {
+                    Ok(listed) => listed.iter().any(|s| jobs.contains(&s.job) && active(s)),
                     Err(_) => true,
                 };
-                if !active {
+                if !left {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -260,4 +291,15 @@ impl ClusterManager for SlurmManager {
             let _ = tools::run("scancel", &args).await;
         })
     }
+
+    fn default_pending_timeout(&self) -> Duration {
+        // A batch queue's wait is hours at a busy site, and a job cancelled and submitted
+        // again starts at the back of it (its age priority lost): waited for a day.
+        Duration::from_secs(24 * 3600)
+    }
+}
+
+/// Not ended by Slurm.
+fn active(seen: &job::Seen) -> bool {
+    !matches!(job::phase(seen, None), Phase::Ended(_))
 }

@@ -41,6 +41,7 @@ impl Inner {
         let submission = Submission {
             id: &id,
             app_id: &self.app_id,
+            instance: &self.instance,
             cores: request.cores,
             memory_mb: request.memory_mb,
             flint: &self.flint,

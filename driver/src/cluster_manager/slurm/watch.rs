@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use flint_protocol::ExecutorId;
 
 use super::job::{self, End, Phase};
-use super::{Inner, Tracked, tools};
+use super::{Inner, Tracked, active, tools};
 use crate::cluster_manager::ExecutorEvent;
 
 /// A cancel not yet seen through is asked again this often.
@@ -27,7 +27,7 @@ impl Inner {
         let mut best: HashMap<ExecutorId, job::Seen> = HashMap::new();
         let mut strays = Vec::new();
         for seen in listed {
-            let Some(id) = job::executor_of(&self.app_id, &seen.name) else {
+            let Some(id) = self.ours(&seen) else {
                 continue;
             };
             match job::phase(&seen, None) {
@@ -123,9 +123,10 @@ impl Inner {
         Ok(job::parse_squeue(&answer.stdout))
     }
 
-    /// One round: every tracked job's state, and an event for each that started or ended.
+    /// One round: every tracked job's state, and an event for each that started or ended;
+    /// this driver's jobs it does not track taken or cancelled (`sweep`).
     pub(super) async fn poll(&self) {
-        if self.lock().jobs.values().all(|t| t.job.is_none()) {
+        if self.lock().jobs.is_empty() {
             return;
         }
         let listed = match self.squeue().await {
@@ -134,8 +135,13 @@ impl Inner {
                 return tracing::warn!(error = e, "asking Slurm about the executor jobs (squeue)");
             }
         };
-        let by_job: HashMap<&str, &job::Seen> =
-            listed.iter().map(|s| (s.job.as_str(), s)).collect();
+        self.sweep(&listed).await;
+        // By id and name: an id alone may be another job's after the controller lost
+        // its state and counted again.
+        let by_job: HashMap<&str, &job::Seen> = (listed.iter())
+            .filter(|s| self.ours(s).is_some())
+            .map(|s| (s.job.as_str(), s))
+            .collect();
         let tracked: Vec<(ExecutorId, String)> = self
             .lock()
             .jobs
@@ -147,6 +153,51 @@ impl Inner {
                 Some(seen) => self.observe(&id, seen).await,
                 None => self.missing(&id, &job_id),
             }
+        }
+    }
+
+    /// Jobs of this driver that it does not track with their id: one whose `sbatch` it
+    /// took as failed (a timeout, a lost answer: Slurm may have made the job) while its
+    /// executor waits to be submitted again is taken as that submission; any other (a
+    /// duplicate, one whose executor is gone) is cancelled, so that none is left.
+    async fn sweep(&self, listed: &[job::Seen]) {
+        let mut strays = Vec::new();
+        let mut taken = Vec::new();
+        {
+            let mut state = self.lock();
+            for seen in listed.iter().filter(|s| active(s)) {
+                let Some(id) = self.ours(seen) else {
+                    continue;
+                };
+                let queued = state.queue.iter().position(|r| r.id == id);
+                match state.jobs.get_mut(&id) {
+                    Some(t) if t.job.as_deref() == Some(seen.job.as_str()) => {}
+                    Some(t) if t.job.is_none() && !t.cancel && queued.is_some() => {
+                        t.job = Some(seen.job.clone());
+                        t.waiting = Some(format!(
+                            "Slurm job {} found after its sbatch failed",
+                            seen.job
+                        ));
+                        state.queue.remove(queued.unwrap_or_default());
+                        taken.push(id);
+                    }
+                    _ => strays.push(seen.job.clone()),
+                }
+            }
+        }
+        for id in taken {
+            tracing::warn!(executor = %id, "a Slurm job whose submission seemed to fail was made; taking it");
+            let log = Some(self.dir(&id).join("stderr"));
+            self.send(ExecutorEvent::Launched {
+                id,
+                worker: None,
+                pid: None,
+                log,
+            });
+        }
+        if !strays.is_empty() {
+            tracing::warn!(jobs = ?strays, "cancelling Slurm jobs of this driver it does not track");
+            self.scancel(&strays).await;
         }
     }
 
@@ -167,8 +218,22 @@ impl Inner {
             };
             tracked.missing = 0;
             match phase {
+                // Pending again after it ran: requeued (by an admin, or a controller
+                // that lost its record of the start), its executor gone with the run.
+                Phase::Waiting(_) if tracked.ran => {
+                    tracked.cancel = true;
+                    state.jobs.remove(id);
+                    let why = format!(
+                        "Slurm put job {} back in its queue after it ran (requeued)",
+                        seen.job
+                    );
+                    (Ok(End::Ended(why)), false)
+                }
                 Phase::Waiting(why) => return tracked.waiting = Some(why),
-                Phase::Running => return tracked.waiting = None,
+                Phase::Running => {
+                    tracked.ran = true;
+                    return tracked.waiting = None;
+                }
                 Phase::Never(reason) => {
                     state.jobs.remove(id);
                     (Err(reason), false)
@@ -182,6 +247,11 @@ impl Inner {
         };
         let id = id.clone();
         let end = match end {
+            Ok(End::Ended(reason)) if active(seen) => {
+                // Requeued: it must not run again as an executor nobody tracks.
+                self.scancel(std::slice::from_ref(&seen.job)).await;
+                End::Ended(reason)
+            }
             Ok(end) => end,
             Err(reason) => {
                 tracing::error!(executor = %id, reason, "cancelling an executor job");
@@ -189,6 +259,7 @@ impl Inner {
                 return self.send(ExecutorEvent::LaunchFailed { id, reason });
             }
         };
+        self.clean(&id);
         self.send(match end {
             End::Exited(exit, cause) => ExecutorEvent::Exited { id, exit, cause },
             End::Ended(reason) if asked => ExecutorEvent::Lost {
@@ -196,6 +267,19 @@ impl Inner {
                 reason: format!("{reason}, as the driver asked"),
             },
             End::Ended(reason) => ExecutorEvent::Lost { id, reason },
+        });
+    }
+
+    /// Removes an ended executor's work dir (its fetch cache and spills, on the shared
+    /// filesystem), keeping its logs: each executor of a burst gets a dir of its own.
+    fn clean(&self, id: &ExecutorId) {
+        let work = self.dir(id).join("work");
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = std::fs::remove_dir_all(&work)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %work.display(), error = %e, "removing an executor's work dir");
+            }
         });
     }
 
@@ -210,6 +294,7 @@ impl Inner {
         }
         state.jobs.remove(id);
         drop(state);
+        self.clean(id);
         self.send(ExecutorEvent::Lost {
             id: id.clone(),
             reason: format!("Slurm no longer knows job {job_id} (purged, or its state was lost)"),
