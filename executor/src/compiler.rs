@@ -313,10 +313,9 @@ mod tests {
 
     const MODULE: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
 
-    #[test]
-    fn each_engine_has_its_own_artifacts_and_never_loads_the_others() {
-        let dir = tempfile::tempdir().unwrap();
-        let wasm_path = dir.path().join("module.wasm");
+    /// [`MODULE`] written in `dir`, its digest, and a one-slot sandbox's config.
+    fn fixture(dir: &Path) -> (PathBuf, Digest, SandboxConfig, Arc<Sandbox>) {
+        let wasm_path = dir.join("module.wasm");
         std::fs::write(&wasm_path, wat::parse_str(MODULE).unwrap()).unwrap();
         let digest = Digest::of(&std::fs::read(&wasm_path).unwrap());
         let config = SandboxConfig {
@@ -325,6 +324,13 @@ mod tests {
             fuel: false,
         };
         let sandbox = Arc::new(Sandbox::new(config).unwrap());
+        (wasm_path, digest, config, sandbox)
+    }
+
+    #[test]
+    fn each_engine_has_its_own_artifacts_and_never_loads_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wasm_path, digest, config, sandbox) = fixture(dir.path());
         let artifacts = dir.path().join("artifacts");
         let compiler =
             ModuleCompiler::new(sandbox, config, artifacts, CompilerMode::InProcess).unwrap();
@@ -365,15 +371,7 @@ mod tests {
     /// A compiler that ends by `signal` (a shell killing itself stands in for it).
     fn ended_by(signal: &str) -> TaskFailure {
         let dir = tempfile::tempdir().unwrap();
-        let wasm_path = dir.path().join("module.wasm");
-        std::fs::write(&wasm_path, wat::parse_str(MODULE).unwrap()).unwrap();
-        let digest = Digest::of(&std::fs::read(&wasm_path).unwrap());
-        let config = SandboxConfig {
-            slots: 1,
-            max_memory_bytes: 16 << 20,
-            fuel: false,
-        };
-        let sandbox = Arc::new(Sandbox::new(config).unwrap());
+        let (wasm_path, digest, config, sandbox) = fixture(dir.path());
         let mode = CompilerMode::Subprocess {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), format!("kill -{signal} $$").into()],
