@@ -194,6 +194,12 @@ pub struct BenchArgs {
     #[arg(long,
           conflicts_with_all = ["pending_memory", "results_mib", "soak", "simulated_executors", "scale_up", "floor", "graph", "restarts"])]
     pub egress: bool,
+    /// `--egress`'s native client in a process of its own (the tasks' requests cross a
+    /// process boundary to the server; so do these): GETs `--egress-tasks` times with
+    /// `--executors` x `--cores` in flight and prints the wall time and each request's,
+    /// in ns. Started by `--egress` itself.
+    #[arg(long, hide = true, value_name = "URL")]
+    pub egress_native_client: Option<String>,
     /// Tasks of `--egress`'s jobs, and requests of its native client.
     #[arg(long, default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

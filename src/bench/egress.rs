@@ -4,8 +4,11 @@
 //! counts what it serves; a local cluster allowed to call it (`--egress-allow`, and the
 //! job's `network.allow`) runs one job of N testkit `http-get` tasks, one request each;
 //! then a pooled reqwest client makes N requests with as many in flight as the cluster
-//! runs tasks at once. A job of N testkit `noop` tasks on the same cluster shows what a
-//! task costs without its request.
+//! runs tasks at once, twice: in this process (sharing the server's runtime, where a
+//! request and its answer pass between tasks without leaving the process: the cheapest
+//! loopback there is) and in a process of its own, as the executors' requests are (each
+//! waking the server's process and being woken by it). A job of N testkit `noop` tasks on the same cluster shows what a task costs
+//! without its request.
 //!
 //! No figure is printed unchecked: every task's result must be exactly what testkit
 //! prints for a 200 with that body (compared by the digest the driver keeps of it), its
@@ -71,6 +74,8 @@ struct Figures {
     noop: Run,
     gets: Run,
     native: Run,
+    /// The native client in a process of its own.
+    process: Run,
 }
 
 /// The warm-up, the `noop` job, the `http-get` job and the native client, each checked.
@@ -116,7 +121,82 @@ async fn measure(
         busy,
         served,
     };
-    Ok(Figures { noop, gets, native })
+    let meter = Meter::start(&executors)?;
+    let (wall, each, served) = native_process(server, n, args.executors, args.cores).await?;
+    let (executors_cpu, own_cpu, busy) = meter.read()?;
+    ensure_served(served, n, "native client in its own process")?;
+    let process = Run {
+        name: format!("native, own process, {slots}"),
+        wall,
+        each,
+        executors_cpu,
+        own_cpu,
+        busy,
+        served,
+    };
+    Ok(Figures {
+        noop,
+        gets,
+        native,
+        process,
+    })
+}
+
+/// `flint bench --egress-native-client URL`: the native client's GETs, made here, their
+/// times printed for the process that started this one (`native_process`).
+pub async fn native_client(url: &str, n: u32, in_flight: u32) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    // As the tasks' warm-up does: the pool's connections are open before the clock runs.
+    origin::gets(&http, url, in_flight * 4, in_flight).await?;
+    let t0 = std::time::Instant::now();
+    let each = origin::gets(&http, url, n, in_flight).await?;
+    let wall = t0.elapsed();
+    let each: Vec<String> = each.iter().map(|d| d.as_nanos().to_string()).collect();
+    println!("{}\n{}", wall.as_nanos(), each.join(" "));
+    Ok(())
+}
+
+/// The native client in a process of its own (this binary, `--egress-native-client`):
+/// its wall time, each request's (sorted), and what the server saw of the timed ones.
+async fn native_process(
+    server: &Origin,
+    n: u32,
+    executors: u32,
+    cores: u32,
+) -> anyhow::Result<(Duration, Vec<Duration>, Served)> {
+    let before = server.served();
+    let output = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "--egress-native-client", &server.url()])
+        .args(["--egress-tasks", &n.to_string()])
+        .args([
+            "--executors",
+            &executors.to_string(),
+            "--cores",
+            &cores.to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    if !output.status.success() {
+        bail!(
+            "the native client's process failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8(output.stdout)?;
+    let mut lines = text.lines();
+    let nanos = |s: &str| s.parse::<u64>().map(Duration::from_nanos);
+    let wall = nanos(lines.next().unwrap_or_default())?;
+    let mut each = (lines.next().unwrap_or_default().split_whitespace())
+        .map(nanos)
+        .collect::<Result<Vec<_>, _>>()?;
+    each.sort();
+    // Its warm-up's requests are not the timed ones.
+    let warm = u64::from(executors * cores * 4);
+    let mut served = server.served() - before;
+    served.requests = served.requests.saturating_sub(warm);
+    Ok((wall, each, served))
 }
 
 /// What a job needs to be run, measured and checked.
@@ -301,17 +381,18 @@ impl Figures {
             "CPUs busy",
             "server: requests"
         );
-        for run in [&self.noop, &self.gets, &self.native] {
+        for run in [&self.noop, &self.gets, &self.native, &self.process] {
             run.print(n);
         }
         println!(
-            "  (p50: a task's guest from start to end on its executor, a native request from send to body; CPU in us per task or request; this process is the driver and the server during a job, the client and the server natively)"
+            "  (p50: a task's guest from start to end on its executor, a native request from send to body; CPU in us per task or request; this process is the driver and the server during a job, the client and the server natively, the server alone when the client has its own process)"
         );
         let per_slot = |run: &Run| run.wall.as_secs_f64() * f64::from(slots) / f64::from(n);
         let (noop, gets) = (per_slot(&self.noop), per_slot(&self.gets));
         println!(
-            "  http-get / native: {:.2}x (goal >= 0.50x); a task slot spends {:.0} us on an http-get task against {:.0} us on a noop: the request adds {:.0} us",
+            "  http-get / native: {:.2}x against the client in this process, {:.2}x against the client in its own process (goal >= 0.50x); a task slot spends {:.0} us on an http-get task against {:.0} us on a noop: the request adds {:.0} us",
             self.gets.rate(n) / self.native.rate(n),
+            self.gets.rate(n) / self.process.rate(n),
             gets * 1e6,
             noop * 1e6,
             (gets - noop) * 1e6

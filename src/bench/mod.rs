@@ -78,6 +78,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         return scale_up::run(&args, wasm).await;
     }
+    if let Some(url) = &args.egress_native_client {
+        return egress::native_client(url, args.egress_tasks, args.executors * args.cores).await;
+    }
     if args.egress {
         if args.module.is_none() {
             bail!("--egress needs --module testkit.wasm (its `http-get` is the job's task)");

@@ -145,7 +145,7 @@ async fn accept(listener: TcpListener, counts: Arc<Counts>) {
 
 /// `n` GETs of `url` with `in_flight` under way at once, each a 200 with [`BODY`]: each
 /// one's time from send to its whole body.
-async fn gets(
+pub(super) async fn gets(
     http: &reqwest::Client,
     url: &str,
     n: u32,
