@@ -260,6 +260,7 @@ fn egress_compares_the_tasks_requests_with_a_native_clients() {
         ("testkit noop", "0"),
         ("testkit http-get", "40"),
         ("native reqwest, 2 in flight", "40"),
+        ("native, own process, 2", "40"),
     ] {
         let row = out
             .lines()
@@ -269,6 +270,7 @@ fn egress_compares_the_tasks_requests_with_a_native_clients() {
         assert_eq!(cells[cells.len() - 4..][..2], [requests, "/"], "{row}");
     }
     assert!(out.contains("http-get / native: "), "{out}");
+    assert!(out.contains("against the client in its own process"), "{out}");
 
     let out = Command::new(FLINT)
         .args(["bench", "--egress"])
