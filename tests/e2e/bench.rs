@@ -270,7 +270,10 @@ fn egress_compares_the_tasks_requests_with_a_native_clients() {
         assert_eq!(cells[cells.len() - 4..][..2], [requests, "/"], "{row}");
     }
     assert!(out.contains("http-get / native: "), "{out}");
-    assert!(out.contains("against the client in its own process"), "{out}");
+    assert!(
+        out.contains("against the client in its own process"),
+        "{out}"
+    );
 
     let out = Command::new(FLINT)
         .args(["bench", "--egress"])
