@@ -21,7 +21,7 @@ impl Client {
     pub fn new(base: &str) -> Self {
         Client {
             base: base.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::builder()
+            http: flint_fetch_cache::client::builder_for(base)
                 .build()
                 .expect("a plain HTTP client always builds"),
             token: None,

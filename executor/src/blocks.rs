@@ -71,7 +71,9 @@ impl BlockClient {
         let held = Arc::new(HeldBlocks::clear(held_dir)?);
         let target = if spec == "driver" {
             Target::Driver {
-                client: reqwest::Client::builder().no_proxy().build()?,
+                client: flint_fetch_cache::client::builder_for(driver_http_url)
+                    .no_proxy()
+                    .build()?,
                 base: format!("{driver_http_url}/v1/blocks"),
                 secret,
                 held,

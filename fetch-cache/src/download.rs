@@ -146,7 +146,7 @@ async fn get(
     // (rebinding) cannot send us elsewhere. Connecting to the IP and setting `Host`
     // instead would break TLS (SNI and certificate checks use the URL's host), which the
     // override keeps intact. No proxy, since a proxy would resolve the name itself.
-    let mut builder = reqwest::Client::builder()
+    let mut builder = crate::client::builder_for(url)
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy();
     if let Some(domain) = &domain {

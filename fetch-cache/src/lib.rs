@@ -53,6 +53,7 @@
 
 pub mod addresses;
 mod cap;
+pub mod client;
 mod download;
 pub mod egress;
 mod error;
