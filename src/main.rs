@@ -14,6 +14,7 @@ mod graph;
 mod jobs;
 mod progress;
 mod replay;
+mod rest;
 mod shutdown;
 mod submit;
 mod worker;
@@ -35,7 +36,9 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// slices back to the kernel a second later; touching such a range again faults in a whole
 /// 2 MiB page, zeroed. With the driver's and executors' message churn that zeroing was a
 /// tenth of all CPU in `flint bench` (clear_page_erms under do_huge_pmd_anonymous_page),
-/// so Flint's processes (and the executors they start, which inherit it) opt out.
+/// so Flint's processes (and the executors they start, which inherit it) opt out. The
+/// allocator's first arena, made before `main`, is kept off huge pages by mimalloc's
+/// `no_thp` (Cargo.toml); this covers kernels set to THP `always` from here on.
 fn no_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE only sets a flag on this process's memory map.
     let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
@@ -105,10 +108,11 @@ fn main() {
     // The services log what they do; a client command, or a benchmark (whose in-process
     // driver would log every job it runs between its figures), logs warnings only
     // unless FLINT_LOG asks for more.
-    let quiet = !matches!(
+    let service = matches!(
         cli.command,
         Command::Dev(_) | Command::Driver(_) | Command::Executor(_) | Command::Worker(_)
     );
+    let quiet = !service;
     // wasmtime-wasi opens a span on every preview-1 call a guest makes, at `info` (its
     // `#[instrument]`'s default level), and the log formats its arguments on the task
     // thread: a per-task cost for spans that nothing of ours logs inside. FLINT_LOG can
@@ -118,13 +122,50 @@ fn main() {
     } else {
         "info,wasmtime_wasi=warn"
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("building the tokio runtime");
+    if service {
+        rest::keep_lean();
+    }
+    let runtime = runtime_for(&cli.command);
     let code = runtime.block_on(run(cli, &matches));
     // Task threads and the epoch ticker are plain threads; exit without waiting for them.
     std::process::exit(code);
+}
+
+/// A client command sends a request or a few and waits: one thread does that, where a
+/// multi-threaded runtime would start a worker per CPU first. An executor's runtime
+/// carries its wire, fetches and uploads beside task threads of its own, so its
+/// workers are sized to the cores it offers, not to the host's (a 1-core executor on a
+/// 64-core host would start 64). The driver, the benchmarks and `replay` (whose
+/// runtime waits on the guest's thread) take every CPU.
+fn runtime_for(command: &Command) -> tokio::runtime::Runtime {
+    let mut builder = match command {
+        Command::Submit(_)
+        | Command::Status(_)
+        | Command::Graph(_)
+        | Command::Results(_)
+        | Command::Logs(_)
+        | Command::Kill(_)
+        | Command::Delete(_)
+        | Command::Executors(_)
+        | Command::Workers(_) => tokio::runtime::Builder::new_current_thread(),
+        Command::Executor(args) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder
+                .worker_threads(args.runtime_threads())
+                .on_thread_park(rest::on_park);
+            builder
+        }
+        Command::Dev(_) | Command::Driver(_) | Command::Worker(_) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.on_thread_park(rest::on_park);
+            builder
+        }
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime")
 }
 
 async fn run(cli: Cli, matches: &ArgMatches) -> i32 {

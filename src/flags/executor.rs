@@ -114,6 +114,12 @@ pub struct ExecutorArgs {
 }
 
 impl ExecutorArgs {
+    /// The runtime's worker threads: one per core offered, no more than the host has.
+    pub fn runtime_threads(&self) -> usize {
+        let host = std::thread::available_parallelism().map_or(1, usize::from);
+        (self.cores as usize).clamp(1, host)
+    }
+
     pub fn options(self) -> anyhow::Result<ExecutorOptions> {
         let driver_addr = self
             .driver_url
