@@ -182,10 +182,15 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
     };
     let files = upload_files(&client, file_bytes).await?;
     let spec = job_spec(&args, module, files, inputs);
+    // With nothing to show while it runs, the submission itself waits for the end: one
+    // round trip fewer for a script's short job. A longer one is followed from there.
+    let follows = args.wait || args.out.is_some();
+    let wait = (follows && matches!(args.progress, ProgressMode::Off))
+        .then_some(std::time::Duration::from_secs(30));
     let job = client
-        .submit_with_key(&spec, None, args.idempotency_key.as_ref())
+        .submit_with_key(&spec, wait, args.idempotency_key.as_ref())
         .await?;
-    if !args.wait && args.out.is_none() {
+    if !follows {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&job)?);
         } else {
