@@ -204,6 +204,26 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub egress_tasks: u32,
+    /// Instead: a cluster at rest and the CLI's own cost (`rest`), for each
+    /// `--at-rest-binary` (default: this binary), round by round in turn: the resident
+    /// sets of a `flint dev` driver and 2 executors x 1 core after start and after a job
+    /// of `--tasks` testkit `noop` tasks, and the median time of `flint --version`,
+    /// `flint status` and `flint submit --wait` against the same job over HTTP. Needs
+    /// `--module testkit.wasm`.
+    #[arg(long,
+          conflicts_with_all = ["pending_memory", "results_mib", "soak", "simulated_executors", "scale_up", "floor", "graph", "restarts", "egress"])]
+    pub at_rest: bool,
+    /// A flint binary for `--at-rest` to measure (repeat to compare).
+    #[arg(long, value_name = "FLINT", requires = "at_rest")]
+    pub at_rest_binary: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub at_rest_rounds: u32,
+    /// How long the cluster rests before its memory is read, after start and after the job.
+    #[arg(long, default_value_t = 10_000)]
+    pub at_rest_settle_ms: u64,
+    /// Runs of each CLI command (and of the HTTP submission) whose median is printed.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub at_rest_runs: u32,
     /// A `flint driver` flag for the bench's driver, e.g. `--driver-arg=--job-retention=30s`;
     /// repeatable. The bench's own flags (`--launch-ahead`, ...) cannot be given twice.
     #[arg(long = "driver-arg", value_name = "ARG", allow_hyphen_values = true)]

@@ -12,7 +12,8 @@
 //! `pipelines` measures graphs of jobs (`--graph`): `timed` submits and times them,
 //! `waiting` reads the driver's memory per waiting task, `wordcount` runs the wordcount
 //! graph on text from `wordcount_text` against the guests in-process (`wordcount_native`).
-//! `egress` measures tasks' outbound HTTP against a native client (`--egress`).
+//! `egress` measures tasks' outbound HTTP against a native client (`--egress`), `rest`
+//! a cluster at rest and the CLI's own cost (`--at-rest`).
 
 mod args;
 mod egress;
@@ -20,6 +21,7 @@ mod floor;
 mod measure;
 mod pipelines;
 mod procfs;
+mod rest;
 mod restarts;
 mod scale;
 mod scale_up;
@@ -86,6 +88,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             bail!("--egress needs --module testkit.wasm (its `http-get` is the job's task)");
         }
         return egress::run(&args, wasm).await;
+    }
+    if args.at_rest {
+        let Some(module) = &args.module else {
+            bail!("--at-rest needs --module testkit.wasm (its `noop` is the jobs' task)");
+        };
+        rest::check_binaries(&args.at_rest_binary)?;
+        return rest::run(&args, wasm, module).await;
     }
     if let Some(restarts) = args.restarts {
         if args.module.is_none() {
