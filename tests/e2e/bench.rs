@@ -283,3 +283,55 @@ fn egress_compares_the_tasks_requests_with_a_native_clients() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--egress needs --module"), "{stderr}");
 }
+
+/// `--at-rest` against this binary: every figure it prints is read from processes that
+/// ran (the executors' pids from the driver, the CLI's runs checked for success), so a
+/// line missing or a resident set of zero is a failure.
+#[test]
+fn at_rest_reads_the_clusters_memory_and_times_the_cli() {
+    let testkit = guests().testkit.to_str().unwrap().to_owned();
+    let out = bench(&[
+        "--module",
+        &testkit,
+        "--at-rest",
+        "--tasks",
+        "50",
+        "--at-rest-runs",
+        "2",
+        "--at-rest-settle-ms",
+        "200",
+        "--at-rest-rounds",
+        "1",
+        "--at-rest-binary",
+        FLINT,
+    ]);
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("together:")).collect();
+    assert_eq!(rows.len(), 2, "after start and after the job:\n{out}");
+    for row in rows {
+        for who in ["driver ", "executor 1 ", "executor 2 "] {
+            let after = row
+                .split(who)
+                .nth(1)
+                .unwrap_or_else(|| panic!("no {who} in {row}"));
+            let mib: f64 = after.split(' ').next().unwrap().parse().unwrap();
+            assert!(mib > 1.0, "{who}{mib} MiB in {row}");
+        }
+    }
+    assert!(out.contains("after 50 tasks"), "{out}");
+    let cli = out
+        .lines()
+        .find(|l| l.contains("CLI p50"))
+        .expect("a CLI row");
+    assert!(
+        cli.contains("submit --wait") && cli.contains("over HTTP"),
+        "{cli}"
+    );
+
+    let out = Command::new(FLINT)
+        .args(["bench", "--at-rest"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--at-rest needs --module"), "{stderr}");
+}
