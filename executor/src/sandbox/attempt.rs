@@ -14,7 +14,7 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::config::{INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
+use super::config::{self, INSTANCES_PER_TASK, MEMORIES_PER_TASK, TABLE_ELEMENTS, TABLES_PER_TASK};
 use super::determinism::{self, VirtualClock};
 use super::egress::{self, EgressCtx, EgressHooks};
 use super::files::FixedFiles;
@@ -72,7 +72,11 @@ impl Sandbox {
             Err(failure) => return RunReport::refused(failure),
         };
         let began = Instant::now();
-        let (ended, spent) = self.call(engine, compiled, world, &run);
+        let (ended, spent) = {
+            // Deadlines and kills are seen at epoch ticks: they run while guest code can.
+            let _ticking = config::ticking();
+            self.call(engine, compiled, world, &run)
+        };
         let wall = began.elapsed();
         // Only a failure needs the limits as text: a success does not format them.
         let limits_text =

@@ -3,8 +3,8 @@
 //! Apart from running tasks because the compiler subprocess builds its engine from this
 //! alone (its artifacts must load in the executor's engine), and it runs no guest.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use flint_module_rules::{FEATURES, Limits};
@@ -130,9 +130,47 @@ pub fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
     artifact.map_err(|e| format!("invalid module: {e:#}"))
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+/// Advances the engine's epoch every [`EPOCH_TICK`] while an attempt runs, until dropped.
+/// With none running it waits: an idle executor's ticker woke 500 times a second, about
+/// 6 ms of CPU a second for nothing, and kept the process from ever looking idle.
 pub(super) struct EpochTicker {
     stop: Arc<AtomicBool>,
+}
+
+/// Attempts running in this process, over every engine, and tickers waiting for one.
+static GATE: Mutex<Gate> = Mutex::new(Gate {
+    running: 0,
+    waiting: 0,
+});
+static STARTED: Condvar = Condvar::new();
+
+struct Gate {
+    running: usize,
+    waiting: usize,
+}
+
+fn gate() -> std::sync::MutexGuard<'static, Gate> {
+    GATE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held while an attempt may run guest code: the tickers run.
+pub(super) struct Ticking(());
+
+pub(super) fn ticking() -> Ticking {
+    let mut gate = gate();
+    gate.running += 1;
+    // Only a ticker that waits is woken: between back-to-back attempts it is asleep in
+    // its tick, and a wake-up would be a system call per attempt for nothing.
+    if gate.running == 1 && gate.waiting > 0 {
+        STARTED.notify_all();
+    }
+    Ticking(())
+}
+
+impl Drop for Ticking {
+    fn drop(&mut self) {
+        gate().running -= 1;
+    }
 }
 
 impl EpochTicker {
@@ -143,12 +181,26 @@ impl EpochTicker {
             .name("flint-epoch".into())
             .spawn(move || {
                 while !stop_in_thread.load(Ordering::Relaxed) {
+                    wait_for_an_attempt();
                     std::thread::sleep(EPOCH_TICK);
                     engine.increment_epoch();
                 }
             })
             .expect("spawning the epoch thread");
         EpochTicker { stop }
+    }
+}
+
+/// Returns at once while an attempt runs; otherwise when one starts, or after a second
+/// (to see a stop).
+fn wait_for_an_attempt() {
+    let mut gate = gate();
+    if gate.running == 0 {
+        gate.waiting += 1;
+        let (mut gate, _) = STARTED
+            .wait_timeout(gate, Duration::from_secs(1))
+            .unwrap_or_else(PoisonError::into_inner);
+        gate.waiting -= 1;
     }
 }
 
