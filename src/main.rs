@@ -149,17 +149,11 @@ fn runtime_for(command: &Command) -> tokio::runtime::Runtime {
         | Command::Executors(_)
         | Command::Workers(_) => tokio::runtime::Builder::new_current_thread(),
         Command::Executor(args) => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            builder
-                .worker_threads(args.runtime_threads())
-                .on_thread_park(rest::on_park);
+            let mut builder = rest::service_runtime();
+            builder.worker_threads(args.runtime_threads());
             builder
         }
-        Command::Dev(_) | Command::Driver(_) | Command::Worker(_) => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            builder.on_thread_park(rest::on_park);
-            builder
-        }
+        Command::Dev(_) | Command::Driver(_) | Command::Worker(_) => rest::service_runtime(),
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     builder

@@ -458,9 +458,8 @@ impl JobStore {
 /// ever ran; the pages a running job touches (its record, its latest task ends, the
 /// index tails) fit in a few MiB. It is kept small because nothing empties it at rest:
 /// after a 200,000-task job it held most of its 32 MiB, a driver's whole idle budget,
-/// where the kernel's page cache holds the same pages for the reads that miss. (4 MiB
-/// measured no leaner at rest than 8: what else the driver keeps varies more.)
-const PAGE_CACHE_BYTES: usize = 8 << 20;
+/// where the kernel's page cache holds the same pages for the reads that miss.
+const PAGE_CACHE_BYTES: usize = 4 << 20;
 
 /// Refuses a data dir of a layout too old to migrate: its jobs would silently disappear.
 fn refuse_ancient(db: &Database, path: &Path) -> Result<(), StoreError> {
