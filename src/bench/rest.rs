@@ -8,10 +8,12 @@
 //! 2. against that warm cluster, the median of `--at-rest-runs` runs each of `flint
 //!    --version`, `flint status JOB` and `flint submit --wait` of one testkit `noop` task
 //!    (each a process started and waited for), and of the same submission made over
-//!    HTTP from this process (upload the module, submit with `?wait`, list the tasks);
+//!    HTTP from this process (submit with `?wait`, list the tasks, read each result):
+//!    with the module named by its id, and with the module's file uploaded first;
 //! 3. one job of `--tasks` `noop` tasks, then the resident sets again
 //!    `--at-rest-settle-ms` after it ended.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -210,72 +212,83 @@ async fn cli_figures(
     wasm: &[u8],
     module: &Path,
 ) -> anyhow::Result<String> {
-    let runs = args.at_rest_runs;
-    let module = module.to_str().context("the module's path is not UTF-8")?;
-    let submit = [
-        "submit",
-        "--driver",
-        url,
-        "--wait",
-        "--progress",
-        "off",
-        module,
-        "--arg",
-        "noop",
-        "--input-text",
-        "",
-    ];
-    // One submission first: the executors compile the module once, outside the figures.
-    let job = run_cli(flint, &["submit", "--driver", url, module, "--arg", "noop"]).await?;
-    let job = job.trim().to_owned();
-    run_cli(flint, &submit).await?;
-
-    let mut version = Vec::new();
-    let mut status = Vec::new();
-    let mut cli_submit = Vec::new();
-    let mut http = Vec::new();
+    let path = module.to_str().context("the module's path is not UTF-8")?;
     let client = Client::new(url);
-    for _ in 0..runs {
-        version.push(timed(run_cli(flint, &["--version"])).await?);
-        status.push(timed(run_cli(flint, &["status", "--driver", url, &job])).await?);
-        cli_submit.push(timed(run_cli(flint, &submit)).await?);
-        http.push(timed(http_submit(&client, wasm)).await?);
+    let id = client.upload_module(wasm.to_vec()).await?.id.to_string();
+    let submit = |module: &str| -> Vec<String> {
+        [
+            "submit",
+            "--driver",
+            url,
+            "--wait",
+            "--progress",
+            "off",
+            module,
+            "--arg",
+            "noop",
+            "--input-text",
+            "",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (by_id, by_path) = (submit(&id), submit(path));
+    // One submission first: the executors compile the module once, outside the figures.
+    let job = run_cli(flint, &["submit", "--driver", url, &id, "--arg", "noop"]).await?;
+    let job = job.trim().to_owned();
+    run_cli(flint, &by_id).await?;
+
+    let mut figures = vec![Vec::new(); 6];
+    for _ in 0..args.at_rest_runs {
+        figures[0].push(timed(run_cli(flint, &["--version"])).await?);
+        figures[1].push(timed(run_cli(flint, &["status", "--driver", url, &job])).await?);
+        figures[2].push(timed(run_cli(flint, &by_id)).await?);
+        figures[3].push(timed(http_submit(&client, Err(&id))).await?);
+        figures[4].push(timed(run_cli(flint, &by_path)).await?);
+        figures[5].push(timed(http_submit(&client, Ok(wasm))).await?);
     }
-    let (version, status, cli_submit, http) = (
-        median(version),
-        median(status),
-        median(cli_submit),
-        median(http),
-    );
+    let p50: Vec<f64> = figures.into_iter().map(|f| ms(median(f))).collect();
     Ok(format!(
-        "CLI p50: --version {:.2} ms, status {:.2} ms, submit --wait {:.2} ms against {:.2} ms over HTTP ({:+.2} ms)",
-        ms(version),
-        ms(status),
-        ms(cli_submit),
-        ms(http),
-        ms(cli_submit) - ms(http)
+        "CLI p50: --version {:.2} ms, status {:.2} ms; submit --wait by module id {:.2} ms against {:.2} ms over HTTP ({:+.2} ms), with the module's upload {:.2} against {:.2} ms ({:+.2} ms)",
+        p50[0],
+        p50[1],
+        p50[2],
+        p50[3],
+        p50[2] - p50[3],
+        p50[4],
+        p50[5],
+        p50[4] - p50[5]
     ))
 }
 
-/// What `flint submit --wait` does, from this process over one kept connection.
-async fn http_submit(client: &Client, wasm: &[u8]) -> anyhow::Result<String> {
-    let module = client.upload_module(wasm.to_vec()).await?;
+/// What `flint submit --wait` does, from this process over one kept connection: the
+/// module uploaded (`Ok`) or named by its id (`Err`), the job submitted with `?wait`,
+/// its tasks listed and each result read.
+async fn http_submit(client: &Client, module: Result<&[u8], &str>) -> anyhow::Result<()> {
+    let module = match module {
+        Ok(wasm) => client.upload_module(wasm.to_vec()).await?.id.to_string(),
+        Err(id) => id.to_owned(),
+    };
     let spec = JobSpec {
-        name: Some("testkit.wasm".into()),
-        module: module.id.to_string(),
+        name: Some("testkit".into()),
+        module,
         args: vec!["noop".into()],
         inputs: Some(vec![InputSpec::Text(String::new())]),
         ..JobSpec::default()
     };
-    let view = client.submit(&spec, Some(Duration::from_secs(60))).await?;
+    let view = client.submit(&spec, Some(Duration::from_secs(30))).await?;
     if view.state != JobState::Succeeded {
         bail!("a one-task job over HTTP ended {}", view.state.as_str());
     }
-    client.tasks(&view.id.0).await?;
-    Ok(String::new())
+    for task in client.tasks(&view.id.0).await? {
+        if task.result.is_some() {
+            client.result(&view.id.0, task.index).await?;
+        }
+    }
+    Ok(())
 }
 
-async fn run_cli(flint: &Path, argv: &[&str]) -> anyhow::Result<String> {
+async fn run_cli(flint: &Path, argv: &[impl AsRef<OsStr>]) -> anyhow::Result<String> {
     let out = tokio::process::Command::new(flint)
         .args(argv)
         .env_remove("FLINT_LOG")
@@ -283,16 +296,21 @@ async fn run_cli(flint: &Path, argv: &[&str]) -> anyhow::Result<String> {
         .stderr(Stdio::piped())
         .output()
         .await
-        .with_context(|| format!("running flint {}", argv.join(" ")))?;
+        .with_context(|| format!("running flint {}", shown(argv)))?;
     if !out.status.success() {
         bail!(
             "flint {} exited {}: {}",
-            argv.join(" "),
+            shown(argv),
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn shown(argv: &[impl AsRef<OsStr>]) -> String {
+    let words: Vec<_> = argv.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    words.join(" ")
 }
 
 async fn timed<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<Duration> {
