@@ -54,6 +54,7 @@ mod memoize;
 mod metrics;
 mod migration;
 mod replay;
+mod rest;
 mod restart;
 mod retention;
 mod s3;
