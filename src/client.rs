@@ -21,7 +21,11 @@ impl Client {
     pub fn new(base: &str) -> Self {
         Client {
             base: base.trim_end_matches('/').to_owned(),
+            // A connection idle past the driver's header read timeout (10 s) is closed
+            // by the driver; reusing it later races that close (a reset). Dropping it
+            // first costs a connect.
             http: flint_fetch_cache::client::builder_for(base)
+                .pool_idle_timeout(std::time::Duration::from_secs(5))
                 .build()
                 .expect("a plain HTTP client always builds"),
             token: None,

@@ -177,8 +177,27 @@ fn process_cpu() -> Duration {
 /// file's page again. Writable segments, and the RELRO part of one (written by the
 /// dynamic linker before it was made read-only), are left alone: for them the call
 /// would throw away the process's own data.
+///
+/// A page that does hold a private copy is one a debugger's breakpoint or a uprobe
+/// (perf, bpftrace) wrote: dropping it would silently remove the probe. So nothing is
+/// dropped while the process is traced, nor in a mapping where the kernel counts an
+/// anonymous page.
 fn unmap_binary_read_only_pages() {
-    for range in read_only_ranges() {
+    if traced() {
+        return;
+    }
+    let ranges = read_only_ranges();
+    let Some(last) = ranges.iter().map(|r| r.end).max() else {
+        return;
+    };
+    let written = mappings_with_private_pages(last);
+    for range in ranges {
+        if written
+            .iter()
+            .any(|w| w.start < range.end && range.start < w.end)
+        {
+            continue;
+        }
         // SAFETY: the range lies within a read-only segment of the executable that no
         // one writes (see above), page-aligned; discarding its mapping only makes the
         // next access fault it in from the file.
@@ -195,8 +214,66 @@ fn unmap_binary_read_only_pages() {
     }
 }
 
+/// Whether a debugger (or any ptrace) is attached.
+fn traced() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .is_some_and(|pid| pid.trim() != "0")
+    })
+}
+
+/// The mappings below `until` that hold anonymous (private, written) pages, from
+/// `/proc/self/smaps`, read only as far as `until`: the kernel writes the file as it is
+/// read, and what lies above (the allocator's and the engine's reservations) is most
+/// of its work.
+fn mappings_with_private_pages(until: usize) -> Vec<std::ops::Range<usize>> {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open("/proc/self/smaps") else {
+        // Unreadable: assume every mapping may hold one.
+        return everything();
+    };
+    let mut written = Vec::new();
+    let mut current: Option<std::ops::Range<usize>> = None;
+    for line in std::io::BufReader::new(file).lines() {
+        let Ok(line) = line else {
+            return everything();
+        };
+        if let Some(kb) = line.strip_prefix("Anonymous:") {
+            let kb = kb.trim().trim_end_matches("kB").trim();
+            if kb != "0"
+                && let Some(range) = current.clone()
+            {
+                written.push(range);
+            }
+        } else if let Some(range) = mapping_header(&line) {
+            if range.start >= until {
+                break;
+            }
+            current = Some(range);
+        }
+    }
+    written
+}
+
+/// Every address, as one range: what to assume when smaps cannot be read.
+fn everything() -> Vec<std::ops::Range<usize>> {
+    std::iter::once(0..usize::MAX).collect()
+}
+
+/// The address range of a `/proc/PID/smaps` mapping header line (`start-end perms ...`).
+fn mapping_header(line: &str) -> Option<std::ops::Range<usize>> {
+    let span = line.split(' ').next()?;
+    let (start, end) = span.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    Some(start..end)
+}
+
 /// The page-aligned ranges of the executable's PT_LOAD segments without write
-/// permission, less any part a PT_GNU_RELRO segment covers.
+/// permission, less any part a PT_GNU_RELRO segment covers. A segment whose memory size
+/// passes its file size is left out: the loader zeroes its tail, a private copy.
 fn read_only_ranges() -> Vec<std::ops::Range<usize>> {
     let mut ranges = Vec::new();
     // SAFETY: the callback only reads the program headers it is given, for the call.
@@ -230,7 +307,7 @@ unsafe extern "C" fn first_object(
         .map(span)
         .collect();
     for h in headers {
-        if h.p_type != libc::PT_LOAD || h.p_flags & libc::PF_W != 0 {
+        if h.p_type != libc::PT_LOAD || h.p_flags & libc::PF_W != 0 || h.p_filesz != h.p_memsz {
             continue;
         }
         let whole = span(h);
@@ -352,6 +429,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_written_text_page_is_seen_and_its_mapping_left_alone() {
+        let ranges = read_only_ranges();
+        let last = ranges.iter().map(|r| r.end).max().unwrap();
+        let before = mappings_with_private_pages(last);
+        assert!(
+            !before
+                .iter()
+                .any(|w| ranges.iter().any(|r| w.start < r.end && r.start < w.end)),
+            "no private copy of the code yet: {before:x?}"
+        );
+        // What a debugger's breakpoint does: make the page of a function writable, write
+        // it (the same byte back), and make it executable again.
+        let page = page_size();
+        let here = mapping_header as *const () as usize / page * page;
+        // SAFETY: the page holds this binary's code; it is written with the byte it holds
+        // while writable, then made executable again, as a debugger would.
+        unsafe {
+            let rc = libc::mprotect(
+                here as *mut libc::c_void,
+                page,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            );
+            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+            let byte = here as *mut u8;
+            byte.write_volatile(byte.read_volatile());
+            let rc = libc::mprotect(
+                here as *mut libc::c_void,
+                page,
+                libc::PROT_READ | libc::PROT_EXEC,
+            );
+            assert_eq!(rc, 0);
+        }
+        let after = mappings_with_private_pages(last);
+        assert!(
+            after.iter().any(|w| w.contains(&here)),
+            "the written page's mapping {after:x?} holds {here:x}"
+        );
+        trim();
+        assert!(
+            mappings_with_private_pages(last)
+                .iter()
+                .any(|w| w.contains(&here)),
+            "the trim kept the written page"
+        );
+        assert!(mapping_header("55d6-55e0 r-xp 00000000 fe:01 1 /bin/x").is_some());
+        assert_eq!(mapping_header("Rss: 4 kB"), None);
     }
 
     #[test]

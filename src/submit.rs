@@ -184,9 +184,11 @@ pub async fn run(args: SubmitArgs, matches: &ArgMatches) -> anyhow::Result<i32> 
     let spec = job_spec(&args, module, files, inputs);
     // With nothing to show while it runs, the submission itself waits for the end: one
     // round trip fewer for a script's short job. A longer one is followed from there.
+    // Briefly: a submission whose answer is lost (a proxy's timeout, a dropped
+    // connection) leaves a job the caller cannot name, so it must not hang open long.
     let follows = args.wait || args.out.is_some();
     let wait = (follows && matches!(args.progress, ProgressMode::Off))
-        .then_some(std::time::Duration::from_secs(30));
+        .then_some(std::time::Duration::from_secs(2));
     let job = client
         .submit_with_key(&spec, wait, args.idempotency_key.as_ref())
         .await?;

@@ -26,12 +26,16 @@ use super::args::BenchArgs;
 use super::procfs::{cpu_model, num_cpus};
 use crate::client::Client;
 
-/// One process's resident set, in KiB, as `/proc/PID/status` gives it.
+/// One process's resident set, in KiB, as `/proc/PID/status` gives it, and its
+/// proportional set size (`smaps_rollup`): each page shared with other processes (the
+/// binary's, the libraries') counted as its share. RSS is the measure; PSS is
+/// what the processes cost together.
 #[derive(Clone, Copy, Default)]
 struct Resident {
     total: u64,
     anon: u64,
     file: u64,
+    pss: u64,
 }
 
 impl Resident {
@@ -46,10 +50,20 @@ impl Resident {
                 .and_then(|v| v.trim().parse().ok())
                 .with_context(|| format!("no {name} in {path}"))
         };
+        let rollup = format!("/proc/{pid}/smaps_rollup");
+        let rollup =
+            std::fs::read_to_string(&rollup).with_context(|| format!("reading {rollup}"))?;
+        let pss = rollup
+            .lines()
+            .find_map(|l| l.strip_prefix("Pss:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no Pss in /proc/{pid}/smaps_rollup"))?;
         Ok(Resident {
             total: field("VmRSS:")?,
             anon: field("RssAnon:")?,
             file: field("RssFile:")? + field("RssShmem:")?,
+            pss,
         })
     }
 
@@ -71,13 +85,17 @@ fn mib(kib: u64) -> f64 {
 fn cluster_line(driver: u32, executors: &[u32]) -> anyhow::Result<String> {
     let driver = Resident::of(driver)?;
     let mut line = format!("driver {}", driver.show());
-    let mut together = driver.total;
+    let (mut together, mut pss) = (driver.total, driver.pss);
     for (i, pid) in executors.iter().enumerate() {
         let executor = Resident::of(*pid)?;
-        together += executor.total;
+        (together, pss) = (together + executor.total, pss + executor.pss);
         line.push_str(&format!(", executor {} {}", i + 1, executor.show()));
     }
-    Ok(format!("{:.1} MiB together: {line}", mib(together)))
+    Ok(format!(
+        "{:.1} MiB together (PSS {:.1}): {line}",
+        mib(together),
+        mib(pss)
+    ))
 }
 
 pub async fn run(args: &BenchArgs, wasm: Vec<u8>, module: &Path) -> anyhow::Result<()> {
@@ -134,6 +152,7 @@ async fn measure(args: &BenchArgs, flint: &Path, wasm: &[u8], module: &Path) -> 
         "    at rest after start:  {}",
         cluster_line(driver_pid, &executors)?
     );
+    println!("    {}", after_rest(&client).await?);
 
     let cli = cli_figures(args, flint, &url, wasm, module).await?;
     println!("    {cli}");
@@ -165,6 +184,21 @@ async fn measure(args: &BenchArgs, flint: &Path, wasm: &[u8], module: &Path) -> 
     unsafe { libc::kill(driver_pid as i32, libc::SIGTERM) };
     let _ = tokio::time::timeout(Duration::from_secs(30), dev.wait()).await;
     Ok(())
+}
+
+/// The first request to a cluster at rest (its code mapped back as it runs) against
+/// the next ones.
+async fn after_rest(client: &Client) -> anyhow::Result<String> {
+    let first = timed(client.executors()).await?;
+    let mut next = Vec::new();
+    for _ in 0..10 {
+        next.push(timed(client.executors()).await?);
+    }
+    Ok(format!(
+        "first request at rest (GET /v1/executors): {:.2} ms, the next ten p50 {:.2} ms",
+        ms(first),
+        ms(median(next))
+    ))
 }
 
 async fn http_url(stdout: tokio::process::ChildStdout) -> anyhow::Result<String> {

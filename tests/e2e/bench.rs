@@ -305,7 +305,10 @@ fn at_rest_reads_the_clusters_memory_and_times_the_cli() {
         "--at-rest-binary",
         FLINT,
     ]);
-    let rows: Vec<&str> = out.lines().filter(|l| l.contains("together:")).collect();
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("together (PSS"))
+        .collect();
     assert_eq!(rows.len(), 2, "after start and after the job:\n{out}");
     for row in rows {
         for who in ["driver ", "executor 1 ", "executor 2 "] {
@@ -318,6 +321,7 @@ fn at_rest_reads_the_clusters_memory_and_times_the_cli() {
         }
     }
     assert!(out.contains("after 50 tasks"), "{out}");
+    assert!(out.contains("first request at rest"), "{out}");
     let cli = out
         .lines()
         .find(|l| l.contains("CLI p50"))
