@@ -128,8 +128,11 @@ fn every_job_accepted_before_a_driver_crash_succeeds_after_restarts() {
             let job = api.submit_view(&job_spec(&module, &[], &inputs), "");
             accepted.insert(job["id"].as_str().unwrap().to_owned(), inputs);
         }
-        // Let some tasks finish and others be mid-flight, then crash.
-        std::thread::sleep(Duration::from_millis(150));
+        // Let some tasks finish and others be mid-flight, then crash: at a point that
+        // moves from 10 to 150 ms over the cycles. A job of these 300 tasks takes 60 to
+        // 180 ms here, so a fixed 150 ms once let all 40 end before every crash.
+        let mid_job = 10 + (cycle as u64 * 37) % 141;
+        std::thread::sleep(Duration::from_millis(mid_job));
         unfinished_at_crash += api.get("/v1/jobs").1["items"]
             .as_array()
             .unwrap()
