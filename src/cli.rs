@@ -79,6 +79,41 @@ pub enum Command {
     SimulateExecutors(bench::SimulateArgs),
 }
 
+/// The client commands `flint` runs itself, by name.
+pub const CLIENT_COMMANDS: [&str; 9] = [
+    "submit",
+    "status",
+    "graph",
+    "results",
+    "logs",
+    "kill",
+    "delete",
+    "executors",
+    "workers",
+];
+
+/// A client command's subcommand built alone, its flags as the whole tree has them
+/// (the same derive), without its help text: what `flint` parses a client command
+/// with. Building the whole tree (every service's flags) was a third of the page
+/// faults of a client command's start. Help and errors take the whole tree.
+pub fn client_subcommand(name: &str) -> Option<clap::Command> {
+    use clap::Args;
+    let name = CLIENT_COMMANDS.into_iter().find(|known| *known == name)?;
+    let command = clap::Command::new(name);
+    Some(match name {
+        "submit" => submit::SubmitArgs::augment_args(command),
+        "status" => jobs::StatusArgs::augment_args(command),
+        "graph" => graph::GraphArgs::augment_args(command),
+        "results" => jobs::ResultsArgs::augment_args(command),
+        "logs" => jobs::LogsArgs::augment_args(command),
+        "kill" => jobs::KillArgs::augment_args(command),
+        "delete" => jobs::DeleteArgs::augment_args(command),
+        "executors" => jobs::ExecutorsArgs::augment_args(command),
+        "workers" => jobs::WorkersArgs::augment_args(command),
+        _ => return None,
+    })
+}
+
 // StopExecutor is handled by executors but not sent by the driver yet: it will be with
 // decommission (issue 16).
 const WORKER_EXIT_CODES: &str = "Exit codes:
@@ -97,3 +132,78 @@ const EXECUTOR_EXIT_CODES: &str = "Exit codes:
   5  the driver was lost and could not be reached again within --driver-loss-grace-ms
      (its tasks kept running meanwhile, then were killed), or within
      --reconnect-timeout-ms with a grace of 0";
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Everything of an argument that parsing reads, as text.
+    fn shape(arg: &clap::Arg) -> String {
+        format!(
+            "{} long={:?} short={:?} aliases={:?} env={:?} defaults={:?} required={} \
+             num_args={:?} action={:?} values={:?} global={} last={} trailing={}",
+            arg.get_id(),
+            arg.get_long(),
+            arg.get_short(),
+            arg.get_all_aliases(),
+            arg.get_env(),
+            arg.get_default_values(),
+            arg.is_required_set(),
+            arg.get_num_args(),
+            arg.get_action(),
+            arg.get_possible_values()
+                .iter()
+                .map(|v| v.get_name().to_owned())
+                .collect::<Vec<_>>(),
+            arg.is_global_set(),
+            arg.is_last_set(),
+            arg.is_trailing_var_arg_set(),
+        )
+    }
+
+    /// A command's arguments and its subcommands', recursively, with its groups.
+    fn shapes(command: &clap::Command, out: &mut Vec<String>) {
+        let name = command.get_name();
+        out.extend(
+            command
+                .get_arguments()
+                .map(|a| format!("{name}: {}", shape(a))),
+        );
+        out.extend(command.get_groups().map(|g| {
+            format!(
+                "{name}: group {} {:?} required={}",
+                g.get_id(),
+                g.get_args().collect::<Vec<_>>(),
+                g.is_required_set(),
+            )
+        }));
+        for sub in command.get_subcommands() {
+            shapes(sub, out);
+        }
+    }
+
+    #[test]
+    fn each_client_command_alone_parses_as_the_whole_tree_does() {
+        let mut full = Cli::command();
+        full.build();
+        let whole: Vec<&str> = full
+            .get_subcommands()
+            .map(clap::Command::get_name)
+            .collect();
+        for name in CLIENT_COMMANDS {
+            assert!(whole.contains(&name), "{name} is no subcommand");
+            let mut alone =
+                clap::Command::new("flint").subcommand(client_subcommand(name).unwrap());
+            alone.build();
+            let (mut expected, mut got) = (Vec::new(), Vec::new());
+            shapes(full.find_subcommand(name).unwrap(), &mut expected);
+            shapes(alone.find_subcommand(name).unwrap(), &mut got);
+            // The whole tree's help and version flags are clap's own, added by build.
+            assert_eq!(got, expected, "{name}");
+            assert!(!expected.is_empty(), "{name}");
+        }
+        assert!(client_subcommand("driver").is_none());
+    }
+}

@@ -11,14 +11,20 @@
 //! within a second and is all that stays resident. Unmapped, they are also the first
 //! pages the kernel reclaims under pressure, where mapped code is protected.
 //!
-//! Between trims, mimalloc gives a page back to the kernel as soon as it is freed
-//! ([`purge_freed_pages_at_once`]), not a second later.
+//! Between trims, the allocator gives a page back to the kernel as soon as it is freed
+//! ([`Allocator::purge_at_once`]), not a second later.
+//!
+//! The allocator is the engine binary's choice (mimalloc) and reached through
+//! [`Allocator`]: this library names none, so `flint`, on the system allocator, links
+//! none. Linking mimalloc at all runs its start-up before `main` (its arena reserved
+//! and mapped, its bitmaps built) and its purge at exit.
 //!
 //! "At rest" is measured, not signalled by the services: a process whose CPU time grew
 //! by less than 1 % of the wall time over the last [`QUIET`] after having worked since
 //! the last trim. No lock, no hook in the hot paths, one `clock_gettime` a second.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,9 +41,35 @@ const QUIET_CPU: Duration = Duration::from_millis(30);
 const WORKED: Duration = Duration::from_millis(1);
 const TICK: Duration = Duration::from_secs(1);
 
+/// The allocator's part in a trim, from the binary that chose the allocator.
+#[derive(Clone, Copy)]
+pub struct Allocator {
+    /// Frees what the calling thread's heap and the shared arenas hold unused.
+    pub collect: fn(),
+    /// From now on, a page freed goes back to the kernel at once. mimalloc gives a page
+    /// freed to its arena back a second later by default (`purge_delay`), and a
+    /// force-collect (the trim's) purges only some of what waits: after a 200,000-task
+    /// job a driver with a client's connection still open held 19 MiB at rest with the
+    /// default, 7 MiB with pages given back when freed, and no throughput changed
+    /// (`flint bench`, 200,000 tasks, twice each way: 95,237 / 96,658 tasks/s against
+    /// 94,232 / 98,729, 17.9 against 17.3-18.2 us of CPU per task). With transparent
+    /// huge pages off (lib.rs) a page given back and needed again costs 16 small faults,
+    /// where it once cost a 2 MiB zeroing.
+    pub purge_at_once: fn(),
+}
+
+static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
+
+fn collect_allocator() {
+    if let Some(allocator) = ALLOCATOR.get() {
+        (allocator.collect)();
+    }
+}
+
 /// Starts the thread that trims this process whenever it comes to rest.
-pub fn keep_lean() {
-    purge_freed_pages_at_once();
+pub fn keep_lean(allocator: Allocator) {
+    (allocator.purge_at_once)();
+    let _ = ALLOCATOR.set(allocator);
     let spawned = std::thread::Builder::new()
         .name("flint-rest".into())
         // It calls nothing deep: a small stack is enough and is all it touches.
@@ -57,22 +89,6 @@ fn watch() {
             rest.trimmed(Instant::now(), process_cpu());
         }
     }
-}
-
-/// mimalloc's `mi_option_purge_delay` (mimalloc.h, the same index in v2 and v3).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// mimalloc gives a page freed to its arena back to the kernel a second later by
-/// default (`purge_delay`), and a force-collect (the trim's) purges only some of what
-/// waits: after a 200,000-task job a driver with a client's connection still open held
-/// 19 MiB at rest with the default, 7 MiB with pages given back when freed, and no
-/// throughput changed (`flint bench`, 200,000 tasks, twice each way: 95,237 / 96,658
-/// tasks/s against 94,232 / 98,729, 17.9 against 17.3-18.2 us of CPU per task). With
-/// transparent huge pages off (main.rs) a page given back and needed again costs 16
-/// small faults, where it once cost a 2 MiB zeroing.
-fn purge_freed_pages_at_once() {
-    // SAFETY: setting an option is thread-safe in mimalloc.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
 }
 
 /// When to trim, from the process's CPU time read once a tick.
@@ -124,8 +140,7 @@ thread_local! {
 /// this binary's read-only pages.
 pub fn trim() {
     TRIMS.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: mi_collect only frees and decommits memory mimalloc holds unused.
-    unsafe { libmimalloc_sys::mi_collect(true) };
+    collect_allocator();
     unmap_binary_read_only_pages();
 }
 
@@ -151,8 +166,7 @@ pub fn on_park() {
     COLLECTED.with(|collected| {
         if collected.get() != trims {
             collected.set(trims);
-            // SAFETY: as in `trim`.
-            unsafe { libmimalloc_sys::mi_collect(true) };
+            collect_allocator();
         }
     });
 }
@@ -379,18 +393,6 @@ mod tests {
         assert!(rest.tick(at(25), ms(1803)), "quiet since t=22");
         rest.trimmed(at(25), ms(1803));
         assert!(!rest.tick(at(26), ms(1804)));
-    }
-
-    #[test]
-    fn the_purge_delay_is_the_option_set() {
-        // SAFETY: reading an option is thread-safe in mimalloc.
-        let get = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        // mimalloc v3's default (v2's is 10): the index names the purge delay.
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(get(), 1000);
-        }
-        purge_freed_pages_at_once();
-        assert_eq!(get(), 0);
     }
 
     #[test]

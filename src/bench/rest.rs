@@ -100,7 +100,13 @@ fn cluster_line(driver: u32, executors: &[u32]) -> anyhow::Result<String> {
 
 pub async fn run(args: &BenchArgs, wasm: Vec<u8>, module: &Path) -> anyhow::Result<()> {
     let binaries = match args.at_rest_binary.is_empty() {
-        true => vec![std::env::current_exe().context("finding this binary")?],
+        // The CLI users run: `flint` beside this engine (it starts the services
+        // through the engine, and runs the client commands itself).
+        true => vec![
+            std::env::current_exe()
+                .context("finding this binary")?
+                .with_file_name("flint"),
+        ],
         false => args.at_rest_binary.clone(),
     };
     println!(

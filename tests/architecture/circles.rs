@@ -68,13 +68,20 @@ pub struct Crate {
     imports: BTreeMap<(ModPath, String), ModPath>,
     /// The modules each module globs (`use x::*`).
     globs: BTreeMap<ModPath, Vec<ModPath>>,
-    /// The root is a binary's `main.rs`: these are the modules it dispatches to.
+    /// The root is a binary's `main.rs`, or the `lib.rs` of a package whose binaries
+    /// only call it: these are the modules it dispatches to.
     dispatches_to: Option<BTreeSet<String>>,
 }
 
 impl Crate {
-    /// The crate of `files` (paths relative to its `src/`).
+    /// The crate of `files` (paths relative to its `src/`; `bin/`, other binaries'
+    /// roots, is left out).
     pub fn read(files: &[(PathBuf, String)]) -> Crate {
+        let files: Vec<_> = files
+            .iter()
+            .filter(|(path, _)| !path.starts_with("bin"))
+            .collect();
+        let binary = files.iter().any(|(path, _)| path.as_os_str() == "main.rs");
         let mut krate = Crate {
             files: Vec::new(),
             modules: files.iter().map(|(path, _)| module_path(path)).collect(),
@@ -84,8 +91,9 @@ impl Crate {
         };
         for (path, source) in files.iter().filter(|(path, _)| !is_test_file(path)) {
             let code = code_of(source);
-            if path.as_os_str() == "main.rs" {
-                krate.dispatches_to = Some(declared_modules(&code));
+            if binary && (path.as_os_str() == "main.rs" || path.as_os_str() == "lib.rs") {
+                let dispatches_to = krate.dispatches_to.get_or_insert_default();
+                dispatches_to.extend(declared_modules(&code));
             }
             krate
                 .files

@@ -136,21 +136,30 @@ fn assert_each_task_ran_once(api: &Api, job: &Value, inputs: &[String]) {
     }
 }
 
-/// A copy of the `flint` binary with bytes appended: another build as far as the file
-/// system and a digest can tell, the same code (no second toolchain run here).
+/// Copies of the `flint` and `flint-engine` binaries with bytes appended, in a directory
+/// of their own: another build as far as the file system and a digest can tell, the
+/// same code (no second toolchain run here). Returns the new `flint`.
 fn another_build(dir: &Path) -> PathBuf {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
-    let path = dir.join("flint-next");
-    std::fs::copy(crate::common::FLINT, &path).unwrap();
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap();
-    file.write_all(b"\0flint-next-build\0").unwrap();
-    drop(file);
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
+    let bin = dir.join("next-build");
+    std::fs::create_dir_all(&bin).unwrap();
+    let engine = Path::new(crate::common::FLINT).with_file_name("flint-engine");
+    for (from, name) in [
+        (Path::new(crate::common::FLINT), "flint"),
+        (&*engine, "flint-engine"),
+    ] {
+        let path = bin.join(name);
+        std::fs::copy(from, &path).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(b"\0flint-next-build\0").unwrap();
+        drop(file);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin.join("flint")
 }
 
 /// 2 executors x 2 cores, 40 tasks of 3 s: with `stop`, the driver stopped 4 s in and

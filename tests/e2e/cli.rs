@@ -197,3 +197,108 @@ fn client_commands_say_why_the_driver_cannot_be_reached() {
         assert!(stderr.contains("flint dev"), "{stderr}");
     }
 }
+
+/// Any dependency's code linked into a binary brings its panic locations with it: paths
+/// under the crate's registry directory.
+fn links(binary: &std::path::Path, krate: &str) -> bool {
+    let bytes = std::fs::read(binary).unwrap();
+    let needle = format!("{krate}-");
+    bytes
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+/// An ELF file's type: 2 a fixed-address executable, 3 a position-independent one.
+fn elf_type(binary: &std::path::Path) -> u16 {
+    let bytes = std::fs::read(binary).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF", "{}", binary.display());
+    u16::from_le_bytes([bytes[16], bytes[17]])
+}
+
+/// `flint` is the client and a door: the compiler (cranelift, and the driver's
+/// scheduler with it) is in the engine, so a client command's start maps and relocates
+/// none of it; and `flint` alone is linked at a fixed address, where the engine, which
+/// runs guests, stays position-independent.
+#[test]
+fn flint_links_no_compiler_and_only_the_engine_is_position_independent() {
+    let flint = std::path::Path::new(FLINT);
+    let engine = flint.with_file_name("flint-engine");
+    // The check itself: the engine has what the client must not.
+    assert!(
+        links(&engine, "cranelift-codegen"),
+        "engine without cranelift?"
+    );
+    assert!(!links(flint, "cranelift-codegen"), "flint links cranelift");
+    assert_eq!(
+        elf_type(flint),
+        2,
+        "flint is not a fixed-address executable"
+    );
+    assert_eq!(
+        elf_type(&engine),
+        3,
+        "flint-engine is not position-independent"
+    );
+}
+
+/// A `flint` copied without its engine still runs the client commands, and a service
+/// command says where it looked for the engine instead of failing somewhere inside.
+#[test]
+fn flint_without_its_engine_runs_client_commands_and_names_the_missing_engine() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("flint");
+    std::fs::copy(FLINT, &alone).unwrap();
+    std::fs::set_permissions(&alone, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let version = Command::new(&alone).arg("--version").output().unwrap();
+    assert!(version.status.success(), "{}", text(&version.stderr));
+    assert!(text(&version.stdout).starts_with("flint "));
+
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let status = Command::new(&alone)
+        .args(["status", "job-x"])
+        .env("FLINT_URL", &url)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(1));
+    assert!(
+        text(&status.stderr).contains("cannot reach the Flint driver"),
+        "{}",
+        text(&status.stderr)
+    );
+
+    let dev = Command::new(&alone)
+        .args(["dev", "--executors", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(dev.status.code(), Some(127), "{}", text(&dev.stderr));
+    let stderr = text(&dev.stderr);
+    let expected = dir.path().join("flint-engine");
+    assert!(
+        stderr.contains(&format!(
+            "flint-engine, which should be beside flint at {}",
+            expected.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("No such file"), "{stderr}");
+}
+
+/// Through `flint`, a service is the engine in the same process: the pid a caller holds
+/// is the service's, and `ps` shows the command as it was typed.
+#[test]
+fn a_service_started_through_flint_keeps_its_pid_and_command_line() {
+    let cluster = DevCluster::start(1, 1);
+    let pid = cluster.pid();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(
+        exe.file_name().unwrap(),
+        "flint-engine",
+        "{}",
+        exe.display()
+    );
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv0 = cmdline.split(|b| *b == 0).next().unwrap();
+    assert_eq!(argv0, FLINT.as_bytes());
+}

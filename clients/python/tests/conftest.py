@@ -93,7 +93,7 @@ def start_driver(
         extra_args = [*extra_args, "--egress-allow", service]
     flint = _flint_bin()
     if not flint.is_file():
-        pytest.fail(f"no flint binary at {flint}: build it (cargo build --bin flint) or set FLINT_BIN", pytrace=False)
+        pytest.fail(f"no flint binary at {flint}: build it (cargo build --bin flint --bin flint-engine) or set FLINT_BIN", pytrace=False)
     data = Path(tempfile.mkdtemp(prefix="flint-py-"))
     out, log = data / "dev.out", data / "dev.err"
     env = dict(os.environ)
