@@ -285,6 +285,35 @@ fn flint_without_its_engine_runs_client_commands_and_names_the_missing_engine() 
     assert!(stderr.contains("No such file"), "{stderr}");
 }
 
+/// `flint` finds its engine beside the file it was started from, through any symlink
+/// to it (an install that links `/usr/local/bin/flint` to a release directory): a
+/// compile of a missing file is the engine's own error.
+#[test]
+fn flint_reached_through_a_symlink_finds_its_engine_beside_the_real_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("flint");
+    std::os::unix::fs::symlink(FLINT, &link).unwrap();
+    let output = Command::new(&link)
+        .args([
+            "compile-module",
+            "--slots",
+            "1",
+            "--max-memory-bytes",
+            "65536",
+        ])
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("/nonexistent.wasm")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("reading /nonexistent.wasm"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
 /// Through `flint`, a service is the engine in the same process: the pid a caller holds
 /// is the service's, and `ps` shows the command as it was typed.
 #[test]
