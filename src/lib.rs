@@ -1,10 +1,10 @@
 //! Flint's commands, behind two binaries. `flint` (src/main.rs) is what users run: it
 //! parses every command, runs the client commands itself and `exec`s `flint-engine`
 //! (src/bin/flint-engine.rs, installed beside it) for the rest: the driver, the
-//! executors, the local dev cluster, replay and the benchmarks. Only the engine links
-//! wasmtime: a client command's start is mostly the dynamic linker relocating the
-//! binary (a copy-on-write fault per page of relocated data), and the engine's
-//! wasmtime and driver made that 88,000 relocations, 1.3 ms of every `flint status`.
+//! executors, the local dev cluster, replay and the benchmarks. Only the engine carries
+//! the wasm compiler and the driver: a client command's start was mostly the dynamic
+//! linker relocating the binary (a copy-on-write fault per page of relocated data),
+//! and they made that 88,000 relocations, 1.3 ms of every `flint status`.
 //!
 //! The subcommands are declared in `cli` and the long-running ones' flags in `flags`
 //! (clap, each with a `FLINT_*` variable), parsed once here and handed down as typed
@@ -105,6 +105,7 @@ pub fn client_main() -> ! {
 /// reach it through `flint`; the processes it starts (executors, compilers, simulated
 /// executors) run it directly.
 pub fn engine_main(allocator: Allocator) -> ! {
+    check_client_build();
     no_transparent_huge_pages();
     let (cli, matches) = parse();
     let command = match cli.command {
@@ -142,6 +143,36 @@ pub fn engine_main(allocator: Allocator) -> ! {
 
 /// The binary `flint` hands its service commands to, looked for beside it.
 pub const ENGINE: &str = "flint-engine";
+
+/// A digest of the sources both binaries are built from (build.rs).
+const BUILD_ID: &str = env!("FLINT_BUILD_ID");
+
+/// Set by `flint` on the engine it execs: its own [`BUILD_ID`].
+const CLIENT_BUILD: &str = "FLINT_CLIENT_BUILD";
+
+/// Refuses to run for a `flint` of another build (an engine left from before a
+/// `cargo build --bin flint`, or one file of an install replaced): its flags and its
+/// behaviour would be the old build's, silently. Then names the process `flint`, as
+/// it was before the engine was a binary of its own, so that `ps`, `top` and
+/// `pkill -x flint` find every Flint process as they did.
+fn check_client_build() {
+    if let Some(client) = std::env::var_os(CLIENT_BUILD) {
+        // SAFETY: the first thing `main` does, before any other thread exists: nothing
+        // reads the environment meanwhile. Removed so that no child inherits it.
+        unsafe { std::env::remove_var(CLIENT_BUILD) };
+        if client != BUILD_ID {
+            eprintln!(
+                "flint: the {ENGINE} beside flint is of another build (flint {}, \
+                 {ENGINE} {BUILD_ID}): build or install both together (`cargo build` \
+                 and `cargo install --path .` do)",
+                client.to_string_lossy()
+            );
+            std::process::exit(127);
+        }
+    }
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"flint".as_ptr(), 0, 0, 0) };
+}
 
 /// A client command parsed with its own subcommand alone ([`cli::client_subcommand`]);
 /// `None` for anything else, help and parse errors included, which the whole tree
@@ -184,6 +215,7 @@ fn exec_engine() -> ! {
     let error = std::process::Command::new(&engine)
         .arg0(arg0)
         .args(args)
+        .env(CLIENT_BUILD, BUILD_ID)
         .exec();
     eprintln!(
         "flint: this command runs in {ENGINE}, which should be beside flint at {}: {error} \

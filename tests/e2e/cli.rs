@@ -330,4 +330,54 @@ fn a_service_started_through_flint_keeps_its_pid_and_command_line() {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     let argv0 = cmdline.split(|b| *b == 0).next().unwrap();
     assert_eq!(argv0, FLINT.as_bytes());
+    // Named as before the split, for `ps`, `top` and `pkill -x flint`; the executors
+    // it started from the engine too.
+    let mut pids = vec![pid];
+    pids.extend(
+        cluster
+            .executors()
+            .iter()
+            .map(|e| e["pid"].as_u64().unwrap() as u32),
+    );
+    for (i, pid) in pids.into_iter().enumerate() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm.trim(), "flint", "process {pid}");
+        // /proc's environ is the block a process started with: the driver's still
+        // holds the variable it removed; what it started must not.
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        assert_eq!(
+            environ.windows(18).any(|w| w == b"FLINT_CLIENT_BUILD"),
+            i == 0,
+            "process {pid}: flint's build id is handed to the engine it execs, no further"
+        );
+    }
+}
+
+/// An engine of another build than the `flint` that execs it (one of the two files
+/// replaced, or `cargo build --bin flint` alone) refuses to run, naming both builds.
+#[test]
+fn an_engine_of_another_build_than_its_flint_refuses_to_run() {
+    let engine = std::path::Path::new(FLINT).with_file_name("flint-engine");
+    let output = Command::new(&engine)
+        .args([
+            "compile-module",
+            "--slots",
+            "1",
+            "--max-memory-bytes",
+            "65536",
+        ])
+        .args(["--out", "/nonexistent/out", "/nonexistent.wasm"])
+        .env("FLINT_CLIENT_BUILD", "0123456789abcdef")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(127), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("flint-engine beside flint is of another build (flint 0123456789abcdef"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("build or install both together"),
+        "{stderr}"
+    );
 }
