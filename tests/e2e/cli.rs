@@ -285,6 +285,22 @@ fn flint_without_its_engine_runs_client_commands_and_names_the_missing_engine() 
     assert!(stderr.contains("No such file"), "{stderr}");
 }
 
+/// `compile-module` of a file that does not exist: a command only the engine runs, which
+/// ends at once with the engine's own error ("reading /nonexistent.wasm").
+fn compile_a_missing_file(command: &mut Command) -> std::process::Output {
+    command
+        .args([
+            "compile-module",
+            "--slots",
+            "1",
+            "--max-memory-bytes",
+            "65536",
+        ])
+        .args(["--out", "/nonexistent/out", "/nonexistent.wasm"])
+        .output()
+        .unwrap()
+}
+
 /// `flint` finds its engine beside the file it was started from, through any symlink
 /// to it (an install that links `/usr/local/bin/flint` to a release directory): a
 /// compile of a missing file is the engine's own error.
@@ -293,19 +309,7 @@ fn flint_reached_through_a_symlink_finds_its_engine_beside_the_real_file() {
     let dir = tempfile::tempdir().unwrap();
     let link = dir.path().join("flint");
     std::os::unix::fs::symlink(FLINT, &link).unwrap();
-    let output = Command::new(&link)
-        .args([
-            "compile-module",
-            "--slots",
-            "1",
-            "--max-memory-bytes",
-            "65536",
-        ])
-        .arg("--out")
-        .arg(dir.path().join("out"))
-        .arg("/nonexistent.wasm")
-        .output()
-        .unwrap();
+    let output = compile_a_missing_file(&mut Command::new(&link));
     assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
     assert!(
         text(&output.stderr).contains("reading /nonexistent.wasm"),
@@ -358,18 +362,8 @@ fn a_service_started_through_flint_keeps_its_pid_and_command_line() {
 #[test]
 fn an_engine_of_another_build_than_its_flint_refuses_to_run() {
     let engine = std::path::Path::new(FLINT).with_file_name("flint-engine");
-    let output = Command::new(&engine)
-        .args([
-            "compile-module",
-            "--slots",
-            "1",
-            "--max-memory-bytes",
-            "65536",
-        ])
-        .args(["--out", "/nonexistent/out", "/nonexistent.wasm"])
-        .env("FLINT_CLIENT_BUILD", "0123456789abcdef")
-        .output()
-        .unwrap();
+    let output =
+        compile_a_missing_file(Command::new(&engine).env("FLINT_CLIENT_BUILD", "0123456789abcdef"));
     assert_eq!(output.status.code(), Some(127), "{}", text(&output.stderr));
     let stderr = text(&output.stderr);
     assert!(
